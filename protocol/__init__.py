@@ -1,0 +1,3 @@
+"""The wire contract shared by every sie-cluster process (pure: no I/O, no process state)."""
+
+SERVER_VERSION = "0.10.1"
