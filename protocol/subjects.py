@@ -1,0 +1,91 @@
+"""NATS subject names and the id normalisation every producer and consumer shares (internals 1.1)."""
+
+from __future__ import annotations
+
+import re
+
+WORK_PREFIX = "sie.work"
+HEALTH_PREFIX = "sie.health"
+CONFIG_PREFIX = "sie.config.models"
+CONFIG_ALL = "sie.config.models._all"
+INBOX_PREFIX = "_INBOX"
+WORKER_INBOX_PREFIX = "_INBOX_WORKER"
+WORK_CANCEL_PREFIX = "work_cancel"
+DLQ_PREFIX = "sie.dlq"
+DLQ_STREAM = "DEAD_LETTERS"
+MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>"
+
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def normalize_id(value: str) -> str:
+    """Map an id to one subject token: ``/``→``__``, ``.``→``_dot_``, ``*``/``>``/whitespace→``_``."""
+    out = value.replace("/", "__").replace(".", "_dot_")
+    return re.sub(r"[*>\s]", "_", out)
+
+
+def denormalize_id(token: str) -> str:
+    """Best-effort inverse of normalize_id (read ids from payloads, not subjects)."""
+    return token.replace("_dot_", ".").replace("__", "/")
+
+
+def lane_token(value: str) -> str:
+    """A pool, machine profile or bundle as a subject token (lower-cased, normalised, non-empty)."""
+    token = normalize_id(value.strip().lower())
+    if not token or not _TOKEN_RE.match(token):
+        raise ValueError(f"{value!r} is not usable as a subject token")
+    return token
+
+
+def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str) -> str:
+    return (
+        f"{WORK_PREFIX}.{lane_token(pool)}.{lane_token(machine_profile)}."
+        f"{lane_token(bundle)}.{normalize_id(model_id)}"
+    )
+
+
+def lane_filter(pool: str, machine_profile: str, bundle: str) -> str:
+    return f"{WORK_PREFIX}.{lane_token(pool)}.{lane_token(machine_profile)}.{lane_token(bundle)}.*"
+
+
+def pool_stream_name(pool: str) -> str:
+    return f"WORK_POOL_{lane_token(pool)}"
+
+
+def pool_stream_subjects(pool: str) -> list[str]:
+    return [f"{WORK_PREFIX}.{lane_token(pool)}.*.*.*"]
+
+
+def lane_durable(pool: str, machine_profile: str, bundle: str) -> str:
+    return f"{lane_token(pool)}_{lane_token(machine_profile)}_{lane_token(bundle)}"
+
+
+def inbox_prefix(router_id: str) -> str:
+    return f"{INBOX_PREFIX}.{router_id}"
+
+
+def reply_subject(router_id: str, request_id: str) -> str:
+    return f"{INBOX_PREFIX}.{router_id}.{request_id}"
+
+
+def is_valid_reply_subject(subject: str) -> bool:
+    return subject.startswith(INBOX_PREFIX + ".") and not subject.startswith(WORKER_INBOX_PREFIX)
+
+
+def health_subject(worker_id: str) -> str:
+    token = normalize_id(worker_id)
+    if not token:
+        raise ValueError("worker id must not be empty")
+    return f"{HEALTH_PREFIX}.{token}"
+
+
+def config_subject(bundle: str) -> str:
+    return f"{CONFIG_PREFIX}.{lane_token(bundle)}"
+
+
+def work_cancel_subject(router_id: str, request_id: str) -> str:
+    return f"{WORK_CANCEL_PREFIX}.{router_id}.{request_id}"
+
+
+def dlq_subject(model_token: str) -> str:
+    return f"{DLQ_PREFIX}.{model_token}"

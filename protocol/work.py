@@ -1,0 +1,137 @@
+"""Work item, work result and heartbeat schemas (internals 1.7).
+
+On the wire each is a msgpack map (heartbeats: JSON) with named keys; unknown keys are ignored and
+missing optional keys take their defaults, so either side can add fields without breaking the other.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from protocol.codec import packb, unpackb
+
+OPERATIONS = ("encode", "score", "extract")
+
+
+def _from_map(cls, data: dict[str, Any]):
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class WorkItem:
+    work_item_id: str
+    request_id: str
+    item_index: int
+    total_items: int
+    operation: str
+    model_id: str
+    profile_id: str
+    pool_name: str
+    machine_profile: str
+    router_id: str
+    reply_subject: str
+    timestamp: float
+    bundle_config_hash: str | None = None
+    item: dict[str, Any] | None = None
+    payload_ref: str | None = None
+    output_types: list[str] | None = None
+    output_dtype: str | None = None
+    instruction: str | None = None
+    is_query: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    query_item: dict[str, Any] | None = None
+    query_payload_ref: str | None = None
+    score_items: list[dict[str, Any]] | None = None
+    labels: list[str] | None = None
+    output_schema: dict[str, Any] | None = None
+    deadline: float | None = None
+    bundle: str | None = None
+
+    def to_msgpack(self) -> bytes:
+        return packb({k: v for k, v in asdict(self).items() if v is not None})
+
+    @classmethod
+    def from_msgpack(cls, data: bytes) -> WorkItem:
+        decoded = unpackb(data)
+        if not isinstance(decoded, dict):
+            raise ValueError("work item must be a map")
+        return _from_map(cls, decoded)
+
+    @property
+    def lora(self) -> str | None:
+        value = self.options.get("lora") or self.options.get("lora_id")
+        return str(value) if value else None
+
+
+@dataclass
+class WorkResult:
+    work_item_id: str
+    request_id: str
+    item_index: int
+    success: bool
+    result_msgpack: bytes | None = None
+    error: str | None = None
+    error_code: str | None = None
+    inference_ms: float = 0.0
+    queue_ms: float = 0.0
+    processing_ms: float = 0.0
+    tokenization_ms: float = 0.0
+    postprocessing_ms: float = 0.0
+    payload_fetch_ms: float = 0.0
+    worker_id: str = ""
+    retry_after_s: float | None = None
+    input_tokens: int | None = None
+    error_extra: dict[str, Any] | None = None
+
+    def to_msgpack(self) -> bytes:
+        return packb({k: v for k, v in asdict(self).items() if v is not None})
+
+    @classmethod
+    def from_msgpack(cls, data: bytes) -> WorkResult:
+        decoded = unpackb(data)
+        if not isinstance(decoded, dict):
+            raise ValueError("work result must be a map")
+        return _from_map(cls, decoded)
+
+
+@dataclass
+class Heartbeat:
+    name: str
+    ready: bool
+    machine_profile: str
+    pool_name: str
+    bundle: str
+    terminated: bool = False
+    gpu_count: int = 1
+    total_gpu_slots: int = 1
+    ready_gpu_slots: int = 1
+    bundle_config_hash: str = ""
+    loaded_models: list[str] = field(default_factory=list)
+    queue_depth: int = 0
+    pending_cost: int = 0
+    inflight_batches: int = 0
+    saturated: bool = False
+    memory_used_bytes: int = 0
+    memory_total_bytes: int = 0
+    unsupported_models: list[str] = field(default_factory=list)
+    timestamp: float = 0.0
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        if not data["unsupported_models"]:
+            del data["unsupported_models"]
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def parse(cls, data: bytes) -> Heartbeat:
+        """Accepts JSON (what we publish) or msgpack."""
+        try:
+            decoded = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            decoded = unpackb(data)
+        if not isinstance(decoded, dict):
+            raise ValueError("heartbeat must be a map")
+        return _from_map(cls, decoded)
