@@ -1,0 +1,114 @@
+"""JetStream stream and consumer settings shared by the gateway and the sidecar (internals 1.2, 1.3, 8.1).
+
+Both the gateway and the sidecar ensure the pool work stream; they must ask for identical settings,
+so both build them here. Returned as plain dicts of nats-py keyword arguments (protocol stays free of
+nats imports): ``StreamConfig(**stream_config(pool))`` / ``ConsumerConfig(**lane_consumer_config(...))``.
+Durations are in seconds (nats-py converts them to nanoseconds).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.subjects import (
+    DLQ_PREFIX,
+    DLQ_STREAM,
+    lane_durable,
+    lane_filter,
+    pool_stream_name,
+    pool_stream_subjects,
+)
+
+STREAM_STORAGES = ("file", "memory")
+
+DEFAULT_STREAM_STORAGE = "file"
+DEFAULT_STREAM_MAX_AGE_S = 1800.0
+DEFAULT_STREAM_MAX_MSGS = 100_000
+DEFAULT_STREAM_REPLICAS = 1
+# Nats-Msg-Id = work_item_id dedupe window: a publish retried within it cannot enqueue an item twice.
+DEFAULT_DUPLICATE_WINDOW_S = 120.0
+
+DEFAULT_ACK_WAIT_S = 30.0
+DEFAULT_MAX_DELIVER = 20
+DEFAULT_MAX_ACK_PENDING = 1000
+
+DLQ_MAX_AGE_S = 24 * 3600.0
+DLQ_DUPLICATE_WINDOW_S = 120.0
+
+
+def _storage(storage: str) -> str:
+    value = (storage or DEFAULT_STREAM_STORAGE).strip().lower()
+    if value not in STREAM_STORAGES:
+        raise ValueError(f"stream storage must be one of {STREAM_STORAGES}, got {storage!r}")
+    return value
+
+
+def stream_config(
+    pool: str,
+    *,
+    storage: str = DEFAULT_STREAM_STORAGE,
+    max_age_s: float = DEFAULT_STREAM_MAX_AGE_S,
+    max_msgs: int = DEFAULT_STREAM_MAX_MSGS,
+    replicas: int = DEFAULT_STREAM_REPLICAS,
+    duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S,
+) -> dict[str, Any]:
+    """StreamConfig kwargs of the pool work stream ``WORK_POOL_{pool}`` on ``sie.work.{pool}.*.*.*``.
+
+    WorkQueue retention, discard New (publish rejected at the cap instead of dropping old work).
+    ``max_age_s`` must exceed max_deliver x ack_wait so a message can still be inspected after it
+    trips the DLQ.
+    """
+    return {
+        "name": pool_stream_name(pool),
+        "subjects": pool_stream_subjects(pool),
+        "retention": "workqueue",
+        "storage": _storage(storage),
+        "max_age": float(max_age_s),
+        "max_msgs": int(max_msgs),
+        "discard": "new",
+        "num_replicas": int(replicas),
+        "duplicate_window": float(duplicate_window_s),
+    }
+
+
+# Fields compared when reconciling an existing stream in place (storage cannot change in place).
+RECONCILED_STREAM_FIELDS = ("subjects", "max_age", "max_msgs", "discard", "num_replicas")
+
+
+def lane_consumer_config(
+    pool: str,
+    machine_profile: str,
+    bundle: str,
+    *,
+    ack_wait_s: float = DEFAULT_ACK_WAIT_S,
+    max_deliver: int = DEFAULT_MAX_DELIVER,
+    max_ack_pending: int = DEFAULT_MAX_ACK_PENDING,
+) -> dict[str, Any]:
+    """ConsumerConfig kwargs of the lane durable ``{pool}_{profile}_{bundle}`` (shared by a lane's pods)."""
+    durable = lane_durable(pool, machine_profile, bundle)
+    return {
+        "durable_name": durable,
+        "name": durable,
+        "filter_subject": lane_filter(pool, machine_profile, bundle),
+        "ack_policy": "explicit",
+        "deliver_policy": "all",
+        "ack_wait": float(ack_wait_s),
+        "max_deliver": int(max_deliver),
+        "max_ack_pending": int(max_ack_pending),
+    }
+
+
+def dlq_stream_config(
+    *, storage: str = DEFAULT_STREAM_STORAGE, replicas: int = DEFAULT_STREAM_REPLICAS
+) -> dict[str, Any]:
+    """StreamConfig kwargs of ``DEAD_LETTERS`` (subjects ``sie.dlq.>``, Limits retention, 24 h)."""
+    return {
+        "name": DLQ_STREAM,
+        "subjects": [f"{DLQ_PREFIX}.>"],
+        "retention": "limits",
+        "storage": _storage(storage),
+        "max_age": DLQ_MAX_AGE_S,
+        "discard": "old",
+        "num_replicas": int(replicas),
+        "duplicate_window": DLQ_DUPLICATE_WINDOW_S,
+    }
