@@ -1,0 +1,360 @@
+"""Publishing work items to JetStream and collecting their results from one NATS core inbox.
+
+One :class:`Dispatcher` per gateway process: it owns the ``router_id`` (the inbox namespace), the
+single ``_INBOX.{router_id}.>`` subscription, the table of pending requests and the stream caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js.api import StreamConfig
+
+from gateway.metrics import GatewayMetrics
+from protocol.errors import ErrorCode, SIEError
+from protocol.streams import RECONCILED_STREAM_FIELDS, stream_config
+from protocol.subjects import (
+    inbox_prefix,
+    pool_stream_name,
+    reply_subject,
+    work_cancel_subject,
+    work_subject,
+)
+from protocol.work import WorkItem, WorkResult
+
+log = logging.getLogger(__name__)
+
+STREAM_INFO_TTL_S = 0.25
+
+
+def new_request_id() -> str:
+    """A UUIDv7 (time-ordered) request id."""
+    ms = int(time.time() * 1000) & ((1 << 48) - 1)
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(frozen=True)
+class Lane:
+    pool: str
+    machine_profile: str
+    bundle: str
+
+
+@dataclass
+class Collector:
+    total: int
+    results: list[WorkResult | None]
+    future: asyncio.Future
+    remaining: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.remaining = self.total
+
+    def put(self, result: WorkResult) -> None:
+        idx = result.item_index
+        if not isinstance(idx, int) or not 0 <= idx < self.total:
+            return
+        if self.results[idx] is None:
+            self.remaining -= 1
+        self.results[idx] = result  # a duplicate delivery overwrites its slot
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result(self.results)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        metrics: GatewayMetrics,
+        storage: str = "file",
+        max_age_s: float = 1800.0,
+        max_msgs: int = 100_000,
+        replicas: int = 1,
+        max_stream_pending: int = 50_000,
+        publish_concurrency: int = 64,
+        publish_timeout_s: float = 6.0,
+        queue_full_retry_after_s: float = 1.0,
+        router_id: str | None = None,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.metrics = metrics
+        self.router_id = router_id or str(uuid.uuid4())
+        self.storage = storage
+        self.max_age_s = max_age_s
+        self.max_msgs = max_msgs
+        self.replicas = replicas
+        self.max_stream_pending = max_stream_pending
+        self.publish_timeout_s = publish_timeout_s
+        self.queue_full_retry_after_s = queue_full_retry_after_s
+        self._sem = asyncio.Semaphore(publish_concurrency)
+        self._collectors: dict[str, Collector] = {}
+        self._ensured: set[str] = set()
+        self._ensure_locks: dict[str, asyncio.Lock] = {}
+        self._pending_cache: dict[str, tuple[float, int]] = {}
+        self._sub = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(inbox_prefix(self.router_id) + ".>", cb=self._on_result)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        for col in self._collectors.values():
+            if not col.future.done():
+                col.future.cancel()
+
+    def on_reconnect(self) -> None:
+        """After a NATS reconnect streams may be gone (memory storage): ensure them again."""
+        self._ensured.clear()
+        self._pending_cache.clear()
+
+    @property
+    def pending_requests(self) -> int:
+        return len(self._collectors)
+
+    # ---- streams ---------------------------------------------------------------------------
+    def stream_kwargs(self, pool: str) -> dict:
+        return stream_config(
+            pool,
+            storage=self.storage,
+            max_age_s=self.max_age_s,
+            max_msgs=self.max_msgs,
+            replicas=self.replicas,
+        )
+
+    async def ensure_stream(self, pool: str) -> None:
+        if pool in self._ensured:
+            return
+        lock = self._ensure_locks.setdefault(pool, asyncio.Lock())
+        async with lock:
+            if pool in self._ensured:
+                return
+            desired = self.stream_kwargs(pool)
+            name = desired["name"]
+            try:
+                info = await self.js.stream_info(name)
+            except nats.js.errors.NotFoundError:
+                try:
+                    await self.js.add_stream(StreamConfig(**desired))
+                except nats.js.errors.BadRequestError:
+                    await self.js.stream_info(name)  # created concurrently by someone else
+            else:
+                current = info.config.as_dict()
+                wanted = StreamConfig(**desired).as_dict()
+                if any(current.get(k) != wanted.get(k) for k in RECONCILED_STREAM_FIELDS):
+                    if current.get("storage") != wanted.get("storage"):
+                        log.warning(
+                            "stream %s uses %s storage, wanted %s",
+                            name,
+                            current.get("storage"),
+                            wanted["storage"],
+                        )
+                    desired["storage"] = current.get("storage")
+                    try:
+                        await self.js.update_stream(StreamConfig(**desired))
+                    except nats.js.errors.APIError as exc:
+                        log.warning("could not reconcile stream %s: %s", name, exc)
+            self._ensured.add(pool)
+
+    async def stream_pending(self, pool: str) -> int:
+        """Messages waiting in the pool stream (cached for a quarter second)."""
+        now = time.monotonic()
+        cached = self._pending_cache.get(pool)
+        if cached and now - cached[0] < STREAM_INFO_TTL_S:
+            return cached[1]
+        info = await self.js.stream_info(pool_stream_name(pool))
+        pending = int(info.state.messages)
+        self._pending_cache[pool] = (now, pending)
+        return pending
+
+    # ---- requests --------------------------------------------------------------------------
+    async def check_capacity(self, pool: str, n_items: int) -> None:
+        """Refuse a request the stream cannot take: too big alone → 400, stream full → 503 QUEUE_FULL."""
+        if n_items > self.max_stream_pending:
+            raise SIEError(
+                ErrorCode.INVALID_INPUT,
+                f"Request has {n_items} items; split the request into batches of "
+                f"{self.max_stream_pending} or fewer",
+                param="items",
+            )
+        pending = await self.stream_pending(pool)
+        if pending + n_items > self.max_stream_pending:
+            raise SIEError(
+                ErrorCode.QUEUE_FULL,
+                f"Queue for pool '{pool}' is full ({pending} items pending); retry later",
+                retry_after=self.queue_full_retry_after_s,
+            )
+
+    async def cancel(self, request_id: str, reason: str) -> None:
+        self.metrics.cancels.labels(reason).inc()
+        try:
+            await self.nc.publish(work_cancel_subject(self.router_id, request_id), reason.encode())
+        except Exception as exc:
+            log.debug("work_cancel publish failed: %s", exc)
+
+    async def run(
+        self,
+        request_id: str,
+        lane: Lane,
+        model_id: str,
+        items: list[WorkItem],
+        *,
+        operation: str,
+        deadline: float,
+    ) -> list[WorkResult]:
+        """Publish ``items`` (already carrying ids and reply subject) and wait for every result.
+
+        ``deadline`` is a ``time.monotonic()`` instant. Raises SIEError on publish failure (the work is
+        cancelled) or GATEWAY_TIMEOUT; cancellation of the caller (client gone) cancels the work.
+        """
+        if not self.nc.is_connected:
+            raise SIEError(
+                ErrorCode.QUEUE_UNAVAILABLE, "Work queue is not connected; retry later", retry_after=2
+            )
+        subject = work_subject(lane.pool, lane.machine_profile, lane.bundle, model_id)
+        loop = asyncio.get_running_loop()
+        col = Collector(len(items), [None] * len(items), loop.create_future())
+        self._collectors[request_id] = col
+        finished = False
+        try:
+            t0 = time.monotonic()
+            await self._publish_all(subject, lane.pool, items, deadline)
+            self.metrics.items_published.labels(operation).inc(len(items))
+            self.metrics.publish_seconds.labels(operation).observe(time.monotonic() - t0)
+            remaining = deadline - time.monotonic()
+            t1 = time.monotonic()
+            try:
+                results = await asyncio.wait_for(asyncio.shield(col.future), max(remaining, 0.001))
+            except TimeoutError:
+                raise SIEError(
+                    ErrorCode.GATEWAY_TIMEOUT,
+                    f"No result within the gateway deadline ({len(items) - col.remaining}/{len(items)} items done)",
+                ) from None
+            self.metrics.result_wait_seconds.labels(operation).observe(time.monotonic() - t1)
+            finished = True
+            return results  # type: ignore[return-value]
+        finally:
+            self._collectors.pop(request_id, None)
+            if not finished:
+                reason = "deadline" if time.monotonic() >= deadline else "abandoned"
+                # shield: the caller may itself be cancelled (client disconnected)
+                await asyncio.shield(self.cancel(request_id, reason))
+
+    async def _publish_all(self, subject: str, pool: str, items: list[WorkItem], deadline: float) -> None:
+        async def one(item: WorkItem) -> None:
+            payload = item.to_msgpack()
+            async with self._sem:
+                await self._publish(subject, pool, item.work_item_id, payload)
+
+        timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
+        tasks = [asyncio.ensure_future(one(i)) for i in items]
+        try:
+            done, pending = await asyncio.wait(tasks, timeout=timeout)
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            raise
+        for t in pending:
+            t.cancel()
+        if pending:
+            raise SIEError(
+                ErrorCode.QUEUE_UNAVAILABLE, "Publishing work timed out; retry later", retry_after=2
+            )
+        for t in done:
+            exc = t.exception()
+            if exc is not None:
+                raise exc
+
+    async def _publish(self, subject: str, pool: str, msg_id: str, payload: bytes) -> None:
+        headers = {"Nats-Msg-Id": msg_id}
+        for attempt in range(2):
+            try:
+                await self.js.publish(subject, payload, headers=headers, timeout=self.publish_timeout_s)
+                return
+            except nats.js.errors.NoStreamResponseError:
+                # stream gone (NATS restarted with memory storage, or deleted): ensure and retry once
+                self._ensured.discard(pool)
+                if attempt == 0:
+                    await self.ensure_stream(pool)
+                    continue
+                raise SIEError(
+                    ErrorCode.QUEUE_UNAVAILABLE, "Work stream unavailable; retry later", retry_after=2
+                ) from None
+            except nats.js.errors.APIError as exc:
+                text = f"{exc.description or ''}".lower()
+                if exc.err_code == 10077 or "maximum messages" in text or "maximum bytes" in text:
+                    raise SIEError(
+                        ErrorCode.QUEUE_FULL,
+                        "Work queue is full; retry later",
+                        retry_after=self.queue_full_retry_after_s,
+                    ) from None
+                raise SIEError(
+                    ErrorCode.QUEUE_UNAVAILABLE,
+                    f"Work queue refused the item: {exc.description}",
+                    retry_after=2,
+                ) from None
+            except nats.errors.MaxPayloadError:
+                raise SIEError(
+                    ErrorCode.INVALID_INPUT,
+                    "An item is larger than the work queue's message limit",
+                    param="items",
+                ) from None
+            except (
+                nats.errors.TimeoutError,
+                nats.errors.ConnectionClosedError,
+                nats.errors.ConnectionReconnectingError,
+                nats.errors.NoServersError,
+                nats.errors.OutboundBufferLimitError,
+            ):
+                raise SIEError(
+                    ErrorCode.QUEUE_UNAVAILABLE, "Work queue unavailable; retry later", retry_after=2
+                ) from None
+
+    def reply_subject(self, request_id: str) -> str:
+        return reply_subject(self.router_id, request_id)
+
+    def fail_item(self, request_id: str, item_index: int, code: str, message: str) -> bool:
+        """Complete one item of a pending request with an error (e.g. dead-lettered). False if unknown."""
+        col = self._collectors.get(request_id)
+        if col is None:
+            return False
+        col.put(
+            WorkResult(
+                work_item_id=f"{request_id}.{item_index}",
+                request_id=request_id,
+                item_index=item_index,
+                success=False,
+                error=message,
+                error_code=code,
+            )
+        )
+        return True
+
+    async def _on_result(self, msg) -> None:
+        request_id = msg.subject.rsplit(".", 1)[-1]
+        col = self._collectors.get(request_id)
+        if col is None:
+            self.metrics.inbox_skips.inc()
+            return
+        try:
+            result = WorkResult.from_msgpack(msg.data)
+        except Exception as exc:
+            log.warning("dropping malformed result for %s: %s", request_id, exc)
+            return
+        col.put(result)

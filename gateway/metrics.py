@@ -1,0 +1,104 @@
+"""Prometheus metrics of one gateway (own registry, so several gateways can live in one process)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "sie_gateway_requests", "HTTP requests", ["endpoint", "status", "machine_profile"], registry=r
+        )
+        self.latency = Histogram(
+            "sie_gateway_request_latency_seconds", "Request latency", ["endpoint"], registry=r
+        )
+        self.provisioning = Counter(
+            "sie_gateway_provisioning_responses", "Provisioning answers", ["machine_profile"], registry=r
+        )
+        self.rejected = Counter(
+            "sie_gateway_rejected_requests",
+            "Rejected requests",
+            ["machine_profile", "bundle", "reason"],
+            registry=r,
+        )
+        self.pending_demand = Gauge(
+            "sie_gateway_pending_demand",
+            "1 while requests for a (machine_profile, bundle) lane found no capacity",
+            ["machine_profile", "bundle"],
+            registry=r,
+        )
+        self.workers = Gauge("sie_gateway_workers", "Known workers", ["status"], registry=r)
+        self.worker_queue_depth = Gauge(
+            "sie_gateway_worker_queue_depth",
+            "Queue depth reported by a worker heartbeat",
+            ["worker", "machine_profile", "bundle"],
+            registry=r,
+        )
+        self.items_published = Counter(
+            "sie_gateway_queue_items_published", "Work items published", ["operation"], registry=r
+        )
+        self.publish_seconds = Histogram(
+            "sie_gateway_queue_publish_seconds", "Publish time per request", ["operation"], registry=r
+        )
+        self.result_wait_seconds = Histogram(
+            "sie_gateway_queue_result_wait_seconds", "Wait for results", ["operation"], registry=r
+        )
+        self.inbox_skips = Counter(
+            "sie_gateway_queue_inbox_skips", "Results for unknown or finished requests", registry=r
+        )
+        self.cancels = Counter("sie_gateway_work_cancels", "work_cancel publishes", ["reason"], registry=r)
+        self.dlq_events = Counter(
+            "sie_gateway_dlq_events", "Max-delivery advisories forwarded", ["stream", "consumer"], registry=r
+        )
+        self.dlq_failures = Counter(
+            "sie_gateway_dlq_republish_failures", "DLQ forwards that failed", registry=r
+        )
+        self.pool_events = Counter("sie_gateway_pool_events", "Pool lifecycle", ["event"], registry=r)
+        self.active_lease_gpus = Gauge(
+            "sie_gateway_active_lease_gpus", "GPUs requested by live pools", ["machine_profile"], registry=r
+        )
+        self.nats_connected = Gauge("sie_gateway_nats_connected", "1 while NATS is connected", registry=r)
+        # seed families with zeros so autoscaler queries never see "no data"
+        self.pending_demand.labels("", "").set(0)
+        for status in ("healthy", "unhealthy"):
+            self.workers.labels(status).set(0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class DemandTracker:
+    """Pending demand per (machine_profile, bundle): set to 1 on a miss, expires after ``expiry_s``."""
+
+    def __init__(
+        self, metrics: GatewayMetrics, expiry_s: float = 120.0, clock: Callable[[], float] = time.monotonic
+    ):
+        self.metrics = metrics
+        self.expiry_s = expiry_s
+        self._clock = clock
+        self._until: dict[tuple[str, str], float] = {}
+
+    def record(self, machine_profile: str, bundle: str) -> None:
+        key = (machine_profile.lower(), bundle.lower())
+        self._until[key] = self._clock() + self.expiry_s
+        self.metrics.pending_demand.labels(*key).set(1)
+
+    def clear(self, machine_profile: str, bundle: str) -> None:
+        key = (machine_profile.lower(), bundle.lower())
+        if self._until.pop(key, None) is not None:
+            self.metrics.pending_demand.labels(*key).set(0)
+
+    def pending(self) -> dict[tuple[str, str], float]:
+        return dict(self._until)
+
+    def refresh(self, fulfilled: Callable[[str, str], bool] | None = None) -> None:
+        """Expire old entries and clear those a healthy worker now serves."""
+        now = self._clock()
+        for key, until in list(self._until.items()):
+            if until <= now or (fulfilled is not None and fulfilled(*key)):
+                self.clear(*key)
