@@ -1,0 +1,233 @@
+"""The retry matrix of contract section 2.3, written once for the sync and the async client.
+
+Everything here is pure: the clients describe what one attempt produced (an ``Answer``),
+``classify`` names the matrix row, and ``decide`` says whether to try again and after how
+long. The clients only send, sleep and raise.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from enum import Enum
+
+DEFAULT_PROVISION_TIMEOUT_S = 900.0
+PROVISIONING_DEFAULT_DELAY_S = 5.0
+MODEL_LOADING_DEFAULT_DELAY_S = 5.0
+LORA_LOADING_DEFAULT_DELAY_S = 1.0
+LORA_LOADING_MAX_RETRIES = 10
+RESOURCE_EXHAUSTED_MAX_RETRIES = 3
+RESOURCE_EXHAUSTED_DEFAULT_DELAY_S = 5.0
+RESOURCE_EXHAUSTED_MAX_DELAY_S = 30.0
+RATE_LIMIT_DEFAULT_DELAY_S = 1.0
+QUEUE_DEFAULT_DELAY_S = 1.0
+GATEWAY_TIMEOUT_DEFAULT_DELAY_S = 5.0
+TRANSPORT_DEFAULT_DELAY_S = 5.0
+JITTER_FRACTION = 0.25
+
+_QUEUE_CODES = frozenset({"QUEUE_FULL", "BILLING_CAPACITY_UNAVAILABLE"})
+_QUEUE_CODES_WITH_HINT = frozenset({"QUEUE_UNAVAILABLE", "transport_failure"})
+
+
+class Transport(Enum):
+    """How an attempt failed before an HTTP answer came back."""
+
+    RETRYABLE = "retryable"  # refused, reset, connect/pool/write timeout, peer closed mid-answer
+    FATAL = "fatal"  # read timeout (the request may have run), TLS, invalid URL
+
+
+class Rule(Enum):
+    """One row of the retry matrix."""
+
+    OK = "ok"
+    MODEL_LOAD_FAILED = "model_load_failed"
+    INPUT_TOO_LONG = "input_too_long"
+    PROVISIONING = "provisioning"
+    LORA_LOADING = "lora_loading"
+    MODEL_LOADING = "model_loading"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    RATE_LIMITED = "rate_limited"
+    QUEUE = "queue"
+    GATEWAY_TIMEOUT = "gateway_timeout"
+    CLIENT_ERROR = "client_error"  # other 3xx/4xx
+    SERVER_ERROR = "server_error"  # other 5xx
+    TRANSPORT = "transport"
+    TRANSPORT_FATAL = "transport_fatal"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one attempt produced: an HTTP status with its error code, or a transport failure."""
+
+    status: int | None = None
+    code: str | None = None  # X-SIE-Error-Code if set, else the body code
+    body_code: str | None = None  # the code in the error body alone
+    retry_after: float | None = None
+    transport: Transport | None = None
+
+
+def classify(answer: Answer, *, operation: str = "encode") -> Rule:
+    """Name the matrix row for ``answer``; rows are checked in the contract's order."""
+    if answer.transport is not None:
+        return Rule.TRANSPORT if answer.transport is Transport.RETRYABLE else Rule.TRANSPORT_FATAL
+    status = answer.status or 0
+    code = answer.code
+    codes = {answer.code, answer.body_code}
+    if status == 202:  # scale-from-zero answer to clients that do not announce SDK 0.7+
+        return Rule.PROVISIONING
+    if 200 <= status < 300:
+        return Rule.OK
+    if status == 502 and "MODEL_LOAD_FAILED" in codes:
+        return Rule.MODEL_LOAD_FAILED
+    if status == 400 and "INPUT_TOO_LONG" in codes:
+        return Rule.INPUT_TOO_LONG
+    if status == 503:
+        if code == "PROVISIONING":
+            return Rule.PROVISIONING
+        if code == "LORA_LOADING" and operation == "encode":
+            return Rule.LORA_LOADING
+        if code == "MODEL_LOADING":
+            return Rule.MODEL_LOADING
+        if code == "RESOURCE_EXHAUSTED":
+            return Rule.RESOURCE_EXHAUSTED
+        if code in _QUEUE_CODES or (code in _QUEUE_CODES_WITH_HINT and answer.retry_after is not None):
+            return Rule.QUEUE
+    if status == 429:
+        return Rule.RATE_LIMITED
+    if status == 504:
+        return Rule.GATEWAY_TIMEOUT
+    if status >= 500:
+        return Rule.SERVER_ERROR
+    return Rule.CLIENT_ERROR
+
+
+@dataclass
+class RetryState:
+    """Per-call bookkeeping; ``deadline`` is on the clock the caller passes as ``now``."""
+
+    deadline: float
+    wait_for_capacity: bool = True
+    max_oom_retries: int = RESOURCE_EXHAUSTED_MAX_RETRIES
+    retries: int = 0
+    lora_retries: int = 0
+    oom_retries: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    @classmethod
+    def start(
+        cls,
+        now: float,
+        *,
+        provision_timeout_s: float | None,
+        wait_for_capacity: bool,
+        max_oom_retries: int,
+        rng: random.Random | None = None,
+    ) -> RetryState:
+        budget = DEFAULT_PROVISION_TIMEOUT_S if provision_timeout_s is None else float(provision_timeout_s)
+        return cls(
+            deadline=now + budget,
+            wait_for_capacity=wait_for_capacity,
+            max_oom_retries=max(0, int(max_oom_retries)),
+            rng=rng or random.Random(),
+        )
+
+    def remaining(self, now: float) -> float:
+        return self.deadline - now
+
+
+@dataclass(frozen=True)
+class Decision:
+    rule: Rule
+    retry: bool
+    delay: float = 0.0
+
+
+def _jitter(delay: float, rng: random.Random) -> float:
+    """Downward jitter on the SDK's own default delays (never longer than the default)."""
+    return delay * (1.0 - JITTER_FRACTION * rng.random())
+
+
+def _hint_or(answer: Answer, default: float, rng: random.Random) -> float:
+    return answer.retry_after if answer.retry_after is not None else _jitter(default, rng)
+
+
+def _within_budget(rule: Rule, delay: float, state: RetryState, now: float) -> Decision:
+    remaining = state.remaining(now)
+    if remaining <= 0:
+        return Decision(rule, retry=False)
+    # The sleep is capped by what is left; the attempt after it is the final one.
+    return Decision(rule, retry=True, delay=max(0.0, min(delay, remaining)))
+
+
+def decide(answer: Answer, state: RetryState, now: float, *, operation: str = "encode") -> Decision:
+    """Decide what to do with ``answer``; updates the counters in ``state`` when it retries."""
+    rule = classify(answer, operation=operation)
+    rng = state.rng
+    waiting = state.wait_for_capacity
+
+    if rule is Rule.PROVISIONING:
+        decision = (
+            _within_budget(rule, _hint_or(answer, PROVISIONING_DEFAULT_DELAY_S, rng), state, now)
+            if waiting
+            else Decision(rule, retry=False)
+        )
+    elif rule is Rule.LORA_LOADING:
+        if state.lora_retries >= LORA_LOADING_MAX_RETRIES:
+            decision = Decision(rule, retry=False)
+        else:
+            delay = answer.retry_after if answer.retry_after is not None else LORA_LOADING_DEFAULT_DELAY_S
+            decision = _within_budget(rule, delay, state, now)
+            if decision.retry:
+                state.lora_retries += 1
+    elif rule is Rule.MODEL_LOADING:
+        decision = _within_budget(rule, _hint_or(answer, MODEL_LOADING_DEFAULT_DELAY_S, rng), state, now)
+    elif rule is Rule.RESOURCE_EXHAUSTED:
+        decision = _oom(answer, state, now)
+    elif rule is Rule.RATE_LIMITED:
+        decision = _within_budget(rule, _hint_or(answer, RATE_LIMIT_DEFAULT_DELAY_S, rng), state, now)
+    elif rule is Rule.QUEUE:
+        decision = _within_budget(rule, _hint_or(answer, QUEUE_DEFAULT_DELAY_S, rng), state, now)
+    elif rule is Rule.GATEWAY_TIMEOUT:
+        decision = (
+            _within_budget(rule, _hint_or(answer, GATEWAY_TIMEOUT_DEFAULT_DELAY_S, rng), state, now)
+            if waiting
+            else Decision(rule, retry=False)
+        )
+    elif rule is Rule.TRANSPORT:
+        decision = (
+            _within_budget(rule, _jitter(TRANSPORT_DEFAULT_DELAY_S, rng), state, now)
+            if waiting
+            else Decision(rule, retry=False)
+        )
+    else:  # OK and every terminal row
+        decision = Decision(rule, retry=False)
+
+    if decision.retry:
+        state.retries += 1
+    return decision
+
+
+def _oom(answer: Answer, state: RetryState, now: float) -> Decision:
+    rule = Rule.RESOURCE_EXHAUSTED
+    n = state.oom_retries
+    if n >= state.max_oom_retries:
+        return Decision(rule, retry=False)
+    if answer.retry_after is not None:
+        base = min(answer.retry_after, RESOURCE_EXHAUSTED_MAX_DELAY_S)
+        delay = min(base * (2**n), RESOURCE_EXHAUSTED_MAX_DELAY_S)
+        if n > 0:
+            delay = _jitter(delay, state.rng)
+    else:
+        delay = _jitter(
+            min(RESOURCE_EXHAUSTED_DEFAULT_DELAY_S * (2**n), RESOURCE_EXHAUSTED_MAX_DELAY_S), state.rng
+        )
+    if delay >= state.remaining(now):
+        return Decision(rule, retry=False)  # the sleep would eat the whole budget: give up now
+    state.oom_retries += 1
+    return Decision(rule, retry=True, delay=delay)
+
+
+def attempt_timeout(read_timeout_s: float, state: RetryState, now: float) -> float:
+    """Read timeout of one attempt: capped by the budget left, uncapped for the final attempt."""
+    remaining = state.remaining(now)
+    return min(read_timeout_s, remaining) if remaining > 0 else read_timeout_s

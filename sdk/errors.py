@@ -1,0 +1,269 @@
+"""Typed exceptions raised by the SDK clients.
+
+The class names, the hierarchy and the constructor keywords follow the public ``sie-sdk``
+so that ``except`` clauses move between the two unchanged. Every class also carries
+``message``, ``code`` and ``status_code`` (``None`` where the failure had no HTTP answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class SIEError(Exception):
+    """Base class of every SDK error."""
+
+    code: str | None = None
+    status_code: int | None = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.message!r}, code={self.code!r}, status_code={self.status_code!r})"
+        )
+
+
+class SIEConnectionError(SIEError):
+    """The server could not be reached, or it did not answer in time."""
+
+
+class RequestError(SIEError):
+    """A 4xx answer, an unexpected redirect, or a successful answer the SDK cannot read."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str | None = None,
+        status_code: int | None = None,
+        *,
+        param: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status_code = status_code
+        self.param = param
+        self.request = request
+
+
+class ServerError(SIEError):
+    """A 5xx answer that the retry policy does not (or no longer) retry."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str | None = None,
+        status_code: int | None = None,
+        *,
+        param: str | None = None,
+        request: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status_code = status_code
+        self.param = param
+        self.request = request
+        self.retry_after = retry_after
+
+
+class ProvisioningError(SIEError):
+    """No capacity yet: ``wait_for_capacity=False``, or the provisioning budget ran out."""
+
+    code = "PROVISIONING"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        gpu: str | None = None,
+        retry_after: float | None = None,
+        param: str | None = None,
+        request: dict[str, Any] | None = None,
+        status_code: int | None = 503,
+    ) -> None:
+        super().__init__(message)
+        self.gpu = gpu
+        self.retry_after = retry_after
+        self.param = param
+        self.request = request
+        self.status_code = status_code
+
+
+class PoolError(SIEError):
+    """A pool call failed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pool_name: str | None = None,
+        state: str | None = None,
+        status_code: int | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.pool_name = pool_name
+        self.state = state
+        self.status_code = status_code
+        self.code = code
+
+
+class LoraLoadingError(SIEError):
+    """The LoRA adapter was still loading after the bounded number of retries."""
+
+    code = "LORA_LOADING"
+    status_code = 503
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        lora: str | None = None,
+        model: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.lora = lora
+        self.model = model
+        self.request = request
+
+
+class ModelLoadingError(SIEError):
+    """The model was still loading when the provisioning budget ran out."""
+
+    code = "MODEL_LOADING"
+    status_code = 503
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.model = model
+        self.request = request
+
+
+class ModelLoadFailedError(ServerError):
+    """``502 MODEL_LOAD_FAILED``: the server gave up loading the model; never retried."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        error_class: str | None = None,
+        permanent: bool = True,
+        attempts: int = 1,
+        param: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, code="MODEL_LOAD_FAILED", status_code=502, param=param, request=request)
+        self.model = model
+        self.error_class = error_class
+        self.permanent = permanent
+        self.attempts = attempts
+
+
+class InputTooLongError(RequestError):
+    """``400 INPUT_TOO_LONG``: an input does not fit the model and may not be truncated."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        param: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, code="INPUT_TOO_LONG", status_code=400, param=param, request=request)
+        self.model = model
+
+
+class RateLimitError(RequestError):
+    """``429``: still rate limited when the call's budget was spent."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = "RATE_LIMIT",
+        retry_after: float | None = None,
+        param: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, code=code, status_code=429, param=param, request=request)
+        self.retry_after = retry_after
+
+
+class ResourceExhaustedError(ServerError):
+    """``503 RESOURCE_EXHAUSTED`` (out of accelerator memory) after the bounded retries."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        retries: int = 0,
+        param: str | None = None,
+        request: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(
+            message,
+            code="RESOURCE_EXHAUSTED",
+            status_code=503,
+            param=param,
+            request=request,
+            retry_after=retry_after,
+        )
+        self.model = model
+        self.retries = retries
+
+
+class IncompleteBatchError(ServerError):
+    """A ``200`` whose ``items`` does not hold exactly one result per input."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        expected: int,
+        received: int,
+        model: str | None = None,
+        missing_ids: list[str] | None = None,
+        request: dict[str, Any] | None = None,
+        results: Sequence[Any] | None = None,
+    ) -> None:
+        super().__init__(message, code=code, request=request)
+        self.expected = expected
+        self.received = received
+        self.model = model
+        self.missing_ids = missing_ids
+        self.results: list[Any] = list(results) if results is not None else []
+        self.request_id: str | None = (request or {}).get("id")
+
+
+__all__ = [
+    "IncompleteBatchError",
+    "InputTooLongError",
+    "LoraLoadingError",
+    "ModelLoadFailedError",
+    "ModelLoadingError",
+    "PoolError",
+    "ProvisioningError",
+    "RateLimitError",
+    "RequestError",
+    "ResourceExhaustedError",
+    "SIEConnectionError",
+    "SIEError",
+    "ServerError",
+]
