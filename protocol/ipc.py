@@ -1,0 +1,276 @@
+"""IPC between the sidecar and the worker over a Unix domain socket (internals 3.4).
+
+Framing: ``[4-byte big-endian unsigned length][msgpack map]``, at most ``MAX_FRAME_BYTES`` per frame;
+a clean EOF between frames ends the connection. Envelopes:
+
+* request  ``{version, method, request_id, body}``
+* response ``{version, request_id, ok, body, error}`` (``ok=false`` is a logical error: no retry/reconnect)
+
+One connection multiplexes concurrent calls: the client picks ``request_id`` and the server answers
+each request when it is done, in any order.
+
+The method bodies are plain msgpack maps with named keys; unknown keys are ignored and missing optional
+keys take defaults, like every other schema in ``protocol``. A RunBatch item is a WorkItem map (the
+same keys the gateway publishes); an ItemOutcome is a WorkResult map plus ``disposition`` and
+``nak_delay_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from protocol.codec import CodecError, packb, unpackb
+from protocol.errors import RETRYABLE_CODES
+from protocol.work import WorkItem, WorkResult, _from_map
+
+IPC_VERSION = 1
+MAX_FRAME_BYTES = 32 * 1024 * 1024
+_LEN = struct.Struct(">I")
+
+# Methods
+PING = "Ping"
+ENSURE_MODEL_READY = "EnsureModelReady"
+RUN_BATCH = "RunBatch"
+DRAIN = "Drain"
+APPLY_MODEL_CONFIG = "ApplyModelConfig"
+REPLACE_MODEL_CONFIGS = "ReplaceModelConfigs"
+METHODS = (PING, ENSURE_MODEL_READY, RUN_BATCH, DRAIN, APPLY_MODEL_CONFIG, REPLACE_MODEL_CONFIGS)
+
+# EnsureModelReady states
+STATE_READY = "ready"
+STATE_LOADING_STARTED = "loading_started"
+STATE_LOADING_IN_PROGRESS = "loading_in_progress"
+STATE_RETRY_LATER = "retry_later"
+STATE_FAILED = "failed"
+ENSURE_STATES = (
+    STATE_READY,
+    STATE_LOADING_STARTED,
+    STATE_LOADING_IN_PROGRESS,
+    STATE_RETRY_LATER,
+    STATE_FAILED,
+)
+
+# ItemOutcome dispositions
+PUBLISH_AND_ACK = "publish_and_ack"
+PUBLISH_ERROR_AND_ACK = "publish_error_and_ack"
+NAK_RETRY = "nak_retry"
+
+# Error text of a batch method refused because the worker is draining.
+DRAINING_ERROR = "draining"
+
+
+class FrameError(ValueError):
+    """A frame that breaks the framing rules (oversize length, truncated body, not a msgpack map)."""
+
+
+class FrameTooLarge(FrameError):
+    """The announced length exceeds the cap; the stream cannot be resynchronised."""
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def encode_frame(obj: dict[str, Any], *, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    payload = packb(obj)
+    if len(payload) > max_bytes:
+        raise FrameTooLarge(f"frame of {len(payload)} bytes exceeds the {max_bytes}-byte cap")
+    return _LEN.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> dict[str, Any]:
+    """The msgpack map of one frame body (FrameError if it is not one)."""
+    if not payload:
+        return {}
+    try:
+        obj = unpackb(payload)
+    except CodecError as exc:
+        raise FrameError(str(exc)) from exc
+    if not isinstance(obj, dict):
+        raise FrameError("frame body must be a msgpack map")
+    return obj
+
+
+async def read_frame_bytes(reader: asyncio.StreamReader, *, max_bytes: int = MAX_FRAME_BYTES) -> bytes | None:
+    """The raw body of the next frame; None on a clean EOF between frames.
+
+    Raises FrameTooLarge when the length exceeds ``max_bytes`` (nothing of the body is read) and
+    FrameError when the stream ends inside a frame.
+    """
+    try:
+        header = await reader.readexactly(_LEN.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise FrameError("connection closed inside a frame header") from exc
+    (length,) = _LEN.unpack(header)
+    if length > max_bytes:
+        raise FrameTooLarge(f"frame of {length} bytes exceeds the {max_bytes}-byte cap")
+    if length == 0:
+        return b""
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise FrameError("connection closed inside a frame body") from exc
+
+
+async def write_frame(
+    writer: asyncio.StreamWriter, obj: dict[str, Any], *, max_bytes: int = MAX_FRAME_BYTES
+) -> None:
+    writer.write(encode_frame(obj, max_bytes=max_bytes))
+    await writer.drain()
+
+
+# --------------------------------------------------------------------------- envelopes
+
+
+def request_envelope(method: str, request_id: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"version": IPC_VERSION, "method": method, "request_id": request_id, "body": body or {}}
+
+
+def response_envelope(
+    request_id: str | None, *, ok: bool, body: dict[str, Any] | None = None, error: str | None = None
+) -> dict[str, Any]:
+    return {"version": IPC_VERSION, "request_id": request_id, "ok": ok, "body": body, "error": error}
+
+
+# --------------------------------------------------------------------------- method bodies
+
+
+@dataclass
+class PingResponse:
+    timestamp_ms: int = 0
+    worker_id: str = ""
+    ready: bool = False
+    bundle_config_hash: str = ""
+    loaded_models: list[str] = field(default_factory=list)
+    loading_models: list[str] = field(default_factory=list)
+
+    def to_map(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_map(cls, data: dict[str, Any] | None) -> PingResponse:
+        return _from_map(cls, data or {})
+
+
+@dataclass
+class EnsureModelReadyResponse:
+    state: str
+    max_batch_tokens: int | None = None
+    batch_budget: int | None = None  # the model's max_batch_requests
+    error: str | None = None
+    error_code: str | None = None
+
+    def to_map(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_map(cls, data: dict[str, Any] | None) -> EnsureModelReadyResponse:
+        resp = _from_map(cls, data or {"state": STATE_RETRY_LATER})
+        if resp.state not in ENSURE_STATES:
+            resp.state = STATE_RETRY_LATER
+        return resp
+
+
+@dataclass
+class RunBatchRequest:
+    model_id: str  # model spec: "M" or "M:profile"
+    batch_id: int
+    lora_key: str
+    op: str
+    total_cost: int
+    items: list[dict[str, Any]]  # WorkItem maps
+
+    def to_map(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_map(cls, data: dict[str, Any]) -> RunBatchRequest:
+        return _from_map(cls, data)
+
+    @staticmethod
+    def item_map(item: WorkItem) -> dict[str, Any]:
+        return {k: v for k, v in asdict(item).items() if v is not None}
+
+    def work_items(self) -> list[WorkItem]:
+        """Decode the items (ValueError if one lacks required keys)."""
+        out = []
+        for raw in self.items:
+            if not isinstance(raw, dict):
+                raise ValueError("batch item must be a map")
+            try:
+                out.append(_from_map(WorkItem, raw))
+            except TypeError as exc:
+                raise ValueError(f"batch item is missing fields: {exc}") from exc
+        return out
+
+
+def disposition_for(success: bool, error_code: str | None) -> str:
+    """How the sidecar settles an item: publish the result, publish the error, or NAK for retry.
+
+    Retryable worker states (OOM after recovery, model loading/not loaded, queue full) are NAKed so
+    the redelivery still has a chance; everything else is an answer for the client.
+    """
+    if success:
+        return PUBLISH_AND_ACK
+    if error_code in RETRYABLE_CODES:
+        return NAK_RETRY
+    return PUBLISH_ERROR_AND_ACK
+
+
+def outcome_from_result(result: WorkResult) -> dict[str, Any]:
+    """An ItemOutcome map: the WorkResult's keys plus disposition and nak_delay_ms."""
+    out = {k: v for k, v in asdict(result).items() if v is not None}
+    out["disposition"] = disposition_for(result.success, result.error_code)
+    if out["disposition"] == NAK_RETRY and result.retry_after_s is not None:
+        out["nak_delay_ms"] = int(result.retry_after_s * 1000)
+    return out
+
+
+def result_from_outcome(outcome: dict[str, Any]) -> WorkResult:
+    return _from_map(WorkResult, outcome)
+
+
+def run_batch_response(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"outcomes": outcomes}
+
+
+__all__ = [
+    "APPLY_MODEL_CONFIG",
+    "DRAIN",
+    "DRAINING_ERROR",
+    "ENSURE_MODEL_READY",
+    "ENSURE_STATES",
+    "EnsureModelReadyResponse",
+    "FrameError",
+    "FrameTooLarge",
+    "IPC_VERSION",
+    "MAX_FRAME_BYTES",
+    "METHODS",
+    "NAK_RETRY",
+    "PING",
+    "PUBLISH_AND_ACK",
+    "PUBLISH_ERROR_AND_ACK",
+    "PingResponse",
+    "REPLACE_MODEL_CONFIGS",
+    "RUN_BATCH",
+    "RunBatchRequest",
+    "STATE_FAILED",
+    "STATE_LOADING_IN_PROGRESS",
+    "STATE_LOADING_STARTED",
+    "STATE_READY",
+    "STATE_RETRY_LATER",
+    "decode_payload",
+    "disposition_for",
+    "encode_frame",
+    "outcome_from_result",
+    "read_frame_bytes",
+    "request_envelope",
+    "response_envelope",
+    "result_from_outcome",
+    "run_batch_response",
+    "write_frame",
+]

@@ -1,0 +1,3 @@
+from sidecar.main import main
+
+main()

@@ -1,0 +1,137 @@
+"""Batch formation, free of I/O: one Batcher per (operation, LoRA) inside a model's scheduler (internals 3.3).
+
+Flush rules: total cost >= max_batch_cost, count >= max_batch_requests, or the oldest pending item has
+waited max_batch_wait_ms (and always when draining). Packing sorts the pending items by cost and takes
+greedily under both caps; an item larger than the cost cap on its own leaves alone. The remainder stays
+queued and its wait timer is re-anchored to its oldest item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Costed(Protocol):
+    cost: int
+    arrived: float  # monotonic seconds
+
+
+def text_cost(text: str | None) -> int:
+    """Token-count proxy (the sidecar does not tokenize): chars / 4 + 2."""
+    return len(text or "") // 4 + 2
+
+
+def item_cost(
+    operation: str,
+    item: dict[str, Any] | None,
+    query_item: dict[str, Any] | None = None,
+    score_items: list[dict[str, Any]] | None = None,
+) -> int:
+    """Cost of one work item: text proxy; media count 1 each (score: summed over the pairs)."""
+
+    def one(value: dict[str, Any] | None) -> int:
+        if not isinstance(value, dict):
+            return 1
+        text = value.get("text")
+        cost = text_cost(text) if isinstance(text, str) else 0
+        for key in ("images", "image", "audio", "video", "document"):
+            media = value.get(key)
+            if media:
+                cost += len(media) if isinstance(media, list) else 1
+        return max(cost, 1)
+
+    if operation == "score":
+        q = one(query_item)
+        docs = score_items or []
+        return max(1, sum(q + one(d) for d in docs)) if docs else q
+    return one(item)
+
+
+@dataclass
+class BatchLimits:
+    max_cost: int
+    max_requests: int
+    max_wait_s: float
+
+
+class Batcher:
+    """Pending items of one (op, lora_key) for one model."""
+
+    def __init__(self, op: str, lora_key: str) -> None:
+        self.op = op
+        self.lora_key = lora_key
+        self.pending: list[Any] = []
+        self.pending_cost = 0
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, entry: Costed) -> None:
+        self.pending.append(entry)
+        self.pending_cost += entry.cost
+
+    @property
+    def head_time(self) -> float | None:
+        """Arrival time of the oldest pending item (None when empty)."""
+        return min((e.arrived for e in self.pending), default=None)
+
+    def due_at(self, limits: BatchLimits) -> float | None:
+        """When the wait rule flushes (None when empty)."""
+        head = self.head_time
+        return None if head is None else head + limits.max_wait_s
+
+    def ready(self, now: float, limits: BatchLimits, *, draining: bool = False) -> bool:
+        if not self.pending:
+            return False
+        if draining:
+            return True
+        if self.pending_cost >= limits.max_cost or len(self.pending) >= limits.max_requests:
+            return True
+        if any(e.cost >= limits.max_cost for e in self.pending):
+            return True  # an oversize item flushes alone
+        return now >= self.head_time + limits.max_wait_s
+
+    def take(self, limits: BatchLimits) -> list[Any]:
+        """Pack one batch: ascending cost, greedily under both caps, at least one item."""
+        if not self.pending:
+            return []
+        order = sorted(
+            range(len(self.pending)), key=lambda i: (self.pending[i].cost, self.pending[i].arrived)
+        )
+        chosen: list[int] = []
+        total = 0
+        for i in order:
+            cost = self.pending[i].cost
+            if chosen and (total + cost > limits.max_cost or len(chosen) >= limits.max_requests):
+                break
+            chosen.append(i)
+            total += cost
+            if len(chosen) >= limits.max_requests or total >= limits.max_cost:
+                break
+        picked = set(chosen)
+        batch = [self.pending[i] for i in sorted(chosen, key=lambda i: self.pending[i].arrived)]
+        self.pending = [e for i, e in enumerate(self.pending) if i not in picked]
+        self.pending_cost -= total
+        return batch
+
+    def remove(self, predicate) -> list[Any]:
+        """Take out every pending entry for which ``predicate(entry)`` holds."""
+        gone = [e for e in self.pending if predicate(e)]
+        if gone:
+            self.pending = [e for e in self.pending if not predicate(e)]
+            self.pending_cost = sum(e.cost for e in self.pending)
+        return gone
+
+
+def oldest_ready(
+    batchers: list[Batcher], now: float, limits: BatchLimits, *, draining: bool = False
+) -> Batcher | None:
+    """First-come-first-served across batchers: the ready one whose head is oldest."""
+    ready = [b for b in batchers if b.ready(now, limits, draining=draining)]
+    return min(ready, key=lambda b: b.head_time) if ready else None
+
+
+def next_due(batchers: list[Batcher], limits: BatchLimits) -> float | None:
+    dues = [d for d in (b.due_at(limits) for b in batchers) if d is not None]
+    return min(dues) if dues else None

@@ -1,0 +1,75 @@
+"""Sidecar process wiring: settings → NATS (inbox ``_INBOX_WORKER``) → IPC client → LaneConsumer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import nats
+
+from protocol.subjects import WORKER_INBOX_PREFIX
+from sidecar.ipc_client import IpcClient
+from sidecar.lane import LaneConsumer
+from sidecar.settings import SidecarSettings
+
+log = logging.getLogger("sie.sidecar")
+
+
+async def connect_nats(settings: SidecarSettings):
+    return await nats.connect(
+        settings.nats_url,
+        name=f"sie-sidecar-{settings.worker_id}",
+        inbox_prefix=WORKER_INBOX_PREFIX,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=2,
+    )
+
+
+async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, object, IpcClient]:
+    """Connect and start a lane consumer; returns (consumer, nats client, ipc client)."""
+    nc = await connect_nats(settings)
+    client = IpcClient(settings.ipc_socket_path, timeout_s=settings.ipc_request_timeout_s)
+    lane = LaneConsumer(nc, client, settings)
+    await lane.start()
+    return lane, nc, client
+
+
+async def run(settings: SidecarSettings) -> None:
+    lane, nc, client = await start_sidecar(settings)
+    log.info(
+        "sidecar %s consuming %s/%s (pool=%s profile=%s bundle=%s), worker at %s",
+        settings.worker_id,
+        lane.stream,
+        lane.durable,
+        settings.pool,
+        settings.machine_profile,
+        settings.bundle,
+        settings.ipc_socket_path,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: tombstone, drain")
+    try:
+        await lane.stop()
+    finally:
+        await client.close()
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+
+def main() -> None:
+    settings = SidecarSettings()
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""The worker's queue-mode front door: an IPC server on a Unix domain socket (internals 3.4).
+
+The sidecar forms batches and calls ``RunBatch``; this module turns IPC requests into calls on the
+worker Runtime and its answers into ItemOutcomes. Every request runs as its own task, so one
+connection multiplexes concurrent calls (a slow batch never delays a Ping); responses carry the
+request's ``request_id``.
+
+``python -m worker.ipc_server`` builds the worker settings and runtime like ``sie serve`` does and
+serves ``SIE_IPC_SOCKET_PATH`` (default ``/tmp/sie-ipc.sock``) until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from protocol import ipc
+from protocol.errors import ErrorCode, SIEError
+from protocol.model_config import parse_model_yaml
+from protocol.work import WorkResult
+
+log = logging.getLogger("sie.worker.ipc")
+
+DEFAULT_SOCKET_PATH = "/tmp/sie-ipc.sock"
+DRAIN_MAX_S = 25.0
+
+
+class IpcHandler:
+    """Method dispatch over a Runtime (``ensure_ready``, ``run_work_items``, ``loaded_models``, ...)."""
+
+    def __init__(self, runtime: Any, *, worker_id: str | None = None) -> None:
+        self.runtime = runtime
+        self.worker_id = worker_id or socket.gethostname()
+        self.draining = False
+        self._inflight: set[asyncio.Task] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.last_ping_monotonic: float | None = None
+        self.config_version = 0
+
+    # ---- dispatch --------------------------------------------------------------------------
+    async def handle(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The response body of one call; raises IpcMethodError for a logical error."""
+        if method == ipc.PING:
+            return self.ping(body)
+        if method == ipc.ENSURE_MODEL_READY:
+            return await self.ensure_model_ready(body)
+        if method == ipc.RUN_BATCH:
+            return await self._tracked(self.run_batch(body))
+        if method == ipc.DRAIN:
+            return await self.drain(body)
+        if method == ipc.APPLY_MODEL_CONFIG:
+            return self.apply_model_config(body)
+        if method == ipc.REPLACE_MODEL_CONFIGS:
+            return self.replace_model_configs(body)
+        raise IpcMethodError(f"unknown method {method!r}")
+
+    async def _tracked(self, coro):
+        if self.draining:
+            coro.close()
+            raise IpcMethodError(ipc.DRAINING_ERROR)
+        task = asyncio.current_task()
+        self._inflight.add(task)
+        self._idle.clear()
+        try:
+            return await coro
+        finally:
+            self._inflight.discard(task)
+            if not self._inflight:
+                self._idle.set()
+
+    # ---- methods ---------------------------------------------------------------------------
+    def ping(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.last_ping_monotonic = time.monotonic()
+        loading = getattr(self.runtime, "loading_models", None)
+        return ipc.PingResponse(
+            timestamp_ms=int(body.get("timestamp_ms") or time.time() * 1000),
+            worker_id=self.worker_id,
+            ready=not self.draining,
+            bundle_config_hash=self._bundle_hash(),
+            loaded_models=list(self.runtime.loaded_models()),
+            loading_models=list(loading()) if callable(loading) else [],
+        ).to_map()
+
+    async def ensure_model_ready(self, body: dict[str, Any]) -> dict[str, Any]:
+        spec = body.get("model_id")
+        if not isinstance(spec, str) or not spec:
+            raise IpcMethodError("EnsureModelReady needs model_id")
+        if self.draining:
+            return ipc.EnsureModelReadyResponse(
+                state=ipc.STATE_RETRY_LATER, error=ipc.DRAINING_ERROR
+            ).to_map()
+        try:
+            res = await self.runtime.ensure_ready(spec)
+        except SIEError as exc:
+            return self._ensure_error(exc)
+        state = getattr(res, "state", ipc.STATE_RETRY_LATER)
+        err = getattr(res, "error", None)
+        resp = ipc.EnsureModelReadyResponse(
+            state=state if state in ipc.ENSURE_STATES else ipc.STATE_RETRY_LATER,
+            max_batch_tokens=getattr(res, "max_batch_tokens", None),
+            batch_budget=getattr(res, "max_batch_requests", None),
+        )
+        if err is not None:
+            resp.error = getattr(err, "message", str(err))
+            resp.error_code = getattr(err, "code", ErrorCode.INTERNAL_ERROR)
+            if resp.state == ipc.STATE_FAILED and resp.error_code in (
+                ErrorCode.MODEL_LOADING,
+                ErrorCode.RESOURCE_EXHAUSTED,
+            ):
+                resp.state = ipc.STATE_RETRY_LATER
+        return resp.to_map()
+
+    @staticmethod
+    def _ensure_error(exc: SIEError) -> dict[str, Any]:
+        # Unknown model, bad profile, ...: a permanent answer the sidecar publishes; anything
+        # retryable becomes retry_later.
+        from protocol.errors import RETRYABLE_CODES
+
+        state = ipc.STATE_RETRY_LATER if exc.code in RETRYABLE_CODES else ipc.STATE_FAILED
+        return ipc.EnsureModelReadyResponse(state=state, error=exc.message, error_code=exc.code).to_map()
+
+    async def run_batch(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            req = ipc.RunBatchRequest.from_map(body)
+            items = req.work_items()
+        except (TypeError, ValueError) as exc:
+            raise IpcMethodError(f"malformed RunBatch: {exc}") from exc
+        if not items:
+            return ipc.run_batch_response([])
+        started = time.perf_counter()
+        try:
+            results = await self.runtime.run_work_items(items)
+        except SIEError as exc:
+            results = [self._error_result(it, exc.code, exc.message, exc.retry_after) for it in items]
+        except Exception as exc:  # a runtime bug must not take down the connection
+            log.exception("run_work_items failed for a batch of %d", len(items))
+            results = [self._error_result(it, ErrorCode.INTERNAL_ERROR, str(exc), None) for it in items]
+        if len(results) != len(items):
+            log.error("runtime returned %d results for %d items", len(results), len(items))
+            results = [
+                self._error_result(it, ErrorCode.INTERNAL_ERROR, "result count mismatch", None)
+                for it in items
+            ]
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        outcomes = []
+        for item, res in zip(items, results, strict=True):
+            if not res.worker_id:
+                res.worker_id = self.worker_id
+            if not res.processing_ms:
+                res.processing_ms = elapsed_ms
+            res.work_item_id = res.work_item_id or item.work_item_id
+            outcomes.append(ipc.outcome_from_result(res))
+        return ipc.run_batch_response(outcomes)
+
+    def _error_result(self, item, code: str, message: str, retry_after: float | None) -> WorkResult:
+        return WorkResult(
+            work_item_id=item.work_item_id,
+            request_id=item.request_id,
+            item_index=item.item_index,
+            success=False,
+            error=message,
+            error_code=str(code),
+            retry_after_s=retry_after,
+            worker_id=self.worker_id,
+        )
+
+    async def drain(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Stop accepting batches; wait for in-flight ones up to min(25 s, ``deadline_ms`` from now)."""
+        self.draining = True
+        deadline_ms = body.get("deadline_ms")
+        budget = DRAIN_MAX_S
+        if isinstance(deadline_ms, (int, float)) and deadline_ms > 0:
+            budget = min(budget, deadline_ms / 1000.0)  # deadline_ms: the drain budget in milliseconds
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), budget)
+        return {"acknowledged": True, "inflight": len(self._inflight)}
+
+    def _bundle_hash(self) -> str:
+        fn = getattr(self.runtime, "bundle_config_hash", None)
+        try:
+            return str(fn()) if callable(fn) else ""
+        except Exception:  # noqa: BLE001 - a hash problem must not fail Ping
+            log.exception("bundle_config_hash failed")
+            return ""
+
+    def _put_config(self, model_id: str | None, yaml_text: Any) -> str | None:
+        """Add one model config to the runtime's catalog; the model id if it was rejected."""
+        if not isinstance(yaml_text, str) or not yaml_text.strip():
+            return None  # a pure epoch bump
+        try:
+            config = parse_model_yaml(yaml_text)
+        except Exception as exc:  # noqa: BLE001 - schema rejection → unsupported
+            log.warning("model config for %s rejected: %s", model_id, exc)
+            return model_id or "?"
+        apply = getattr(self.runtime, "apply_model_config", None)
+        if callable(apply):
+            apply(config)
+        else:
+            self.runtime.catalog.put(config)
+        return None
+
+    def apply_model_config(self, body: dict[str, Any]) -> dict[str, Any]:
+        rejected = self._put_config(body.get("model_id"), body.get("model_config"))
+        self.config_version += 1
+        return {
+            "applied": rejected is None,
+            "bundle_config_hash": self._bundle_hash(),
+            "config_version": self.config_version,
+            "unsupported_models": [rejected] if rejected else [],
+        }
+
+    def replace_model_configs(self, body: dict[str, Any]) -> dict[str, Any]:
+        models = body.get("models") or []
+        unsupported: list[str] = []
+        applied: list[str] = []
+        for entry in models if isinstance(models, list) else []:
+            if not isinstance(entry, dict):
+                continue
+            model_id = entry.get("model_id")
+            rejected = self._put_config(model_id, entry.get("model_config"))
+            if rejected:
+                unsupported.append(rejected)
+            elif model_id:
+                applied.append(str(model_id))
+        self.config_version += 1
+        return {
+            "applied": not unsupported,
+            "bundle_config_hash": self._bundle_hash(),
+            "config_version": self.config_version,
+            "applied_models": applied,
+            "unsupported_models": unsupported,
+        }
+
+
+class IpcMethodError(Exception):
+    """A logical error answered with ``ok=false`` (the client neither retries nor reconnects)."""
+
+
+class IpcServer:
+    """asyncio Unix-socket server around an IpcHandler."""
+
+    def __init__(
+        self, handler: IpcHandler, socket_path: str, *, max_frame_bytes: int = ipc.MAX_FRAME_BYTES
+    ) -> None:
+        self.handler = handler
+        self.socket_path = socket_path
+        self.max_frame_bytes = max_frame_bytes
+        self._server: asyncio.base_events.Server | None = None
+        self._conn_tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> IpcServer:
+        path = Path(self.socket_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise RuntimeError(f"{path} exists and is not a socket")
+            path.unlink()  # stale socket of a previous run
+        old_umask = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._on_connection, path=str(path), backlog=1024)
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        log.info("IPC server listening on %s", path)
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._conn_tasks):
+                task.cancel()
+            await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._conn_tasks.add(asyncio.current_task())
+        write_lock = asyncio.Lock()
+        calls: set[asyncio.Task] = set()
+
+        async def send(envelope: dict[str, Any]) -> None:
+            try:
+                frame = ipc.encode_frame(envelope, max_bytes=self.max_frame_bytes)
+            except ipc.FrameTooLarge as exc:
+                frame = ipc.encode_frame(
+                    ipc.response_envelope(
+                        envelope.get("request_id"), ok=False, error=f"response too large: {exc}"
+                    )
+                )
+            except (TypeError, ValueError) as exc:
+                frame = ipc.encode_frame(
+                    ipc.response_envelope(
+                        envelope.get("request_id"), ok=False, error=f"unserialisable response: {exc}"
+                    )
+                )
+            async with write_lock:
+                writer.write(frame)
+                await writer.drain()
+
+        async def call(request_id: Any, method: str, body: dict[str, Any]) -> None:
+            try:
+                result = await self.handler.handle(method, body)
+                envelope = ipc.response_envelope(request_id, ok=True, body=result)
+            except IpcMethodError as exc:
+                envelope = ipc.response_envelope(request_id, ok=False, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - answer, never drop, a failing call
+                log.exception("IPC %s failed", method)
+                envelope = ipc.response_envelope(request_id, ok=False, error=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(ConnectionError, OSError):
+                await send(envelope)
+
+        try:
+            while True:
+                try:
+                    payload = await ipc.read_frame_bytes(reader, max_bytes=self.max_frame_bytes)
+                except ipc.FrameTooLarge as exc:
+                    # The body was not read: the stream cannot be resynchronised. Say why, then close.
+                    log.warning("closing IPC connection: %s", exc)
+                    with contextlib.suppress(ConnectionError, OSError):
+                        await send(ipc.response_envelope(None, ok=False, error=str(exc)))
+                    break
+                except (ipc.FrameError, ConnectionError, OSError):
+                    break
+                if payload is None:
+                    break
+                try:
+                    request = ipc.decode_payload(payload)
+                except ipc.FrameError as exc:
+                    # Framing is intact: answer the garbage and keep serving this connection.
+                    await send(ipc.response_envelope(None, ok=False, error=f"malformed frame: {exc}"))
+                    continue
+                request_id = request.get("request_id")
+                if request.get("version") != ipc.IPC_VERSION:
+                    await send(
+                        ipc.response_envelope(
+                            request_id, ok=False, error=f"unsupported IPC version {request.get('version')!r}"
+                        )
+                    )
+                    continue
+                method = request.get("method")
+                body = request.get("body") or {}
+                if not isinstance(method, str) or not isinstance(body, dict):
+                    await send(
+                        ipc.response_envelope(
+                            request_id, ok=False, error="request needs method and a map body"
+                        )
+                    )
+                    continue
+                task = asyncio.create_task(call(request_id, method, body))
+                calls.add(task)
+                task.add_done_callback(calls.discard)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            for task in list(calls):
+                task.cancel()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._conn_tasks.discard(asyncio.current_task())
+
+
+async def serve_ipc(runtime: Any, socket_path: str, *, worker_id: str | None = None) -> IpcServer:
+    """Start serving ``runtime`` on ``socket_path`` (stale socket unlinked, mode 0600)."""
+    return await IpcServer(IpcHandler(runtime, worker_id=worker_id), socket_path).start()
+
+
+# --------------------------------------------------------------------------- process entry point
+
+
+def _build_runtime():
+    """Settings and runtime exactly as ``sie serve`` builds them."""
+    from worker.serve.main import build_runtime
+
+    return build_runtime()
+
+
+async def _amain() -> None:
+    socket_path = os.environ.get("SIE_IPC_SOCKET_PATH", DEFAULT_SOCKET_PATH)
+    worker_id = os.environ.get("SIE_WORKER_ID") or socket.gethostname()
+    runtime = _build_runtime()
+    await runtime.start()
+    server = await serve_ipc(runtime, socket_path, worker_id=worker_id)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("shutting down: draining in-flight batches")
+        await server.handler.drain({})
+    finally:
+        await server.close()
+        await runtime.close()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("SIE_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(_amain())
+
+
+if __name__ == "__main__":
+    main()
