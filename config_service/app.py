@@ -1,0 +1,306 @@
+"""The config API over aiohttp (contract section 8): routes, auth, body limit, errors, metrics."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from config_service.registry import ConfigError
+from config_service.service import ConfigService
+from config_service.settings import MAX_BODY_BYTES
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SERVICE_KEY = web.AppKey("config_service", ConfigService)
+AUTH_KEY = web.AppKey("config_auth", object)
+LIMIT_KEY = web.AppKey("config_body_limit", int)
+
+PUBLIC, READ, EXPORT, WRITE = "public", "read", "export", "write"
+
+
+@dataclass(frozen=True)
+class Auth:
+    """Tokens of contract 8.1. Empty strings count as unset."""
+
+    admin_token: str | None = None
+    read_token: str | None = None
+    inference_token: str | None = None
+    production: bool = False
+
+    @property
+    def any_configured(self) -> bool:
+        return bool(self.admin_token or self.read_token or self.inference_token)
+
+
+def parse_token(header: str) -> str:
+    token = header.strip()
+    if token[:7].lower() == "bearer ":
+        token = token[7:].strip()
+    return token
+
+
+def _eq(a: str, b: str | None) -> bool:
+    return bool(b) and hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+
+
+def json_error(status: int, detail: Any, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"detail": detail}, status=status, headers=headers)
+
+
+def check_auth(auth: Auth, kind: str, header: str | None) -> web.Response | None:
+    """None when allowed, else the 401/403 response."""
+    if kind == PUBLIC:
+        return None
+    if not auth.any_configured:
+        if auth.production:
+            return json_error(
+                403,
+                "config service requires SIE_ADMIN_TOKEN or SIE_CONFIG_READ_TOKEN in production",
+            )
+        return None
+    if kind == WRITE and not auth.admin_token:
+        return json_error(403, "Write operations require SIE_ADMIN_TOKEN, which is not configured")
+    if header is None or not header.strip():
+        return json_error(401, "Missing Authorization header")
+    token = parse_token(header)
+    if kind == WRITE:
+        return (
+            None
+            if _eq(token, auth.admin_token)
+            else json_error(403, "Admin token required for config mutations")
+        )
+    allowed = [auth.admin_token, auth.read_token]
+    if kind == READ:
+        allowed.append(auth.inference_token)
+    if any(_eq(token, t) for t in allowed):
+        return None
+    return json_error(403, "Invalid token")
+
+
+def _kind(kind: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        fn.sie_kind = kind  # type: ignore[attr-defined]
+        return fn
+
+    return deco
+
+
+@web.middleware
+async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    service = request.app[SERVICE_KEY]
+    resource = request.match_info.route.resource
+    route_name = resource.canonical if resource is not None else "unmatched"
+    start = time.perf_counter()
+    status = 500
+    try:
+        kind = getattr(handler, "sie_kind", PUBLIC)
+        denied = check_auth(request.app[AUTH_KEY], kind, request.headers.get("Authorization"))
+        if denied is not None:
+            resp: web.StreamResponse = denied
+        else:
+            try:
+                resp = await handler(request)
+            except ConfigError as exc:
+                resp = json_error(exc.status, exc.detail())
+            except web.HTTPException as exc:
+                if exc.status == 405:
+                    resp = json_error(
+                        405,
+                        f"Method {request.method} not allowed on {request.path}",
+                        headers={"Allow": exc.headers.get("Allow", "")},
+                    )
+                else:
+                    resp = json_error(exc.status, exc.reason)
+            except Exception:
+                log.exception("unhandled error on %s %s", request.method, request.path)
+                resp = json_error(500, {"error": "internal_error", "message": "internal error"})
+        status = resp.status
+        return resp
+    finally:
+        if route_name != "/metrics":
+            service.metrics.requests.labels(request.method, route_name, str(status)).inc()
+            service.metrics.latency.labels(request.method, route_name).observe(time.perf_counter() - start)
+
+
+async def read_body_limited(request: web.Request, limit: int) -> bytes:
+    too_big = ConfigError(413, "payload_too_large", f"request body exceeds {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ---- handlers ------------------------------------------------------------------------------
+
+
+@_kind(PUBLIC)
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+@_kind(PUBLIC)
+async def readyz(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    body: dict[str, Any] = {
+        "writer": service.lock.held,
+        "nats_connected": service.publisher.connected if service.publisher else None,
+        "router_id": service.router_id,
+    }
+    try:
+        body["epoch"] = await service.epoch()
+    except ConfigError as exc:
+        return web.json_response({**body, "ready": False, "reason": exc.message}, status=503)
+    if service.registry_error is not None:
+        return web.json_response({**body, "ready": False, "reason": service.registry_error}, status=503)
+    return web.json_response({**body, "ready": True})
+
+
+@_kind(PUBLIC)
+async def metrics(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    service.metrics.nats_connected.set(1 if service.publisher and service.publisher.connected else 0)
+    service.metrics.writer.set(1 if service.lock.held else 0)
+    resp = web.Response(body=generate_latest(service.metrics.registry))
+    resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    return resp
+
+
+@_kind(WRITE)
+async def post_model(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    await service.check_writable()
+    body = await read_body_limited(request, request.app[LIMIT_KEY])
+    status, payload = await service.add_model(body, request.headers.get("Idempotency-Key"))
+    return web.json_response(payload, status=status)
+
+
+@_kind(READ)
+async def list_models(request: web.Request) -> web.Response:
+    return web.json_response((await request.app[SERVICE_KEY].state()).models_listing())
+
+
+@_kind(READ)
+async def get_model(request: web.Request) -> web.Response:
+    text = await request.app[SERVICE_KEY].model_yaml(request.match_info["model_id"])
+    return web.Response(text=text, content_type="application/x-yaml")
+
+
+@_kind(EXPORT)
+async def export(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[SERVICE_KEY].export())
+
+
+@_kind(READ)
+async def epoch(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[SERVICE_KEY].epoch_info())
+
+
+@_kind(READ)
+async def list_bundles(request: web.Request) -> web.Response:
+    return web.json_response((await request.app[SERVICE_KEY].state()).bundles_listing())
+
+
+@_kind(READ)
+async def get_bundle(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    service.require_registry()
+    bundle_id = request.match_info["bundle_id"]
+    bundle = service.bundles.get(bundle_id)
+    if bundle is None:
+        raise ConfigError(404, "bundle_not_found", f"bundle {bundle_id!r} is not known", bundle_id=bundle_id)
+    doc = {
+        "name": bundle.name,
+        "engine": bundle.engine,
+        "priority": bundle.priority,
+        "source": "filesystem",
+        "adapters": list(bundle.adapters),
+    }
+    if request.query.get("format") == "json" or "application/json" in request.headers.get("Accept", ""):
+        return web.json_response(doc)
+    return web.Response(text=yaml.safe_dump(doc, sort_keys=False), content_type="application/x-yaml")
+
+
+@_kind(READ)
+async def resolve(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    body = await read_body_limited(request, request.app[LIMIT_KEY])
+    try:
+        data = json.loads(body or b"null")
+    except ValueError as exc:
+        raise ConfigError(400, "parse_error", f"Invalid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(400, "parse_error", "body must be a JSON object")
+    spec = data.get("model")
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(400, "missing_field", "'model' is required")
+    bundle = data.get("bundle")
+    if ":/" in spec:
+        prefix, spec = spec.split(":/", 1)
+        if bundle and bundle != prefix:
+            raise ConfigError(400, "invalid_model_spec", "bundle prefix and bundle field disagree")
+        bundle = prefix
+    state = await service.state()
+    entry = state.models.get(spec)
+    profile = None
+    if entry is None and ":" in spec:
+        base, profile = spec.rsplit(":", 1)
+        entry = state.models.get(base)
+        if entry is not None and profile not in entry.config.profiles:
+            entry = None
+    if entry is None:
+        raise ConfigError(404, "model_not_found", f"model {spec!r} is not configured", model_id=spec)
+    if profile is not None:
+        mod = entry.config.resolved_profile(profile).adapter_module
+        compatible = state.bundles_for_module(mod)
+    else:
+        compatible = state.affected_bundles(entry.config)
+    if bundle is not None and bundle not in compatible:
+        raise ConfigError(
+            409, "bundle_conflict", f"bundle {bundle!r} cannot serve {spec!r}", compatible_bundles=compatible
+        )
+    return web.json_response(
+        {
+            "model": entry.config.sie_id,
+            "resolved_bundle": bundle or (compatible[0] if compatible else None),
+            "compatible_bundles": compatible,
+            "profiles": sorted(entry.config.profiles),
+        }
+    )
+
+
+def create_app(
+    service: ConfigService, auth: Auth, *, max_body_bytes: int = MAX_BODY_BYTES
+) -> web.Application:
+    # aiohttp's own limit sits above ours so that our 413 (with a JSON body) is what clients see.
+    app = web.Application(middlewares=[middleware], client_max_size=max_body_bytes + 1024)
+    app[SERVICE_KEY] = service
+    app[AUTH_KEY] = auth
+    app[LIMIT_KEY] = max_body_bytes
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/configs/models", post_model)
+    app.router.add_get("/v1/configs/models", list_models)
+    app.router.add_get("/v1/configs/models/{model_id:.+}", get_model)
+    app.router.add_get("/v1/configs/export", export)
+    app.router.add_get("/v1/configs/epoch", epoch)
+    app.router.add_get("/v1/configs/bundles", list_bundles)
+    app.router.add_get("/v1/configs/bundles/{bundle_id}", get_bundle)
+    app.router.add_post("/v1/configs/resolve", resolve)
+    return app

@@ -1,0 +1,115 @@
+"""Wiring of the config service: settings → store (migrated) → writer lock → publisher → HTTP.
+
+``python -m config_service`` or ``config_service.main:main()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from aiohttp import web
+
+from config_service.app import Auth, create_app
+from config_service.lock import make_writer_lock
+from config_service.metrics import ConfigMetrics
+from config_service.publisher import DeltaPublisher
+from config_service.registry import CatalogLoadError, load_baseline_models, load_bundles
+from config_service.service import ConfigService
+from config_service.settings import ConfigServiceSettings
+from config_service.store import Store, make_engine, migrate
+
+log = logging.getLogger("config_service")
+
+
+async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    router_id = settings.router_id()
+    engine = make_engine(settings.db_url())
+    revision = await asyncio.to_thread(migrate, engine)
+    log.info(
+        "config store %s at schema revision %s", engine.url.render_as_string(hide_password=True), revision
+    )
+
+    registry_error = None
+    bundles, baseline = {}, {}
+    try:
+        bundles = load_bundles(settings.bundles_dir)
+        baseline = load_baseline_models(settings.models_dir)
+    except CatalogLoadError as exc:
+        registry_error = str(exc)
+        log.error("model registry unavailable: %s", exc)
+
+    metrics = ConfigMetrics()
+    lock = make_writer_lock(engine, poll_s=settings.config_lock_poll_s, holder=router_id)
+    publisher = None
+    if settings.nats_url:
+        publisher = DeltaPublisher(
+            settings.nats_url,
+            name=router_id,
+            connect_timeout_s=settings.nats_connect_timeout_s,
+            on_state=lambda up: metrics.nats_connected.set(1 if up else 0),
+        )
+    service = ConfigService(
+        store=Store(engine),
+        lock=lock,
+        publisher=publisher,
+        bundles=bundles,
+        baseline=baseline,
+        router_id=router_id,
+        metrics=metrics,
+        registry_error=registry_error,
+        threshold_routing_enabled=settings.threshold_routing_enabled,
+        idempotency_ttl_s=settings.config_idempotency_ttl_s,
+    )
+    auth = Auth(
+        admin_token=settings.admin_token or None,
+        read_token=settings.config_read_token or None,
+        inference_token=settings.auth_token or None,
+        production=settings.is_production(),
+    )
+    app = create_app(service, auth, max_body_bytes=settings.config_max_body_bytes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.config_host, settings.config_port)
+    await site.start()
+    log.info("config service %s listening on %s:%s", router_id, settings.config_host, settings.config_port)
+
+    tasks = [asyncio.create_task(lock.maintain(), name="config-writer-lock")]
+    if publisher is not None:
+        tasks.append(publisher.start())
+    try:
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        await runner.cleanup()
+        if publisher is not None:
+            await publisher.close()
+        await asyncio.to_thread(lock.close)
+        engine.dispose()
+
+
+def main() -> None:
+    settings = ConfigServiceSettings()
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

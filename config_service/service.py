@@ -1,0 +1,277 @@
+"""The config service core: reads from the store, the single-writer write path, delta publication.
+
+Dependencies come in as arguments (store, writer lock, publisher, bundles, baseline models), so
+tests run it in-process against a real nats-server and a real database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from typing import Any
+
+from config_service.lock import NotWriter, WriterLock
+from config_service.metrics import ConfigMetrics
+from config_service.publisher import DeltaPublisher
+from config_service.registry import (
+    ConfigError,
+    ConfigState,
+    ModelEntry,
+    Plan,
+    entry_from_yaml,
+    plan_add,
+)
+from config_service.store import Store, StoreError
+from protocol.config_delta import ConfigDelta, encode_config_delta
+from protocol.model_config import Bundle
+from protocol.subjects import CONFIG_ALL, config_subject
+
+log = logging.getLogger(__name__)
+
+MAX_IDEMPOTENCY_KEY_LEN = 256
+
+
+class ConfigService:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        lock: WriterLock,
+        publisher: DeltaPublisher | None,
+        bundles: dict[str, Bundle],
+        baseline: dict[str, ModelEntry],
+        router_id: str,
+        metrics: ConfigMetrics | None = None,
+        registry_error: str | None = None,
+        threshold_routing_enabled: bool = False,
+        idempotency_ttl_s: float = 86400.0,
+    ) -> None:
+        self.store = store
+        self.lock = lock
+        self.publisher = publisher
+        self.bundles = bundles
+        self.baseline = baseline
+        self.router_id = router_id
+        self.metrics = metrics or ConfigMetrics()
+        self.registry_error = registry_error
+        self.threshold_routing_enabled = threshold_routing_enabled
+        self.idempotency_ttl_s = idempotency_ttl_s
+        self._write_lock = asyncio.Lock()
+        self._state: ConfigState | None = None
+        self._state_lock = asyncio.Lock()
+        self.metrics.bundles.set(len(bundles))
+        lock.on_change = lambda held: self.metrics.writer.set(1 if held else 0)
+        self.metrics.writer.set(1 if lock.held else 0)
+
+    # ---- reads -------------------------------------------------------------------------
+    def require_registry(self) -> None:
+        if self.registry_error is not None:
+            raise ConfigError(
+                503, "registry_unavailable", f"model registry failed to initialise: {self.registry_error}"
+            )
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except StoreError as exc:
+            raise ConfigError(503, "store_unavailable", str(exc)) from exc
+
+    async def epoch(self) -> int:
+        return await self._run(self.store.epoch)
+
+    async def state(self) -> ConfigState:
+        """The state at the store's current epoch (reloaded only when the epoch moved)."""
+        self.require_registry()
+        epoch = await self.epoch()
+        if self._state is not None and self._state.epoch == epoch:
+            return self._state
+        async with self._state_lock:
+            if self._state is not None and self._state.epoch == epoch:
+                return self._state
+            return await self._load_state()
+
+    async def _load_state(self) -> ConfigState:
+        epoch, rows = await self._run(self.store.snapshot)
+        api: dict[str, ModelEntry] = {}
+        for row in rows:
+            try:
+                api[row.model_id] = entry_from_yaml(row.raw_yaml, source="api")
+            except Exception as exc:  # a row written by a newer schema, or damaged by hand
+                log.error("stored model %s is not loadable: %s", row.model_id, exc)
+        state = ConfigState(epoch=epoch, bundles=self.bundles, baseline=self.baseline, api=api)
+        self._set_state(state)
+        return state
+
+    def _set_state(self, state: ConfigState) -> None:
+        if self._state is None or state.epoch >= self._state.epoch:
+            self._state = state
+        self.metrics.epoch.set(state.epoch)
+        sources = {"api": 0, "filesystem": 0}
+        for entry in state.models.values():
+            sources[entry.source] += 1
+        for source, n in sources.items():
+            self.metrics.models.labels(source).set(n)
+
+    async def export(self) -> dict[str, Any]:
+        """A consistent snapshot: epoch and models come from one store transaction."""
+        self.require_registry()
+        return (await self._load_state()).export()
+
+    async def epoch_info(self) -> dict[str, Any]:
+        if self.registry_error is not None:  # keeps answering without a registry
+            return {"epoch": await self.epoch(), "bundles_hash": "", "bundle_config_hashes_hash": ""}
+        return (await self.state()).epoch_info()
+
+    async def model_yaml(self, model_id: str) -> str:
+        state = await self.state()
+        entry = state.models.get(model_id)
+        if entry is None:
+            raise ConfigError(
+                404, "model_not_found", f"model {model_id!r} is not configured", model_id=model_id
+            )
+        return entry.raw_yaml
+
+    # ---- write path --------------------------------------------------------------------
+    async def check_writable(self) -> None:
+        """Step 1 of a write (after auth): registry, writer lock, NATS reachable."""
+        self.require_registry()
+        if not self.lock.held:
+            raise ConfigError(
+                503,
+                "not_writer",
+                "this replica is a standby: another replica holds the config writer lock; "
+                "retry, or send writes to the active replica",
+            )
+        if self.publisher is not None and not await self.publisher.ready():
+            raise ConfigError(
+                503,
+                "nats_unavailable",
+                "NATS is unreachable: the write was refused so that no change is applied without its delta",
+            )
+
+    async def add_model(self, body: bytes, idempotency_key: str | None = None) -> tuple[int, dict[str, Any]]:
+        """POST /v1/configs/models after auth and the size check. Returns (status, body)."""
+        if idempotency_key is not None:
+            idempotency_key = idempotency_key.strip()
+            if not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LEN:
+                raise ConfigError(
+                    400,
+                    "invalid_idempotency_key",
+                    f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY_LEN} characters",
+                )
+        body_sha = hashlib.sha256(body).hexdigest()
+        async with self._write_lock:  # one write at a time; same-key requests wait here
+            await self.check_writable()
+            if idempotency_key is not None:
+                record = await self._run(self.store.get_idempotency, idempotency_key, self.idempotency_ttl_s)
+                if record is not None:
+                    if record.body_sha256 != body_sha:
+                        raise ConfigError(
+                            422,
+                            "idempotency_mismatch",
+                            "Idempotency-Key was already used with a different request body",
+                        )
+                    return record.status, record.response
+            state = await self.state()
+            plan = plan_add(state, body, threshold_routing_enabled=self.threshold_routing_enabled)
+            if not plan.changed:
+                response = self._response(plan, state, state.epoch)
+                if idempotency_key is not None:
+                    await self._write(
+                        "idempotency",
+                        lambda conn: self.store.put_idempotency(
+                            conn, idempotency_key, body_sha, 200, response, self.idempotency_ttl_s
+                        ),
+                    )
+                return 200, response
+            status = 201 if plan.created_profiles else 200
+
+            def tx(conn: Any) -> tuple[int, dict[str, Any]]:
+                epoch = self.store.bump_epoch(conn)
+                self.store.upsert_model(conn, plan.model_id, plan.entry.raw_yaml, plan.entry.pool, epoch)
+                resp = self._response(plan, state, epoch)
+                if idempotency_key is not None:
+                    self.store.put_idempotency(
+                        conn, idempotency_key, body_sha, status, resp, self.idempotency_ttl_s
+                    )
+                return epoch, resp
+
+            epoch, response = await self._write("put_model", tx)
+            new_state = state.with_model(epoch, plan.entry)
+            self._set_state(new_state)
+            warnings = await self._publish(plan, new_state)
+            if warnings:
+                response = {**response, "warnings": response["warnings"] + warnings}
+            log.info("model %s: created profiles %s, epoch %d", plan.model_id, plan.created_profiles, epoch)
+            return status, response
+
+    async def _write(self, op: str, fn: Any) -> Any:
+        try:
+            result = await asyncio.to_thread(self.lock.write, fn)
+        except NotWriter as exc:
+            self.metrics.store_writes.labels(op, "not_writer").inc()
+            raise ConfigError(503, "not_writer", f"write refused: {exc}") from exc
+        except Exception as exc:
+            self.metrics.store_writes.labels(op, "failure").inc()
+            log.exception("store write %s failed", op)
+            raise ConfigError(
+                503, "store_unavailable", f"config store write failed: {exc.__class__.__name__}"
+            ) from exc
+        self.metrics.store_writes.labels(op, "success").inc()
+        return result
+
+    def _response(self, plan: Plan, state: ConfigState, epoch: int) -> dict[str, Any]:
+        return {
+            "model_id": plan.model_id,
+            "created_profiles": plan.created_profiles,
+            "existing_profiles_skipped": plan.existing_profiles_skipped,
+            "added_fields": plan.added_fields,
+            "warnings": list(plan.warnings),
+            "routable_bundles_by_profile": state.routable_bundles_by_profile(plan.entry.config),
+            "epoch": epoch,
+            "router_id": self.router_id,
+        }
+
+    def deltas(self, plan: Plan, state: ConfigState) -> list[ConfigDelta]:
+        affected = state.affected_bundles(plan.entry.config)
+        hashes = state.bundle_config_hashes()
+        pool_hashes = state.bundle_pool_config_hashes()
+        adapters = state.bundle_adapters()
+        return [
+            ConfigDelta(
+                router_id=self.router_id,
+                bundle_id=bundle,
+                epoch=state.epoch,
+                bundle_config_hash=hashes.get(bundle, ""),
+                model_id=plan.model_id,
+                profiles_added=plan.created_profiles,
+                model_config=plan.entry.raw_yaml,
+                affected_bundles=affected,
+                pool=plan.entry.pool,
+                bundle_pool_config_hashes={b: pool_hashes[b] for b in affected},
+                bundle_adapters={b: adapters[b] for b in affected},
+            )
+            for bundle in affected
+        ]
+
+    async def _publish(self, plan: Plan, state: ConfigState) -> list[str]:
+        if self.publisher is None:
+            return []
+        messages: list[tuple[str, bytes]] = []
+        for delta in self.deltas(plan, state):
+            payload = encode_config_delta(delta)
+            messages.append((config_subject(delta.bundle_id), payload))
+            messages.append((CONFIG_ALL, payload))
+        failed = await self.publisher.publish(messages)
+        if not failed:
+            self.metrics.publishes.labels("success").inc()
+            return []
+        if len(failed) == len(messages):
+            self.metrics.publishes.labels("failure").inc()
+            return [
+                f"nats_publish_failed: the change is stored (epoch {state.epoch}) but no delta was published; "
+                "gateways and sidecars pick it up from their epoch poll"
+            ]
+        self.metrics.publishes.labels("partial").inc()
+        return [f"nats_publish_partial: publishing to {sorted(set(failed))} failed; pollers will catch up"]

@@ -1,0 +1,113 @@
+"""ConfigNotification: the config delta the config service publishes on NATS (internals 1.7).
+
+Published as JSON to ``sie.config.models.{bundle}`` (one message per affected bundle) and the
+same bytes to ``sie.config.models._all``. Gateways and sidecars decode it with
+``decode_config_delta``; unknown keys are ignored and missing optional keys default, so older
+and newer producers interoperate.
+
+An empty ``model_config`` is a pure epoch bump: the receiver only advances its epoch (and
+re-exports when it wants the full state).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Receivers refuse bigger deltas (internals 3.7); the config service never publishes one.
+MAX_CONFIG_DELTA_BYTES = 1024 * 1024
+
+
+class ConfigDelta(BaseModel):
+    """One config notification. ``router_id`` is the publisher identity (the config pod name)."""
+
+    # pydantic reserves the ``model_config`` attribute name, so the wire key ``model_config``
+    # maps onto ``model_config_yaml``; populate_by_name lets code build it either way.
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    router_id: str
+    bundle_id: str
+    epoch: int = Field(ge=0)
+    bundle_config_hash: str = ""
+    model_id: str = ""
+    profiles_added: list[str] = Field(default_factory=list)
+    # The full merged model config as YAML; "" = pure epoch bump.
+    model_config_yaml: str = Field(default="", alias="model_config")
+    affected_bundles: list[str] = Field(default_factory=list)
+    # The model's pool, lower-cased; "default" when the model names none.
+    pool: str = "default"
+    bundle_pool_config_hashes: dict[str, dict[str, str]] = Field(default_factory=dict)
+    bundle_adapters: dict[str, list[str]] = Field(default_factory=dict)
+
+    @property
+    def is_epoch_bump(self) -> bool:
+        return not self.model_config_yaml
+
+    def expected_hash(self, bundle: str | None = None, pool: str | None = None) -> str:
+        """The hash a worker of ``bundle``/``pool`` must report after applying this delta."""
+        bundle = bundle or self.bundle_id
+        if pool is not None:
+            scoped = self.bundle_pool_config_hashes.get(bundle, {}).get(pool.lower())
+            if scoped is not None:
+                return scoped
+        return self.bundle_config_hash
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
+
+
+class ConfigDeltaError(ValueError):
+    """A config delta that cannot be decoded (not JSON, not an object, wrong types, too big)."""
+
+
+def encode_config_delta(delta: ConfigDelta) -> bytes:
+    """Compact JSON with sorted keys (deterministic bytes for the same delta)."""
+    return json.dumps(delta.to_wire(), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
+
+
+def decode_config_delta(data: bytes | str) -> ConfigDelta:
+    """Decode a ConfigNotification; raises ConfigDeltaError with a readable reason."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        if len(data) > MAX_CONFIG_DELTA_BYTES:
+            raise ConfigDeltaError(f"config delta of {len(data)} bytes exceeds {MAX_CONFIG_DELTA_BYTES}")
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigDeltaError(f"config delta is not UTF-8: {exc}") from exc
+    else:
+        text = data
+        if len(text.encode("utf-8")) > MAX_CONFIG_DELTA_BYTES:
+            raise ConfigDeltaError(f"config delta exceeds {MAX_CONFIG_DELTA_BYTES} bytes")
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise ConfigDeltaError(f"config delta is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ConfigDeltaError("config delta must be a JSON object")
+    # Tolerate the Rust name for the publisher identity.
+    if "router_id" not in obj and "producer_id" in obj:
+        obj["router_id"] = obj["producer_id"]
+    try:
+        return ConfigDelta.model_validate(obj)
+    except ValidationError as exc:
+        raise ConfigDeltaError(f"invalid config delta: {exc.errors(include_url=False)}") from exc
+
+
+def is_trusted_producer(router_id: str, trusted: str | list[str] | tuple[str, ...] = "sie-config") -> bool:
+    """Trusted-producer rule of internals 2.7: exact match or ``{trusted}-…`` pod-name prefix."""
+    names = [trusted] if isinstance(trusted, str) else list(trusted)
+    return any(router_id == t or router_id.startswith(t + "-") for t in names if t)
+
+
+__all__ = [
+    "MAX_CONFIG_DELTA_BYTES",
+    "ConfigDelta",
+    "ConfigDeltaError",
+    "decode_config_delta",
+    "encode_config_delta",
+    "is_trusted_producer",
+]
