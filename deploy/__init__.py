@@ -1,0 +1,1 @@
+"""Launchers and deployment assets: the ``sie`` command, container images, compose, Helm docs."""

@@ -1,0 +1,100 @@
+"""HTTP plumbing shared by every front door (worker serve, gateway): body limits, decoding, responses."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from protocol import SERVER_VERSION
+from protocol.codec import CodecError, packb, to_jsonable, unpackb, wants_msgpack_body, wants_msgpack_response
+from protocol.errors import ErrorCode, SIEError, invalid_input
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, refused with 413 INPUT_TOO_LONG beyond ``limit`` (before buffering it all)."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise SIEError(ErrorCode.INPUT_TOO_LONG, f"Request body of {declared} bytes exceeds the limit of {limit}",
+                       status=413)
+    chunks = []
+    size = 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise SIEError(ErrorCode.INPUT_TOO_LONG, f"Request body exceeds the limit of {limit} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_body(body: bytes, content_type: str | None) -> Any:
+    if not body:
+        raise invalid_input("request body is empty")
+    if wants_msgpack_body(content_type):
+        try:
+            return unpackb(body)
+        except CodecError as exc:
+            raise invalid_input(f"Malformed MessagePack body: {exc}") from None
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid_input(f"Malformed JSON body: {exc}") from None
+
+
+def base_headers(request_id: str | None = None) -> dict[str, str]:
+    headers = {"X-SIE-Server-Version": SERVER_VERSION}
+    if request_id:
+        headers["X-SIE-Request-ID"] = request_id
+    return headers
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def respond(request: web.Request, body: dict[str, Any], headers: dict[str, str] | None = None,
+            status: int = 200) -> web.Response:
+    """msgpack or JSON per the Accept header (contract 1.3)."""
+    if wants_msgpack_response(request.headers.get("Accept")):
+        return web.Response(body=packb(body), status=status, content_type="application/msgpack", headers=headers)
+    return json_response(to_jsonable(body), status=status, headers=headers)
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def error_response(exc: SIEError, request_id: str | None = None) -> web.Response:
+    headers = {**base_headers(request_id), **exc.headers()}
+    return json_response(exc.body(), status=exc.status, headers=headers)
+
+
+def openai_error_response(exc: SIEError) -> web.Response:
+    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}`` (contract 7)."""
+    code = exc.code
+    if code == ErrorCode.MODEL_NOT_FOUND:
+        code = "model_not_found"
+    elif code == ErrorCode.INVALID_INPUT:
+        code = exc.extra.get("openai_code", "invalid_request")
+    elif code == ErrorCode.QUEUE_FULL:
+        code = "server_overloaded"
+    elif code in (ErrorCode.INFERENCE_ERROR, ErrorCode.INTERNAL_ERROR):
+        code = "inference_error"
+    body = {
+        "message": exc.message,
+        "type": "invalid_request_error" if exc.status < 500 else "server_error",
+        "param": exc.param,
+        "code": code,
+    }
+    body.update({k: v for k, v in exc.extra.items() if k != "openai_code"})
+    headers = {**base_headers(), **exc.headers()}
+    return json_response({"error": body}, status=exc.status, headers=headers)
+
+

@@ -1,0 +1,1 @@
+"""Model adapters, one module per model family. Each exposes one Adapter subclass."""

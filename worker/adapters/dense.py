@@ -1,0 +1,65 @@
+"""Dense sentence embeddings from a transformer encoder: mean or CLS pooling, optional L2 norm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker.adapters.base import Prepared, RequestContext
+from worker.adapters.hf import HFTextAdapter
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        masked = hidden.masked_fill(mask.unsqueeze(-1) == 0, float("-inf"))
+        return masked.max(dim=1).values
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+
+class DenseAdapter(HFTextAdapter):
+    operations = frozenset({"encode"})
+
+    def load(self) -> None:
+        from transformers import AutoModel
+
+        self.load_tokenizer()
+        self.model = AutoModel.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
+        self.model.to(self.spec.device).eval()
+        self.default_pooling = self._pooling_from_files()
+
+    def _pooling_from_files(self) -> str:
+        """sentence-transformers checkpoints say their pooling in 1_Pooling/config.json."""
+        cfg = Path(self.spec.weights_dir or "") / "1_Pooling" / "config.json"
+        if cfg.exists():
+            data = json.loads(cfg.read_text())
+            if data.get("pooling_mode_cls_token"):
+                return "cls"
+            if data.get("pooling_mode_max_tokens"):
+                return "max"
+        return "mean"
+
+    def unload(self) -> None:
+        self.model = None
+
+    def memory_bytes(self) -> int:
+        return self.param_bytes(getattr(self, "model", None))
+
+    def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
+        return self.tokenize(ctx, self.texts_of(ctx, inputs))
+
+    @torch.inference_mode()
+    def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:
+        ids, mask = self.pad(batch)
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        options = ctx.options
+        vectors = pool(hidden, mask, options.get("pooling") or self.default_pooling)
+        if options.get("normalize", True):
+            vectors = torch.nn.functional.normalize(vectors.float(), p=2, dim=-1)
+        out = vectors.float().cpu().numpy()
+        return [{"dense": out[i]} for i in range(len(batch))]

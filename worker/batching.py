@@ -1,0 +1,206 @@
+"""BatchFormer: cross-request batching by token cost for one model (the standalone path).
+
+Units (tokenised items) from concurrent requests queue under a batch key; items with equal keys
+(same op, outputs, instruction, query flag, LoRA, options) may share a forward pass. A key flushes
+when its pending cost or count reaches the cap, when its oldest unit has waited ``max_wait_ms``, or
+when nothing new arrived for ``coalesce_ms``. Pending units are sorted by cost and cut into chunks
+under the caps, so each forward pass pads only to its own longest unit; the chunk holding the
+oldest unit runs first, so long units are never starved by a stream of short ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.adapters.base import Prepared, RequestContext
+
+
+@dataclass
+class BatchInfo:
+    """When a forward pass ran and how big it was (shared by the units in it)."""
+
+    started: float
+    finished: float
+    size: int
+
+    @property
+    def inference_ms(self) -> float:
+        return (self.finished - self.started) * 1000.0
+
+
+@dataclass
+class BatchStats:
+    forwards: int = 0
+    units: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0  # pad positions added to reach each batch's longest unit
+
+    @property
+    def padded_share(self) -> float:
+        total = self.real_tokens + self.padded_tokens
+        return self.padded_tokens / total if total else 0.0
+
+    def record(self, units: list[Prepared]) -> None:
+        width = max(u.cost for u in units)
+        real = sum(u.cost for u in units)
+        self.forwards += 1
+        self.units += len(units)
+        self.real_tokens += real
+        self.padded_tokens += width * len(units) - real
+
+
+@dataclass
+class _Pending:
+    unit: Prepared
+    future: asyncio.Future
+    enqueued: float
+
+
+@dataclass
+class _Queue:
+    ctx: RequestContext
+    items: list[_Pending] = field(default_factory=list)
+    last_arrival: float = 0.0
+
+    @property
+    def cost(self) -> int:
+        return sum(p.unit.cost for p in self.items)
+
+
+RunFn = Callable[[RequestContext, list[Prepared]], Awaitable[list[Any]]]
+
+
+def chunk_by_cost(units: list[Prepared], max_cost: int, max_count: int) -> list[list[int]]:
+    """Indices of ``units`` sorted by cost and cut into chunks whose padded cost fits the caps."""
+    order = sorted(range(len(units)), key=lambda i: units[i].cost)
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        width = units[i].cost  # ascending, so the newest member is the widest
+        if current and (len(current) + 1 > max_count or width * (len(current) + 1) > max_cost):
+            chunks.append(current)
+            current = []
+        current.append(i)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+class BatchFormer:
+    def __init__(
+        self,
+        run: RunFn,
+        *,
+        max_cost: int,
+        max_requests: int,
+        max_wait_ms: float,
+        coalesce_ms: float,
+        name: str = "",
+    ) -> None:
+        self._run = run
+        self.max_cost = max_cost
+        self.max_requests = max_requests
+        self.max_wait = max_wait_ms / 1000.0
+        self.coalesce = coalesce_ms / 1000.0
+        self.name = name
+        self._queues: dict[tuple, _Queue] = {}
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self._task = asyncio.create_task(self._loop(), name=f"batchformer:{name}")
+
+    @property
+    def depth(self) -> int:
+        return sum(len(q.items) for q in self._queues.values())
+
+    @property
+    def pending_cost(self) -> int:
+        return sum(q.cost for q in self._queues.values())
+
+    def submit(self, ctx: RequestContext, units: list[Prepared]) -> list[asyncio.Future]:
+        if self._closed:
+            raise RuntimeError("batch former is closed")
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        key = ctx.batch_key()
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue(ctx)
+        futures = []
+        for unit in units:
+            fut = loop.create_future()
+            queue.items.append(_Pending(unit, fut, now))
+            futures.append(fut)
+        queue.last_arrival = now
+        self._wakeup.set()
+        return futures
+
+    async def close(self, exc: BaseException | None = None) -> None:
+        """Stop; pending units fail with ``exc`` (or are cancelled)."""
+        self._closed = True
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for queue in self._queues.values():
+            for p in queue.items:
+                if not p.future.done():
+                    if exc is not None:
+                        p.future.set_exception(exc)
+                    else:
+                        p.future.cancel()
+        self._queues.clear()
+
+    def _due(self, queue: _Queue, now: float) -> float:
+        """Seconds until ``queue`` should flush (0 = now)."""
+        if len(queue.items) >= self.max_requests or queue.cost >= self.max_cost:
+            return 0.0
+        oldest = queue.items[0].enqueued
+        return max(0.0, min(oldest + self.max_wait, queue.last_arrival + self.coalesce) - now)
+
+    async def _loop(self) -> None:
+        while True:
+            self._queues = {k: q for k, q in self._queues.items() if q.items}
+            if not self._queues:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            now = time.monotonic()
+            key, queue = min(self._queues.items(), key=lambda kv: kv[1].items[0].enqueued)
+            wait = min(self._due(q, now) for q in self._queues.values())
+            if wait > 0:
+                self._wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
+                continue
+            # flush the due queue whose head is oldest
+            due = [(k, q) for k, q in self._queues.items() if self._due(q, now) == 0.0]
+            key, queue = min(due, key=lambda kv: kv[1].items[0].enqueued)
+            await self._flush(queue)
+
+    async def _flush(self, queue: _Queue) -> None:
+        live = [p for p in queue.items if not p.future.done()]  # cancelled requests drop out here
+        if not live:
+            queue.items = []
+            return
+        chunks = chunk_by_cost([p.unit for p in live], self.max_cost, self.max_requests)
+        chunk = next(c for c in chunks if 0 in c)  # live[0] is the oldest pending unit
+        taken = set(chunk)
+        batch = [live[i] for i in chunk]
+        queue.items = [p for i, p in enumerate(live) if i not in taken]
+        units = [p.unit for p in batch]
+        started = time.monotonic()
+        try:
+            outputs = await self._run(queue.ctx, units)
+        except Exception as exc:  # the whole batch shares the failure
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        info = BatchInfo(started, time.monotonic(), len(batch))
+        for p, out in zip(batch, outputs, strict=True):
+            if not p.future.done():
+                p.future.set_result((out, info))

@@ -1,0 +1,3 @@
+from worker.serve.main import main
+
+main()

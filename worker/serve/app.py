@@ -1,0 +1,285 @@
+"""``sie serve``: the standalone HTTP API over the model runtime (contract sections 1–5, 7)."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from protocol import SERVER_VERSION
+from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
+from protocol.catalog import model_dims
+from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.http import (
+    base_headers,
+    decode_body,
+    error_response,
+    json_response,
+    new_request_id,
+    openai_error_response,
+    read_body,
+    respond,
+)
+from worker.runtime import Result, Runtime
+from worker.serve.metrics import ServeMetrics
+from worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+RUNTIME = web.AppKey("runtime", Runtime)
+SETTINGS = web.AppKey("settings", WorkerSettings)
+METRICS = web.AppKey("metrics", ServeMetrics)
+
+
+def _timing_headers(result: Result) -> dict[str, str]:
+    t = result.timing
+    headers = {
+        "X-Queue-Time": f"{t.queue_ms:.2f}",
+        "X-Tokenization-Time": f"{t.tokenization_ms:.2f}",
+        "X-Inference-Time": f"{t.inference_ms:.2f}",
+        "X-Total-Time": f"{t.total_ms:.2f}",
+        "X-SIE-Units-Input-Tokens": str(int(result.input_tokens)),
+        "X-SIE-Served-By": "local",
+    }
+    if t.postprocessing_ms > 0:
+        headers["X-Postprocessing-Time"] = f"{t.postprocessing_ms:.2f}"
+    return headers
+
+
+def _timing_body(result: Result) -> dict[str, Any]:
+    body: dict[str, Any] = result.timing.as_dict()
+    if not body["postprocessing_ms"]:
+        body["postprocessing_ms"] = None
+    return body
+
+
+def _check_machine_profile(request: web.Request, settings: WorkerSettings) -> None:
+    requested = request.headers.get("X-SIE-MACHINE-PROFILE")
+    if requested and settings.machine_profile and requested.lower() != settings.machine_profile.lower():
+        raise invalid_input(
+            f"This worker serves machine profile '{settings.machine_profile}', not '{requested}'",
+            requested_profile=requested,
+            worker_identity=settings.machine_profile,
+        )
+
+
+async def _decoded(request: web.Request) -> Any:
+    settings = request.app[SETTINGS]
+    body = await read_body(request, settings.max_request_body_bytes)
+    return decode_body(body, request.headers.get("Content-Type"))
+
+
+def _check_count(items: list, settings: WorkerSettings) -> None:
+    if len(items) > settings.max_items_per_request:
+        raise invalid_input(
+            f"Too many items: {len(items)} (at most {settings.max_items_per_request}); "
+            f"split the request into batches of {settings.max_items_per_request} or fewer",
+            param="items",
+        )
+
+
+async def encode(request: web.Request) -> web.Response:
+    model = request.match_info["model"]
+    settings = request.app[SETTINGS]
+    _check_machine_profile(request, settings)
+    data = await _decoded(request)
+    parse_request(EncodeRequest, data)
+    _check_count(data["items"], settings)
+    params = data.get("params") or {}
+    result = await request.app[RUNTIME].encode(model, data["items"], params)
+    body = {"model": model, "items": result.items, "timing": _timing_body(result),
+            "usage": {"input_tokens": result.input_tokens}}
+    return respond(request, body, {**base_headers(request["request_id"]), **_timing_headers(result)})
+
+
+async def score(request: web.Request) -> web.Response:
+    model = request.match_info["model"]
+    settings = request.app[SETTINGS]
+    _check_machine_profile(request, settings)
+    data = await _decoded(request)
+    parse_request(ScoreRequest, data)
+    result = await request.app[RUNTIME].score(
+        model, data["query"], data["items"], data.get("instruction"), data.get("options")
+    )
+    body = {"model": model, "query_id": result.query_id, "scores": result.items,
+            "timing": _timing_body(result), "usage": {"input_tokens": result.input_tokens}}
+    return respond(request, body, {**base_headers(request["request_id"]), **_timing_headers(result)})
+
+
+async def extract(request: web.Request) -> web.Response:
+    model = request.match_info["model"]
+    settings = request.app[SETTINGS]
+    _check_machine_profile(request, settings)
+    data = await _decoded(request)
+    parse_request(ExtractRequest, data)
+    _check_count(data["items"], settings)
+    result = await request.app[RUNTIME].extract(model, data["items"], data.get("params") or {})
+    body = {"model": model, "items": result.items, "timing": _timing_body(result),
+            "usage": {"input_tokens": result.input_tokens}}
+    return respond(request, body, {**base_headers(request["request_id"]), **_timing_headers(result)})
+
+
+def _entries(runtime: Runtime) -> list[dict[str, Any]]:
+    out = []
+    for config, profile in runtime.catalog.routable_names():
+        state, err = runtime.model_state(config.sie_id)
+        out.append(runtime.catalog.model_entry(config, profile, loaded=state == "loaded", state=state,
+                                               last_error=err))
+    return out
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return json_response({"models": _entries(request.app[RUNTIME])}, headers=base_headers())
+
+
+async def get_model(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    spec = request.match_info["model"]
+    config, profile = runtime.catalog.split_spec(spec)
+    state, err = runtime.model_state(config.sie_id)
+    entry = runtime.catalog.model_entry(config, profile, loaded=state == "loaded", state=state, last_error=err)
+    return json_response(entry, headers=base_headers())
+
+
+async def health(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    settings = request.app[SETTINGS]
+    return json_response({
+        "type": "worker",
+        "status": "healthy" if runtime.ready else "starting",
+        "version": SERVER_VERSION,
+        "machine_profile": settings.machine_profile or None,
+        "bundle": settings.bundle,
+        "device": runtime.device,
+        "loaded_models": runtime.loaded_models(),
+        "loading_models": runtime.loading_models(),
+        "queue_depth": runtime.queue_depth(),
+        "uptime_seconds": round(time.time() - runtime.started_at, 1),
+        "pid": os.getpid(),
+    })
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[RUNTIME].ready:
+        return web.Response(text="ok")
+    return web.Response(text="not ready", status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    data = request.app[METRICS].render(request.app[RUNTIME])
+    return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openai_embeddings(request: web.Request) -> web.Response:
+    """OpenAI-compatible embeddings (contract 7); errors use the OpenAI envelope."""
+    runtime = request.app[RUNTIME]
+    try:
+        data = await _decoded(request)
+        if not isinstance(data, dict):
+            raise invalid_input("request body must be a JSON object")
+        model = data.get("model")
+        if not isinstance(model, str) or not model:
+            raise invalid_input("'model' is required", param="model")
+        inputs = data.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs:
+            raise invalid_input("Input cannot be empty", param="input")
+        if not all(isinstance(x, str) for x in inputs):
+            raise invalid_input("token-array embeddings input is not supported", param="input")
+        _check_count(inputs, request.app[SETTINGS])
+        fmt = data.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise invalid_input("encoding_format must be 'float' or 'base64'", param="encoding_format")
+        resolved = runtime.catalog.resolve(model)
+        dims = model_dims(resolved.config).get("dense")
+        if "dense" not in (resolved.config.tasks.encode.outputs() if resolved.config.tasks.encode else []):
+            raise invalid_input(f"Model '{model}' does not produce dense embeddings", param="model")
+        wanted = data.get("dimensions")
+        if wanted is not None and wanted != dims:
+            raise invalid_input(
+                f"dimensions={wanted} is not supported; the model's dimension is {dims}",
+                param="dimensions", openai_code="unsupported_field",
+            )
+        result = await runtime.encode(model, [{"text": t} for t in inputs],
+                                      {"output_types": ["dense"], "output_dtype": "float32"})
+    except SIEError as exc:
+        return openai_error_response(exc)
+    rows = []
+    for i, item in enumerate(result.items):
+        vec = np.asarray(item["dense"]["values"], dtype=np.float32)
+        emb = base64.b64encode(vec.astype("<f4").tobytes()).decode() if fmt == "base64" else vec.tolist()
+        rows.append({"object": "embedding", "embedding": emb, "index": i})
+    tokens = int(result.input_tokens)
+    return json_response({
+        "object": "list",
+        "data": rows,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "sie_token_source": "worker"},
+    }, headers=base_headers(request["request_id"]))
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    request["request_id"] = new_request_id()
+    endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource else "?"
+    metrics_ = request.app[METRICS]
+    started = time.monotonic()
+    try:
+        response = await handler(request)
+    except SIEError as exc:
+        response = error_response(exc, request["request_id"])
+    except web.HTTPException as exc:
+        if exc.status == 413:
+            response = error_response(SIEError(ErrorCode.INPUT_TOO_LONG, "request body too large", status=413))
+        elif exc.status >= 400:
+            response = error_response(SIEError(ErrorCode.NOT_FOUND if exc.status == 404 else ErrorCode.INVALID_INPUT,
+                                               exc.reason or "error", status=exc.status))
+        else:
+            raise
+    except Exception:
+        log.exception("unhandled error on %s", request.path)
+        response = error_response(SIEError(ErrorCode.INTERNAL_ERROR, "internal server error"), request["request_id"])
+    metrics_.requests.labels(endpoint, str(response.status)).inc()
+    metrics_.latency.labels(endpoint).observe(time.monotonic() - started)
+    return response
+
+
+def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.Application:
+    """The aiohttp application over ``runtime``; the runtime's start/close follow the app's."""
+    settings = settings or runtime.settings
+    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_request_body_bytes + 1)
+    app[RUNTIME] = runtime
+    app[SETTINGS] = settings
+    app[METRICS] = ServeMetrics()
+    app.router.add_post("/v1/encode/{model:.+}", encode)
+    app.router.add_post("/v1/score/{model:.+}", score)
+    app.router.add_post("/v1/extract/{model:.+}", extract)
+    app.router.add_post("/v1/embeddings", openai_embeddings)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+    async def _start(app: web.Application) -> None:
+        await runtime.start()
+
+    async def _stop(app: web.Application) -> None:
+        await runtime.close()
+
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    return app

@@ -1,0 +1,52 @@
+"""The worker's one settings object, read from ``SIE_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR
+
+
+def _default_cpu_pool() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore")
+
+    # front door
+    host: str = "0.0.0.0"
+    port: int = 8080
+    # catalog
+    models_dir: str = str(DEFAULT_MODELS_DIR)
+    bundles_dir: str = str(DEFAULT_BUNDLES_DIR)
+    bundle: str = "default"
+    preload_models: str = ""  # comma-separated model specs loaded at start-up
+    machine_profile: str = ""  # when set, requests naming another profile are refused
+    # execution
+    device: str = "auto"  # auto | cpu | cuda
+    torch_threads: int = 0  # 0 = torch default
+    cpu_workers: int = Field(default_factory=_default_cpu_pool)  # tokenisation / postprocessing pool
+    max_batch_cost: int = 16384  # tokens per forward pass (capped by the profile's max_batch_tokens)
+    max_batch_requests: int = 64  # items per forward pass
+    max_batch_wait_ms: float = 10.0  # longest wait for a batch to fill
+    batch_coalesce_ms: float = 2.0  # flush early when nothing new arrived for this long
+    # limits
+    max_request_body_bytes: int = 34 * 1024 * 1024
+    max_items_per_request: int = 4096
+    max_score_items: int = 1000
+    max_item_text_bytes: int = 2 * 1024 * 1024
+    # lifecycle
+    model_loading_retry_after_s: float = 5.0
+    load_failure_cooldown_s: float = 30.0  # a transient load failure is answered 502 this long
+    resource_exhausted_retry_after_s: float = 5.0
+    disable_oom_recovery: bool = False
+    # weights
+    hf_offline: bool = False  # never contact the hub (HF_HUB_OFFLINE=1 also honoured)
+    log_level: str = "INFO"
+
+    def preload_list(self) -> list[str]:
+        return [m.strip() for m in self.preload_models.split(",") if m.strip()]
