@@ -1,0 +1,76 @@
+"""DLQ forwarding: JetStream max-delivery advisories → ``sie.dlq.{model_token}`` in DEAD_LETTERS.
+
+Every gateway replica receives each advisory; ``Nats-Msg-Id = dlq-advisory:{id}`` lets the stream's
+duplicate window keep one copy. When the dead item belongs to one of this gateway's pending
+requests, that item is failed at once instead of waiting for the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from nats.aio.client import Client as NATS
+
+from gateway.metrics import GatewayMetrics
+from protocol.errors import ErrorCode
+from protocol.subjects import MAX_DELIVERIES_ADVISORY, dlq_subject
+from protocol.work import WorkItem
+
+log = logging.getLogger(__name__)
+
+
+class DLQForwarder:
+    def __init__(self, nc: NATS, dispatcher, metrics: GatewayMetrics) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self._sub = None
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(MAX_DELIVERIES_ADVISORY, cb=self._on_advisory)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # connection already closed
+                log.debug("DLQ unsubscribe failed", exc_info=True)
+            self._sub = None
+
+    async def _on_advisory(self, msg) -> None:
+        try:
+            adv = json.loads(msg.data)
+            stream = str(adv.get("stream", ""))
+            consumer = str(adv.get("consumer", ""))
+            seq = int(adv.get("stream_seq", 0))
+        except (ValueError, TypeError, AttributeError):
+            log.warning("ignoring malformed max-deliveries advisory")
+            return
+        self.metrics.dlq_events.labels(stream, consumer).inc()
+        token = "unknown"
+        try:
+            stored = await self.js.get_msg(stream, seq)
+            parts = (stored.subject or "").split(".")
+            if len(parts) >= 6:
+                token = parts[5]
+            try:
+                item = WorkItem.from_msgpack(stored.data)
+                if item.router_id == self.dispatcher.router_id:
+                    self.dispatcher.fail_item(
+                        item.request_id,
+                        item.item_index,
+                        ErrorCode.INFERENCE_ERROR,
+                        f"work item dead-lettered after {adv.get('deliveries')} deliveries",
+                    )
+            except Exception:
+                log.debug("dead-lettered message is not a work item", exc_info=True)
+        except Exception as exc:
+            log.info("could not read dead-lettered message %s/%s: %s", stream, seq, exc)
+        msg_id = f"dlq-advisory:{adv.get('id') or f'{stream}:{consumer}:{seq}'}"
+        try:
+            await self.js.publish(dlq_subject(token), msg.data, headers={"Nats-Msg-Id": msg_id})
+        except Exception as exc:
+            self.metrics.dlq_failures.inc()
+            log.warning("DLQ forward failed: %s", exc)
