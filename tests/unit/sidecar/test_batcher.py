@@ -1,0 +1,122 @@
+"""Batch formation rules of the sidecar (flush on cost, count or wait; packing; FCFS across batchers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.batcher import Batcher, BatchLimits, item_cost, next_due, oldest_ready, text_cost
+
+
+@dataclass(eq=False)
+class Entry:
+    cost: int
+    arrived: float
+    name: str = ""
+
+
+LIMITS = BatchLimits(max_cost=100, max_requests=4, max_wait_s=0.010)
+
+
+def test_text_cost_is_a_chars_over_four_proxy():
+    assert text_cost("") == 2
+    assert text_cost("a" * 40) == 12
+    assert item_cost("encode", {"text": "a" * 400}) == 102
+    assert item_cost("encode", {"images": [b"x", b"y"]}) == 2
+    # score: the query counted once per pair
+    assert item_cost("score", None, {"text": "a" * 8}, [{"text": "a" * 4}, {"text": ""}]) == (4 + 3) + (4 + 2)
+
+
+def test_not_ready_below_every_threshold_until_the_wait_expires():
+    b = Batcher("encode", "")
+    b.add(Entry(10, arrived=1.0))
+    b.add(Entry(10, arrived=1.002))
+    assert not b.ready(1.005, LIMITS)
+    assert b.due_at(LIMITS) == 1.0 + 0.010
+    assert b.ready(1.010, LIMITS)
+
+
+def test_flushes_on_count():
+    b = Batcher("encode", "")
+    for i in range(4):
+        b.add(Entry(1, arrived=1.0 + i * 0.001))
+    assert b.ready(1.004, LIMITS)
+    assert len(b.take(LIMITS)) == 4
+    assert len(b) == 0
+
+
+def test_flushes_on_cost_and_packs_under_the_cap():
+    b = Batcher("encode", "")
+    b.add(Entry(60, arrived=1.0, name="big"))
+    b.add(Entry(30, arrived=1.001, name="mid"))
+    b.add(Entry(20, arrived=1.002, name="small"))
+    assert b.pending_cost == 110
+    assert b.ready(1.003, LIMITS)
+    batch = b.take(LIMITS)
+    # ascending cost: small (20) + mid (30) fit; big (60) would pass 100
+    assert sorted(e.name for e in batch) == ["mid", "small"]
+    assert [e.name for e in b.pending] == ["big"]
+    assert b.pending_cost == 60
+    # the remainder's timer is anchored to its own oldest item
+    assert b.head_time == 1.0
+
+
+def test_oversize_item_flushes_alone():
+    b = Batcher("encode", "")
+    b.add(Entry(500, arrived=1.0, name="huge"))
+    assert b.ready(1.0, LIMITS)
+    assert [e.name for e in b.take(LIMITS)] == ["huge"]
+
+
+def test_oversize_item_next_to_small_ones_leaves_after_them():
+    b = Batcher("encode", "")
+    b.add(Entry(500, arrived=1.0, name="huge"))
+    b.add(Entry(5, arrived=1.001, name="a"))
+    assert b.ready(1.001, LIMITS)
+    assert [e.name for e in b.take(LIMITS)] == ["a"]
+    assert [e.name for e in b.take(LIMITS)] == ["huge"]
+
+
+def test_draining_flushes_immediately():
+    b = Batcher("encode", "")
+    b.add(Entry(1, arrived=1.0))
+    assert not b.ready(1.0, LIMITS)
+    assert b.ready(1.0, LIMITS, draining=True)
+
+
+def test_count_cap_limits_a_batch():
+    b = Batcher("encode", "")
+    for i in range(10):
+        b.add(Entry(1, arrived=1.0 + i))
+    assert len(b.take(LIMITS)) == 4
+    assert len(b) == 6
+
+
+def test_batch_keeps_arrival_order():
+    b = Batcher("encode", "")
+    b.add(Entry(9, arrived=1.0, name="first"))
+    b.add(Entry(1, arrived=2.0, name="second"))
+    assert [e.name for e in b.take(LIMITS)] == ["first", "second"]
+
+
+def test_oldest_head_wins_across_batchers():
+    base = Batcher("encode", "")
+    lora = Batcher("encode", "my-lora")
+    lora.add(Entry(1, arrived=1.0, name="lora"))
+    base.add(Entry(1, arrived=1.005, name="base"))
+    now = 1.02
+    assert oldest_ready([base, lora], now, LIMITS) is lora
+    lora.take(LIMITS)
+    assert oldest_ready([base, lora], now, LIMITS) is base
+    assert next_due([base, lora], LIMITS) == 1.005 + 0.010
+    base.take(LIMITS)
+    assert oldest_ready([base, lora], now, LIMITS) is None
+    assert next_due([base, lora], LIMITS) is None
+
+
+def test_remove_by_predicate():
+    b = Batcher("encode", "")
+    b.add(Entry(3, arrived=1.0, name="keep"))
+    b.add(Entry(4, arrived=1.0, name="drop"))
+    gone = b.remove(lambda e: e.name == "drop")
+    assert [e.name for e in gone] == ["drop"]
+    assert b.pending_cost == 3

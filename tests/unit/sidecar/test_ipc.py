@@ -1,0 +1,308 @@
+"""IPC framing, envelopes and the worker's IPC server, over a real Unix socket and a real Runtime (fake adapter)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import struct
+import time
+
+import msgpack
+import pytest
+
+from protocol import ipc
+from protocol.catalog import Catalog
+from protocol.codec import unpackb
+from protocol.model_config import parse_model_yaml
+from protocol.work import WorkItem
+from sidecar.ipc_client import IpcClient, IpcRemoteError, IpcTransportError
+from worker.ipc_server import serve_ipc
+from worker.runtime import Runtime
+from worker.settings import WorkerSettings
+
+FAKE_YAML = """
+sie_id: test/fake-embed
+package_backed: true
+tasks:
+  encode:
+    dense: {{dim: 8}}
+profiles:
+  default:
+    adapter_path: worker.adapters.fake:FakeAdapter
+    max_batch_tokens: 2048
+    adapter_options:
+      loadtime: {loadtime}
+"""
+
+
+def fake_runtime(**loadtime) -> Runtime:
+    opts = "{" + ", ".join(f"{k}: {v}" for k, v in loadtime.items()) + "}"
+    config = parse_model_yaml(FAKE_YAML.format(loadtime=opts))
+    return Runtime(WorkerSettings(device="cpu", cpu_workers=1), catalog=Catalog([config]))
+
+
+def work_item(i: int, text: str = "hello world") -> WorkItem:
+    return WorkItem(
+        work_item_id=f"req-1.{i}",
+        request_id="req-1",
+        item_index=i,
+        total_items=1,
+        operation="encode",
+        model_id="test/fake-embed",
+        profile_id="default",
+        pool_name="default",
+        machine_profile="cpu",
+        router_id="router",
+        reply_subject="_INBOX.router.req-1",
+        timestamp=time.time(),
+        item={"text": text},
+        output_types=["dense"],
+    )
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+def test_frame_roundtrip_and_layout():
+    env = ipc.request_envelope(ipc.PING, "7", {"timestamp_ms": 1})
+    frame = ipc.encode_frame(env)
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    assert ipc.decode_payload(frame[4:]) == env
+
+
+async def _reader_of(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+async def test_read_frame_clean_eof_empty_and_truncated():
+    assert await ipc.read_frame_bytes(await _reader_of(b"")) is None
+    assert await ipc.read_frame_bytes(await _reader_of(struct.pack(">I", 0))) == b""
+    with pytest.raises(ipc.FrameError):
+        await ipc.read_frame_bytes(await _reader_of(b"\x00\x00"))
+    with pytest.raises(ipc.FrameError):
+        await ipc.read_frame_bytes(await _reader_of(struct.pack(">I", 10) + b"abc"))
+
+
+async def test_oversize_frame_is_refused_without_reading_the_body():
+    reader = await _reader_of(struct.pack(">I", ipc.MAX_FRAME_BYTES + 1) + b"x")
+    with pytest.raises(ipc.FrameTooLarge):
+        await ipc.read_frame_bytes(reader)
+    with pytest.raises(ipc.FrameTooLarge):
+        ipc.encode_frame({"blob": b"x" * 100}, max_bytes=50)
+
+
+def test_garbage_payloads_are_frame_errors():
+    with pytest.raises(ipc.FrameError):
+        ipc.decode_payload(b"\xc1\xc1\xc1")  # 0xc1 is never valid msgpack
+    with pytest.raises(ipc.FrameError):
+        ipc.decode_payload(msgpack.packb([1, 2, 3]))
+
+
+def test_dispositions():
+    assert ipc.disposition_for(True, None) == ipc.PUBLISH_AND_ACK
+    assert ipc.disposition_for(False, "RESOURCE_EXHAUSTED") == ipc.NAK_RETRY
+    assert ipc.disposition_for(False, "MODEL_LOADING") == ipc.NAK_RETRY
+    assert ipc.disposition_for(False, "INVALID_INPUT") == ipc.PUBLISH_ERROR_AND_ACK
+    assert ipc.disposition_for(False, "MODEL_LOAD_FAILED") == ipc.PUBLISH_ERROR_AND_ACK
+
+
+# ----------------------------------------------------------------------------- server
+
+
+@pytest.fixture
+def sock_path(tmp_path):
+    # AF_UNIX paths are limited to ~107 bytes; pytest's tmp_path can be longer.
+    path = f"/tmp/sie-ipc-test-{os.getpid()}-{time.monotonic_ns()}.sock"
+    yield path
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+async def _raw_exchange(path: str, data: bytes) -> list[dict]:
+    reader, writer = await asyncio.open_unix_connection(path)
+    writer.write(data)
+    await writer.drain()
+    out = []
+    try:
+        while True:
+            payload = await asyncio.wait_for(ipc.read_frame_bytes(reader), 10)
+            if payload is None:
+                break
+            out.append(unpackb(payload))
+            if len(out) >= 2:
+                break
+    finally:
+        writer.close()
+    return out
+
+
+async def test_server_socket_mode_and_stale_socket(sock_path):
+    with open(sock_path, "w"):
+        pass
+    os.unlink(sock_path)
+    import socket as pysocket
+
+    stale = pysocket.socket(pysocket.AF_UNIX)
+    stale.bind(sock_path)  # a stale socket file of a previous run
+    stale.close()
+    runtime = fake_runtime()
+    server = await serve_ipc(runtime, sock_path, worker_id="w-1")
+    try:
+        assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o600
+        client = IpcClient(sock_path)
+        pong = ipc.PingResponse.from_map(await client.call(ipc.PING, {"timestamp_ms": 5}))
+        assert pong.worker_id == "w-1" and pong.ready and pong.timestamp_ms == 5
+        await client.close()
+    finally:
+        await server.close()
+        await runtime.close()
+    assert not os.path.exists(sock_path)
+
+
+async def test_garbage_and_bad_envelopes_get_errors_and_the_connection_survives(sock_path):
+    runtime = fake_runtime()
+    server = await serve_ipc(runtime, sock_path)
+    try:
+        garbage = b"\xc1\xc1\xc1"
+        ping = ipc.encode_frame(ipc.request_envelope(ipc.PING, "after-garbage", {}))
+        replies = await _raw_exchange(sock_path, struct.pack(">I", len(garbage)) + garbage + ping)
+        assert replies[0]["ok"] is False and "malformed" in replies[0]["error"]
+        assert replies[1]["ok"] is True and replies[1]["request_id"] == "after-garbage"
+
+        bad_version = ipc.encode_frame({"version": 99, "method": "Ping", "request_id": "v", "body": {}})
+        unknown = ipc.encode_frame(ipc.request_envelope("Nope", "u", {}))
+        replies = await _raw_exchange(sock_path, bad_version + unknown)
+        assert replies[0] == {
+            "version": 1,
+            "request_id": "v",
+            "ok": False,
+            "body": None,
+            "error": "unsupported IPC version 99",
+        }
+        assert replies[1]["request_id"] == "u" and replies[1]["ok"] is False
+
+        # a client sees a logical error as IpcRemoteError and keeps its connection
+        client = IpcClient(sock_path)
+        with pytest.raises(IpcRemoteError):
+            await client.call("Nope", {})
+        with pytest.raises(IpcRemoteError):
+            await client.call(ipc.RUN_BATCH, {"model_id": "x"})
+        assert (await client.call(ipc.PING, {}))["ready"] is True
+        assert client.generation == 1
+        await client.close()
+    finally:
+        await server.close()
+        await runtime.close()
+
+
+async def test_oversize_frame_closes_only_that_connection(sock_path):
+    runtime = fake_runtime()
+    server = await serve_ipc(runtime, sock_path)
+    try:
+        replies = await _raw_exchange(sock_path, struct.pack(">I", ipc.MAX_FRAME_BYTES + 1) + b"\x00" * 16)
+        assert len(replies) == 1 and replies[0]["ok"] is False and "exceeds" in replies[0]["error"]
+        client = IpcClient(sock_path)
+        assert (await client.call(ipc.PING, {}))["ready"] is True
+        await client.close()
+    finally:
+        await server.close()
+        await runtime.close()
+
+
+async def test_ensure_then_run_batch_and_multiplexing(sock_path):
+    runtime = fake_runtime(batch_delay_ms=1500)
+    server = await serve_ipc(runtime, sock_path, worker_id="w-2")
+    client = IpcClient(sock_path)
+    try:
+        states = []
+        for _ in range(200):
+            resp = ipc.EnsureModelReadyResponse.from_map(
+                await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "test/fake-embed"})
+            )
+            states.append(resp.state)
+            if resp.state == ipc.STATE_READY:
+                break
+            await asyncio.sleep(0.05)
+        assert states[-1] == ipc.STATE_READY
+        assert states[0] in (ipc.STATE_LOADING_STARTED, ipc.STATE_READY)
+        assert resp.max_batch_tokens == 2048 and resp.batch_budget > 0
+
+        items = [work_item(i, f"text number {i}") for i in range(3)]
+        request = ipc.RunBatchRequest(
+            model_id="test/fake-embed",
+            batch_id=1,
+            lora_key="",
+            op="encode",
+            total_cost=9,
+            items=[ipc.RunBatchRequest.item_map(it) for it in items],
+        )
+        batch = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
+        await asyncio.sleep(0.3)
+        # the slow batch does not hold up a Ping on the same connection
+        pong = await asyncio.wait_for(client.call(ipc.PING, {}), 1.0)
+        assert not batch.done()
+        assert "test/fake-embed" in pong["loaded_models"]
+        outcomes = (await batch)["outcomes"]
+        assert [o["work_item_id"] for o in outcomes] == ["req-1.0", "req-1.1", "req-1.2"]
+        assert all(o["disposition"] == ipc.PUBLISH_AND_ACK for o in outcomes)
+        first = unpackb(outcomes[0]["result_msgpack"])
+        assert first["dense"]["dims"] == 8 and first["dense"]["values"].shape == (8,)
+        assert outcomes[0]["worker_id"] == "w-2"
+
+        unknown = ipc.EnsureModelReadyResponse.from_map(
+            await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "no/such-model"})
+        )
+        assert unknown.state == ipc.STATE_FAILED and unknown.error_code == "MODEL_NOT_FOUND"
+    finally:
+        await client.close()
+        await server.close()
+        await runtime.close()
+
+
+async def test_drain_refuses_new_batches(sock_path):
+    runtime = fake_runtime()
+    server = await serve_ipc(runtime, sock_path)
+    client = IpcClient(sock_path)
+    try:
+        ack = await client.call(ipc.DRAIN, {"deadline_ms": 1000})
+        assert ack["acknowledged"] is True
+        request = ipc.RunBatchRequest(
+            "test/fake-embed", 1, "", "encode", 3, [ipc.RunBatchRequest.item_map(work_item(0))]
+        )
+        with pytest.raises(IpcRemoteError, match=ipc.DRAINING_ERROR):
+            await client.call(ipc.RUN_BATCH, request.to_map())
+        assert (await client.call(ipc.PING, {}))["ready"] is False
+    finally:
+        await client.close()
+        await server.close()
+        await runtime.close()
+
+
+async def test_client_fails_pending_calls_when_the_worker_goes_away(sock_path):
+    runtime = fake_runtime(batch_delay_ms=3000)
+    server = await serve_ipc(runtime, sock_path)
+    client = IpcClient(sock_path)
+    try:
+        for _ in range(200):
+            body = await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "test/fake-embed"})
+            if body["state"] == ipc.STATE_READY:
+                break
+            await asyncio.sleep(0.05)
+        request = ipc.RunBatchRequest(
+            "test/fake-embed", 1, "", "encode", 3, [ipc.RunBatchRequest.item_map(work_item(0))]
+        )
+        pending = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
+        await asyncio.sleep(0.3)
+        await server.close()
+        with pytest.raises(IpcTransportError):
+            await pending
+        with pytest.raises(IpcTransportError):
+            await client.call(ipc.PING, {})
+    finally:
+        await client.close()
+        await runtime.close()
