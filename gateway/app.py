@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+REQUEST_ID_KEY = web.RequestKey("sie_request_id", str)
 
 
 class Provisioning(Exception):
@@ -295,7 +296,7 @@ class Gateway:
         await self.dispatcher.ensure_stream(lane.pool)
         await self.dispatcher.check_capacity(lane.pool, n_items)
         request_id = new_request_id()
-        request["sie_request_id"] = request_id
+        request[REQUEST_ID_KEY] = request_id
         timeout = self.settings.gateway_request_timeout_s
         items = build(lane, request_id, self.dispatcher.reply_subject(request_id), time.time() + timeout)
         max_payload = getattr(self.nc, "max_payload", 0) or 0
@@ -883,8 +884,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         status = err.status
         gw.metrics.rejected.labels("", "", err.code.lower()).inc()
         resp = error_response(err, openai=request.path == "/v1/embeddings")
-        if "sie_request_id" in request:
-            resp.headers["X-SIE-Request-ID"] = request["sie_request_id"]
+        if REQUEST_ID_KEY in request:
+            resp.headers["X-SIE-Request-ID"] = request[REQUEST_ID_KEY]
         resp.headers["X-SIE-Server-Version"] = SERVER_VERSION
         return resp
     except web.HTTPException as exc:

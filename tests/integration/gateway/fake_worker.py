@@ -1,0 +1,179 @@
+"""A test-side lane peer: pulls work items from the lane durable, answers on the reply subject, and
+publishes heartbeats on ``sie.health.<id>``. It is a real NATS peer (no mocks), standing in for a
+sidecar + worker so gateway behaviour can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Awaitable, Callable
+
+import nats
+import nats.js.errors
+import numpy as np
+from nats.js.api import ConsumerConfig, StreamConfig
+
+from protocol.codec import packb
+from protocol.streams import lane_consumer_config, stream_config
+from protocol.subjects import health_subject, lane_durable, pool_stream_name
+from protocol.work import Heartbeat, WorkItem, WorkResult
+
+DIM = 4
+
+
+def fake_vector(text: str) -> np.ndarray:
+    digest = hashlib.sha256(text.encode()).digest()
+    return np.frombuffer(digest[: DIM * 4], dtype="<u4").astype(np.float32) / 2**32
+
+
+def answer(item: WorkItem, worker_id: str) -> WorkResult:
+    if item.operation == "encode":
+        raw = item.item or {}
+        out: dict = {}
+        if "id" in raw:
+            out["id"] = raw["id"]
+        out["dense"] = {"dims": DIM, "dtype": "float32", "values": fake_vector(str(raw.get("text", "")))}
+        blob = packb(out)
+    elif item.operation == "score":
+        q = str((item.query_item or {}).get("text", ""))
+        entries = []
+        for i, it in enumerate(item.score_items or []):
+            text = str(it.get("text", ""))
+            score = float(len(set(q.split()) & set(text.split())))
+            entries.append({"item_id": it.get("id") or f"item-{i}", "score": score})
+        entries.sort(key=lambda e: -e["score"])
+        for rank, e in enumerate(entries):
+            e["rank"] = rank
+        body = {"scores": entries}
+        if (item.query_item or {}).get("id"):
+            body["query_id"] = item.query_item["id"]
+        blob = packb(body)
+    else:
+        raw = item.item or {}
+        text = str(raw.get("text", ""))
+        ents = [{"text": w, "label": (item.labels or ["thing"])[0], "score": 0.9, "start": text.find(w), "end": text.find(w) + len(w), "bbox": None} for w in text.split() if w[:1].isupper()]  # fmt: skip
+        blob = packb({"id": raw.get("id") or f"item-{item.item_index}", "entities": ents, "relations": [], "classifications": [], "objects": [], "data": {}})  # fmt: skip
+    return WorkResult(
+        work_item_id=item.work_item_id,
+        request_id=item.request_id,
+        item_index=item.item_index,
+        success=True,
+        result_msgpack=blob,
+        inference_ms=1.0,
+        queue_ms=0.5,
+        worker_id=worker_id,
+        input_tokens=3,
+    )
+
+
+Handler = Callable[[WorkItem, "FakeWorker"], Awaitable[WorkResult | None]]
+
+
+async def default_handler(item: WorkItem, worker: FakeWorker) -> WorkResult | None:
+    return answer(item, worker.worker_id)
+
+
+class FakeWorker:
+    def __init__(
+        self,
+        url: str,
+        worker_id: str,
+        *,
+        pool: str = "default",
+        profile: str = "cpu",
+        bundle: str = "default",
+        loaded: tuple[str, ...] = (),
+        consume: bool = True,
+        handler: Handler = default_handler,
+        ack_wait_s: float = 30.0,
+        heartbeat_s: float = 0.5,
+    ) -> None:
+        self.url = url
+        self.worker_id = worker_id
+        self.pool, self.profile, self.bundle = pool, profile, bundle
+        self.loaded = list(loaded)
+        self.consume = consume
+        self.handler = handler
+        self.ack_wait_s = ack_wait_s
+        self.heartbeat_s = heartbeat_s
+        self.seen: list[WorkItem] = []
+        self.nc = None
+        self._tasks: list[asyncio.Task] = []
+
+    def heartbeat(self, *, terminated: bool = False) -> bytes:
+        return Heartbeat(
+            name=self.worker_id,
+            ready=not terminated,
+            terminated=terminated,
+            machine_profile=self.profile,
+            pool_name=self.pool,
+            bundle=self.bundle,
+            loaded_models=self.loaded,
+        ).to_json()
+
+    async def start(self) -> FakeWorker:
+        self.nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        if self.consume:
+            await self._bind()
+            self._tasks.append(asyncio.create_task(self._pull_loop()))
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
+        await self.nc.publish(health_subject(self.worker_id), self.heartbeat())
+        await self.nc.flush()
+        return self
+
+    async def _bind(self) -> None:
+        js = self.nc.jetstream()
+        with contextlib.suppress(nats.js.errors.BadRequestError):
+            await js.add_stream(StreamConfig(**stream_config(self.pool)))
+        await js.add_consumer(
+            pool_stream_name(self.pool),
+            ConsumerConfig(
+                **lane_consumer_config(self.pool, self.profile, self.bundle, ack_wait_s=self.ack_wait_s)
+            ),
+        )
+        self.psub = await js.pull_subscribe_bind(
+            lane_durable(self.pool, self.profile, self.bundle), pool_stream_name(self.pool)
+        )
+
+    async def _pull_loop(self) -> None:
+        while True:
+            try:
+                msgs = await self.psub.fetch(16, timeout=0.5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except Exception:
+                await asyncio.sleep(0.2)
+                continue
+            for msg in msgs:
+                item = WorkItem.from_msgpack(msg.data)
+                self.seen.append(item)
+                result = await self.handler(item, self)
+                if result is None:
+                    continue  # never answered, never acked (a stuck or dying worker)
+                await self.nc.publish(item.reply_subject, result.to_msgpack())
+                await msg.ack()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            with contextlib.suppress(Exception):
+                await self.nc.publish(health_subject(self.worker_id), self.heartbeat())
+
+    async def stop(self, *, tombstone: bool = True) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        self._tasks.clear()
+        if self.nc is not None and self.nc.is_connected:
+            if tombstone:
+                await self.nc.publish(health_subject(self.worker_id), self.heartbeat(terminated=True))
+                await self.nc.flush()
+            await self.nc.close()
+
+    async def kill(self) -> None:
+        """Die without a tombstone and without acking what it holds."""
+        await self.stop(tombstone=False)

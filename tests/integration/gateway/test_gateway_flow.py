@@ -1,0 +1,363 @@
+"""The gateway against a real nats-server and a test-side lane peer (FakeWorker)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from protocol.codec import packb, unpackb
+from tests.integration.gateway.conftest import DENSE, EXTRACT, RERANK
+from tests.integration.gateway.fake_worker import FakeWorker, fake_vector
+
+MSGPACK = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+SDK = {**MSGPACK, "X-SIE-SDK-Version": "0.10.1"}
+
+
+async def wait_workers(h, n: int = 1, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if len(h.gateway.workers.healthy()) >= n:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("workers did not register")
+
+
+async def post(h, path: str, body, headers=None):
+    async with h.session.post(h.url(path), data=packb(body), headers=headers or SDK) as resp:
+        raw = await resp.read()
+        ctype = resp.headers.get("Content-Type", "")
+        parsed = unpackb(raw) if "msgpack" in ctype else (json.loads(raw) if raw else None)
+        return resp.status, dict(resp.headers), parsed
+
+
+async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
+    h = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1").start()
+    try:
+        await wait_workers(h)
+        items = [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}, {"text": "z"}]
+        status, headers, body = await post(h, f"/v1/encode/{DENSE}", {"items": items})
+        assert status == 200, body
+        assert body["model"] == DENSE
+        assert [it.get("id") for it in body["items"]] == ["a", "b", None]
+        for it, src in zip(body["items"], items, strict=True):
+            assert isinstance(it["dense"]["values"], np.ndarray)
+            np.testing.assert_array_equal(it["dense"]["values"], fake_vector(src["text"]))
+        assert headers["X-SIE-Server-Version"].startswith("0.10")
+        assert headers["X-SIE-Request-ID"]
+        assert headers["X-SIE-Units-Input-Tokens"] == "9"
+        # the work item carried the routing and request fields
+        item = w.seen[0]
+        assert item.model_id == DENSE and item.pool_name == "default" and item.machine_profile == "cpu"
+        assert item.reply_subject.startswith(f"_INBOX.{h.gateway.router_id}.")
+        assert item.deadline and item.bundle == "default"
+
+        async with h.session.post(
+            h.url(f"/v1/encode/{DENSE}"),
+            json={"items": [{"text": "x"}], "params": {"options": {"is_query": True}, "instruction": "q"}},
+            headers={"Accept": "application/json"},
+        ) as resp:
+            assert resp.status == 200
+            data = await resp.json()
+        assert data["items"][0]["dense"]["values"] == pytest.approx(fake_vector("x").tolist())
+        assert w.seen[-1].is_query is True and w.seen[-1].instruction == "q"
+    finally:
+        await w.stop()
+
+
+async def test_score_and_extract_pass_through(nats_server, start_gateway):
+    h = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1").start()
+    try:
+        await wait_workers(h)
+        status, _, body = await post(
+            h,
+            f"/v1/score/{RERANK}",
+            {
+                "query": {"id": "q", "text": "machine learning"},
+                "items": [{"id": "d1", "text": "snake"}, {"id": "d2", "text": "machine learning field"}],
+            },  # fmt: skip
+        )
+        assert status == 200, body
+        assert body["model"] == RERANK and body["query_id"] == "q"
+        assert [s["item_id"] for s in body["scores"]] == ["d2", "d1"]
+        assert [s["rank"] for s in body["scores"]] == [0, 1]
+
+        status, _, body = await post(
+            h,
+            f"/v1/extract/{EXTRACT}",
+            {
+                "items": [{"text": "Apple hired Steve"}, {"text": "nothing"}],
+                "params": {"labels": ["org"]},
+            },  # fmt: skip
+        )
+        assert status == 200, body
+        assert len(body["items"]) == 2
+        assert body["items"][0]["id"] == "item-0"
+        assert {e["text"] for e in body["items"][0]["entities"]} == {"Apple", "Steve"}
+
+        # a model without the task is a clear 400
+        status, headers, body = await post(
+            h, f"/v1/score/{DENSE}", {"query": {"text": "a"}, "items": [{"text": "b"}]}
+        )
+        assert status == 400 and body["detail"]["code"] == "INVALID_INPUT"
+    finally:
+        await w.stop()
+
+
+async def test_scale_from_zero_answers_and_records_demand(start_gateway):
+    h = await start_gateway()
+    body = {"items": [{"text": "hi"}]}
+    # modern SDK: 503 PROVISIONING
+    status, headers, data = await post(h, f"/v1/encode/{DENSE}", body, {**SDK, "X-SIE-MACHINE-PROFILE": "l4"})
+    assert status == 503
+    assert headers["X-SIE-Error-Code"] == "PROVISIONING" and float(headers["Retry-After"]) > 0
+    assert data["detail"]["code"] == "PROVISIONING"
+    # a client without the SDK header: 202 + provisioning body
+    status, headers, data = await post(h, f"/v1/encode/{DENSE}", body, MSGPACK)
+    assert status == 202 and data["status"] == "provisioning" and "Retry-After" in headers
+    # an old SDK
+    status, _, _ = await post(h, f"/v1/encode/{DENSE}", body, {**MSGPACK, "X-SIE-SDK-Version": "0.6.2"})
+    assert status == 202
+    # OpenAI route: always 503
+    async with h.session.post(h.url("/v1/embeddings"), json={"model": DENSE, "input": "hi"}) as resp:
+        assert resp.status == 503 and resp.headers["X-SIE-Error-Code"] == "PROVISIONING"
+        assert "Retry-After" in resp.headers
+    async with h.session.get(h.url("/metrics")) as resp:
+        text = await resp.text()
+    assert 'sie_gateway_pending_demand{bundle="default",machine_profile="l4"} 1.0' in text
+    # an unconfigured profile is a clear 400 naming the configured ones
+    status, _, data = await post(h, f"/v1/encode/{DENSE}", body, {**SDK, "X-SIE-MACHINE-PROFILE": "h100"})
+    assert status == 400 and "cpu" in data["detail"]["message"]
+
+
+async def test_profile_routing_and_capacity_arrival(nats_server, start_gateway):
+    h = await start_gateway()
+    cpu = await FakeWorker(nats_server.url, "cpu-1", profile="cpu").start()
+    try:
+        await wait_workers(h)
+        hdr = {**SDK, "X-SIE-MACHINE-PROFILE": "l4"}
+        status, _, _ = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, hdr)
+        assert status == 503  # no l4 worker: no silent fallback to cpu
+        l4 = await FakeWorker(nats_server.url, "l4-1", profile="l4").start()
+        try:
+            await wait_workers(h, 2)
+            status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, hdr)
+            assert status == 200, body
+            assert l4.seen and l4.seen[-1].machine_profile == "l4" and not cpu.seen
+        finally:
+            await l4.stop()
+        # tombstone removes the worker at once
+        await asyncio.sleep(0.2)
+        status, _, _ = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, hdr)
+        assert status == 503
+    finally:
+        await cpu.stop()
+
+
+async def test_stale_worker_is_not_routed(nats_server, start_gateway):
+    h = await start_gateway(gateway_worker_stale_s=1.0)
+    w = await FakeWorker(nats_server.url, "w1", heartbeat_s=60).start()
+    try:
+        await wait_workers(h)
+        await asyncio.sleep(1.3)
+        status, headers, _ = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]})
+        assert status == 503 and headers["X-SIE-Error-Code"] == "PROVISIONING"
+    finally:
+        await w.stop()
+
+
+async def test_deadline_gives_504_and_cancels_work(nats_server, start_gateway):
+    async def never(item, worker):
+        return None
+
+    h = await start_gateway(gateway_request_timeout_s=1.0)
+    w = await FakeWorker(nats_server.url, "w1", handler=never).start()
+    cancels = []
+
+    async def on_cancel(m):
+        cancels.append(m.subject)
+
+    sub = await h.nc.subscribe("work_cancel.>", cb=on_cancel)
+    try:
+        await wait_workers(h)
+        status, headers, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]})
+        assert status == 504
+        assert (
+            body["detail"]["code"] == "GATEWAY_TIMEOUT" and headers["X-SIE-Error-Code"] == "GATEWAY_TIMEOUT"
+        )
+        await asyncio.sleep(0.2)
+        rid = headers["X-SIE-Request-ID"]
+        assert f"work_cancel.{h.gateway.router_id}.{rid}" in cancels
+    finally:
+        await sub.unsubscribe()
+        await w.stop()
+
+
+async def test_client_disconnect_cancels_work(nats_server, start_gateway):
+    async def never(item, worker):
+        return None
+
+    h = await start_gateway(gateway_request_timeout_s=30.0)
+    w = await FakeWorker(nats_server.url, "w1", handler=never).start()
+    cancels = []
+
+    async def on_cancel(m):
+        cancels.append(m.subject)
+
+    sub = await h.nc.subscribe("work_cancel.>", cb=on_cancel)
+    try:
+        await wait_workers(h)
+        task = asyncio.create_task(post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}))
+        for _ in range(100):
+            if w.seen:
+                break
+            await asyncio.sleep(0.05)
+        assert w.seen
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if cancels:
+                break
+            await asyncio.sleep(0.05)
+        assert cancels == [f"work_cancel.{h.gateway.router_id}.{w.seen[0].request_id}"]
+        assert h.gateway.dispatcher.pending_requests == 0
+    finally:
+        await sub.unsubscribe()
+        await w.stop()
+
+
+async def test_queue_full_and_request_larger_than_queue(nats_server, start_gateway):
+    # a lane with a registered worker that does not consume: work piles up in the stream
+    h = await start_gateway(gateway_max_stream_pending=3, gateway_request_timeout_s=3.0)
+    w = await FakeWorker(nats_server.url, "w1", consume=False).start()
+    try:
+        await wait_workers(h)
+        stuck = asyncio.create_task(
+            post(h, f"/v1/encode/{DENSE}", {"items": [{"text": str(i)} for i in range(3)]})
+        )
+        await asyncio.sleep(0.6)
+        status, headers, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "more"}]})
+        assert status == 503 and body["detail"]["code"] == "QUEUE_FULL" and "Retry-After" in headers
+        status, _, body = await post(
+            h, f"/v1/encode/{DENSE}", {"items": [{"text": str(i)} for i in range(4)]}
+        )
+        assert (
+            status == 400
+            and body["detail"]["code"] == "INVALID_INPUT"
+            and "3 or fewer" in body["detail"]["message"]
+        )
+        status, _, _ = await stuck
+        assert status == 504
+    finally:
+        await w.stop()
+
+
+async def test_bad_requests_get_their_codes_and_do_not_disturb_others(nats_server, start_gateway):
+    h = await start_gateway(gateway_max_body_bytes=64 * 1024, gateway_max_items=10)
+    w = await FakeWorker(nats_server.url, "w1").start()
+    try:
+        await wait_workers(h)
+        url = h.url(f"/v1/encode/{DENSE}")
+
+        async def raw(data: bytes, headers=SDK):
+            async with h.session.post(url, data=data, headers=headers) as resp:
+                return resp.status, resp.headers.get("Content-Type", ""), await resp.json()
+
+        good = [post(h, f"/v1/encode/{DENSE}", {"items": [{"text": f"t{i}"}]}) for i in range(5)]
+        bad = [
+            raw(b"\xc1\xc1garbage"),
+            raw(b"x" * (70 * 1024)),
+            raw(packb({"items": []})),
+            raw(packb({"items": [{"text": "a"}] * 11})),
+            raw(packb({"items": "nope"})),
+            raw(packb({"items": [{"text": "a"}], "params": {"output_types": ["sparse"]}})),
+            raw(packb({"items": [{"text": "a"}], "params": {"options": {"profile": "nope"}}})),
+            raw(b"{not json", {"Content-Type": "application/json"}),
+        ]
+        results = await asyncio.gather(*good, *bad)
+        for status, _, body in results[:5]:
+            assert status == 200, body
+        statuses = [(s, b["detail"]["code"]) for s, ct, b in results[5:]]
+        assert statuses == [
+            (400, "INVALID_INPUT"),
+            (413, "INPUT_TOO_LONG"),
+            (400, "INVALID_INPUT"),
+            (400, "INVALID_INPUT"),
+            (400, "INVALID_INPUT"),
+            (400, "INVALID_INPUT"),
+            (400, "INVALID_INPUT"),
+            (400, "INVALID_INPUT"),
+        ]
+        assert all(ct.startswith("application/json") for _, ct, _ in results[5:])
+        status, _, body = await post(h, "/v1/encode/no/such-model", {"items": [{"text": "a"}]})
+        assert status == 404 and body["detail"]["code"] == "MODEL_NOT_FOUND"
+    finally:
+        await w.stop()
+
+
+async def test_worker_errors_surface_with_contract_codes(nats_server, start_gateway):
+    from protocol.work import WorkResult
+
+    async def loading(item, worker):
+        return WorkResult(item.work_item_id, item.request_id, item.item_index, success=False,
+                          error="loading", error_code="MODEL_LOADING", retry_after_s=2)  # fmt: skip
+
+    h = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1", handler=loading).start()
+    try:
+        await wait_workers(h)
+        status, headers, body = await post(
+            h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}, {"text": "b"}]}
+        )
+        assert (
+            status == 503 and headers["X-SIE-Error-Code"] == "MODEL_LOADING" and headers["Retry-After"] == "2"
+        )
+    finally:
+        await w.stop()
+
+
+async def test_models_health_and_openai(nats_server, start_gateway):
+    h = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1", loaded=(DENSE,)).start()
+    try:
+        await wait_workers(h)
+        async with h.session.get(h.url("/v1/models"), headers={"Accept": "application/json"}) as resp:
+            models = (await resp.json())["models"]
+        names = {m["name"]: m for m in models}
+        assert {DENSE, f"{DENSE}:query", RERANK, EXTRACT} <= set(names)
+        assert names[DENSE]["dims"]["dense"] == 4 and names[DENSE]["loaded"] is True
+        async with h.session.get(h.url("/v1/models/no/such")) as resp:
+            assert resp.status == 404 and (await resp.json())["detail"]["code"] == "MODEL_NOT_FOUND"
+        async with h.session.get(h.url("/health")) as resp:
+            health = await resp.json()
+        assert health["type"] == "gateway" and health["cluster"]["worker_count"] == 1
+        assert health["live_gpu_types"] == ["cpu"] and health["workers"][0]["gpu"] == "cpu"
+
+        async with h.session.post(
+            h.url("/v1/embeddings"), json={"model": DENSE, "input": ["a", "b"]}
+        ) as resp:
+            assert resp.status == 200
+            emb = await resp.json()
+        assert emb["object"] == "list" and [d["index"] for d in emb["data"]] == [0, 1]
+        assert emb["data"][1]["embedding"] == pytest.approx(fake_vector("b").tolist())
+        async with h.session.post(
+            h.url("/v1/embeddings"), json={"model": DENSE, "input": "a", "encoding_format": "base64"}
+        ) as resp:
+            import base64
+
+            vec = np.frombuffer(base64.b64decode((await resp.json())["data"][0]["embedding"]), dtype="<f4")
+        np.testing.assert_array_equal(vec, fake_vector("a"))
+        async with h.session.post(
+            h.url("/v1/embeddings"), json={"model": DENSE, "input": "a", "dimensions": 5}
+        ) as resp:
+            assert resp.status == 400 and (await resp.json())["error"]["code"] == "unsupported_field"
+        async with h.session.post(h.url("/v1/embeddings"), json={"model": "nope", "input": "a"}) as resp:
+            assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
+        async with h.session.post(h.url("/v1/embeddings"), json={"model": DENSE, "input": []}) as resp:
+            assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_request"
+    finally:
+        await w.stop()
