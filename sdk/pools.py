@@ -19,7 +19,12 @@ from sdk.errors import PoolError
 
 log = logging.getLogger("sdk.pools")
 
-RENEW_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 10.0)
+RENEW_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 10.0)  # for the default 60 s interval
+
+
+def _backoff(attempt: int, interval_s: float) -> float:
+    """The retry backoff, scaled down with a shorter renewal interval (tests use short ones)."""
+    return RENEW_BACKOFF_S[attempt] * min(1.0, interval_s / 60.0)
 
 
 def create_body(
@@ -135,9 +140,7 @@ class ThreadRenewer:
                         break
                 except Exception as exc:  # a renewal failure must never kill the loop
                     log.debug("renewing pool %s failed: %s", self.name, exc)
-                if attempt < len(RENEW_BACKOFF_S) and self._stop.wait(
-                    min(RENEW_BACKOFF_S[attempt], self._interval)
-                ):
+                if attempt < len(RENEW_BACKOFF_S) and self._stop.wait(_backoff(attempt, self._interval)):
                     return
             else:
                 log.warning("could not renew the lease of pool %s; trying again next cycle", self.name)
@@ -172,7 +175,7 @@ class TaskRenewer:
                 except Exception as exc:
                     log.debug("renewing pool %s failed: %s", self.name, exc)
                 if attempt < len(RENEW_BACKOFF_S):
-                    await asyncio.sleep(min(RENEW_BACKOFF_S[attempt], self._interval))
+                    await asyncio.sleep(_backoff(attempt, self._interval))
             else:
                 log.warning("could not renew the lease of pool %s; trying again next cycle", self.name)
 

@@ -334,8 +334,9 @@ class AsyncFacade:
         self._loop.run_until_complete(asyncio.sleep(seconds))
 
     def close(self) -> None:
-        self._loop.run_until_complete(self._client.close())
-        self._loop.close()
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self._client.close())
+            self._loop.close()
 
 
 class SyncFacade(SIEClient):
