@@ -88,6 +88,7 @@ class FakeWorker:
         consume: bool = True,
         handler: Handler = default_handler,
         ack_wait_s: float = 30.0,
+        max_deliver: int = 20,
         heartbeat_s: float = 0.5,
     ) -> None:
         self.url = url
@@ -97,6 +98,7 @@ class FakeWorker:
         self.consume = consume
         self.handler = handler
         self.ack_wait_s = ack_wait_s
+        self.max_deliver = max_deliver
         self.heartbeat_s = heartbeat_s
         self.seen: list[WorkItem] = []
         self.nc = None
@@ -130,7 +132,13 @@ class FakeWorker:
         await js.add_consumer(
             pool_stream_name(self.pool),
             ConsumerConfig(
-                **lane_consumer_config(self.pool, self.profile, self.bundle, ack_wait_s=self.ack_wait_s)
+                **lane_consumer_config(
+                    self.pool,
+                    self.profile,
+                    self.bundle,
+                    ack_wait_s=self.ack_wait_s,
+                    max_deliver=self.max_deliver,
+                )
             ),
         )
         self.psub = await js.pull_subscribe_bind(

@@ -1,0 +1,163 @@
+"""Pools in the JetStream KV bucket (shared by replicas), auth, DLQ forwarding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from protocol.codec import packb, unpackb
+from tests.integration.gateway.conftest import DENSE
+from tests.integration.gateway.fake_worker import FakeWorker
+from tests.integration.gateway.test_gateway_flow import SDK, post, wait_workers
+
+JSON = {"Accept": "application/json"}
+
+
+async def test_pool_lifecycle_shared_by_replicas_and_routing(nats_server, start_gateway):
+    g1 = await start_gateway()
+    g2 = await start_gateway()
+    async with g1.session.post(
+        g1.url("/v1/pools"), json={"name": "Eval-1", "gpus": {"l4": 1}}, headers=JSON
+    ) as r:
+        assert r.status == 201
+        created = await r.json()
+    assert created["name"] == "eval-1" and created["status"]["state"] == "pending"
+    # the other replica sees it (same KV bucket)
+    async with g2.session.get(g2.url("/v1/pools/EVAL-1"), headers=JSON) as r:
+        assert r.status == 200 and (await r.json())["spec"]["gpus"] == {"l4": 1}
+    # pending pool: provisioning for pool requests
+    hdr = {**SDK, "X-SIE-Pool": "eval-1", "X-SIE-MACHINE-PROFILE": "l4"}
+    status, headers, _ = await post(g2, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, hdr)
+    assert status == 503 and headers["X-SIE-Error-Code"] == "PROVISIONING"
+    w = await FakeWorker(nats_server.url, "l4-1", profile="l4").start()
+    try:
+        await wait_workers(g2)
+        async with g2.session.get(g2.url("/v1/pools/eval-1"), headers=JSON) as r:
+            view = await r.json()
+        assert view["status"]["state"] == "active"
+        assert [a["name"] for a in view["status"]["assigned_workers"]] == ["l4-1"]
+        status, _, body = await post(g2, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, hdr)
+        assert status == 200, body
+        assert w.seen[-1].machine_profile == "l4"
+        # gpu="pool/profile" inside the profile header works too
+        status, _, _ = await post(g1, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, {**SDK, "X-SIE-MACHINE-PROFILE": "eval-1/l4"})  # fmt: skip
+        assert status == 200
+    finally:
+        await w.stop()
+    async with g1.session.post(g1.url("/v1/pools/Eval-1/renew"), headers=SDK) as r:
+        assert r.status == 200
+    async with g2.session.get(g2.url("/v1/pools"), headers=JSON) as r:
+        assert {p["name"] for p in (await r.json())["pools"]} == {"default", "eval-1"}
+    async with g2.session.delete(g2.url("/v1/pools/Eval-1"), headers=JSON) as r:
+        assert r.status == 200
+    async with g1.session.delete(g1.url("/v1/pools/eval-1"), headers=JSON) as r:
+        assert r.status == 404 and (await r.json())["detail"]["code"] == "NOT_FOUND"
+    async with g1.session.get(g1.url("/v1/pools/eval-1"), headers=JSON) as r:
+        assert r.status == 404
+    async with g1.session.delete(g1.url("/v1/pools/default"), headers=JSON) as r:
+        assert r.status == 403
+    # unknown pool on a request: 404 naming the pool
+    status, _, body = await post(
+        g1, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, {**SDK, "X-SIE-Pool": "ghost"}
+    )
+    assert status == 404 and "ghost" in body["detail"]["message"]
+
+
+async def test_pool_validation_and_expiry(start_gateway):
+    g = await start_gateway(pool_ttl_s=1.0)
+    for body in (
+        {"name": "x", "gpus": {"not-a-profile": 1}},
+        {"name": "bad name!"},
+        {"name": "x", "pinned_models": ["no/such"]},
+        {"name": "x", "minimum_worker_count": -1},
+        {"name": "x", "bundle": "nope"},
+        {"name": "x", "ttl_seconds": 999999},
+    ):
+        async with g.session.post(g.url("/v1/pools"), json=body) as r:
+            assert r.status == 400, body
+            assert isinstance((await r.json())["detail"], dict)
+    async with g.session.post(g.url("/v1/pools"), json={"name": "short", "pinned_models": [DENSE]}) as r:
+        assert r.status == 201
+    await asyncio.sleep(1.3)
+    async with g.session.get(g.url("/v1/pools/short")) as r:
+        assert r.status == 404
+    async with g.session.post(g.url("/v1/pools/short/renew")) as r:
+        assert r.status == 404
+
+
+async def test_auth_tokens_admin_and_probes(nats_server, start_gateway):
+    g = await start_gateway(auth_mode="token", auth_tokens=["inf-1"], admin_token="adm-1")
+    async with g.session.get(g.url("/healthz")) as r:
+        assert r.status == 200
+    async with g.session.get(g.url("/readyz")) as r:
+        assert r.status == 200
+    async with g.session.get(g.url("/v1/models")) as r:
+        assert r.status == 401 and (await r.json())["detail"]["code"] == "UNAUTHORIZED"
+    async with g.session.get(g.url("/v1/models"), headers={"Authorization": "Bearer wrong"}) as r:
+        assert r.status == 401
+    async with g.session.get(g.url("/v1/models"), headers={"Authorization": "Bearer inf-1"}) as r:
+        assert r.status == 200
+    status, _, _ = await post(
+        g, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, {**SDK, "Authorization": "Bearer inf-1"}
+    )
+    assert status == 503  # authorised; no worker yet
+    async with g.session.post(
+        g.url("/v1/pools"), json={"name": "p"}, headers={"Authorization": "Bearer inf-1"}
+    ) as r:
+        assert r.status == 403 and (await r.json())["detail"]["code"] == "FORBIDDEN"
+    async with g.session.post(
+        g.url("/v1/pools"), json={"name": "p"}, headers={"Authorization": "Bearer adm-1"}
+    ) as r:
+        assert r.status == 201
+    async with g.session.get(g.url("/v1/pools/p"), headers={"Authorization": "Bearer inf-1"}) as r:
+        assert r.status == 200
+    async with g.session.get(g.url("/metrics")) as r:
+        assert r.status == 401
+
+
+async def test_dlq_forwarding_fails_the_item_at_once(nats_server, start_gateway):
+    """A consumer with max_deliver=1 that never acks trips the advisory; the gateway forwards it."""
+    g = await start_gateway(gateway_request_timeout_s=20.0)
+
+    async def never(item, worker):
+        return None
+
+    w = FakeWorker(nats_server.url, "w1", handler=never, ack_wait_s=1.0, max_deliver=1)
+    await w.start()
+    try:
+        await wait_workers(g)
+        js = g.nc.jetstream()
+        status, _, body = await post(g, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]})
+        assert status == 500 and "dead-lettered" in body["detail"]["message"]
+        dlq = await js.pull_subscribe("sie.dlq.>", stream="DEAD_LETTERS")
+        msgs = await dlq.fetch(1, timeout=5)
+        assert msgs[0].subject == "sie.dlq.test__dense-model"
+        adv = json.loads(msgs[0].data)
+        assert adv["stream"] == "WORK_POOL_default" and adv["consumer"] == "default_cpu_default"
+    finally:
+        await w.stop()
+
+
+async def test_msgpack_pass_through_keeps_worker_bytes(nats_server, start_gateway):
+    """The worker's item bytes reach the client unchanged (no re-encoding in the gateway)."""
+    from protocol.work import WorkResult
+
+    blob = packb(
+        {"id": "x", "custom": [1, 2, 3], "dense": {"dims": 1, "dtype": "float32", "values": b"\x00"}}
+    )
+
+    async def fixed(item, worker):
+        return WorkResult(item.work_item_id, item.request_id, item.item_index, True, result_msgpack=blob)
+
+    g = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1", handler=fixed).start()
+    try:
+        await wait_workers(g)
+        async with g.session.post(
+            g.url(f"/v1/encode/{DENSE}"), data=packb({"items": [{"text": "a"}]}), headers=SDK
+        ) as r:
+            raw = await r.read()
+        assert blob in raw
+        assert unpackb(raw)["items"][0]["custom"] == [1, 2, 3]
+    finally:
+        await w.stop()
