@@ -1,0 +1,232 @@
+"""Helpers for the sidecar integration tests: fake models, a worker (in-process or subprocess), a
+gateway-like publisher and result collector."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import nats
+
+from protocol.catalog import Catalog
+from protocol.model_config import parse_model_yaml
+from protocol.subjects import reply_subject, work_subject
+from protocol.work import WorkItem, WorkResult
+from sidecar.ipc_client import IpcClient
+from sidecar.lane import LaneConsumer
+from sidecar.settings import SidecarSettings
+from worker.ipc_server import serve_ipc
+from worker.runtime import Runtime
+from worker.settings import WorkerSettings
+
+REPO = Path(__file__).resolve().parents[3]
+
+MODEL_YAML = """
+sie_id: {model_id}
+package_backed: true
+tasks:
+  encode:
+    dense: {{dim: 8}}
+profiles:
+  default:
+    adapter_path: worker.adapters.fake:FakeAdapter
+    max_batch_tokens: 4096
+    adapter_options:
+      loadtime: {loadtime}
+"""
+
+
+def model_yaml(model_id: str, **loadtime) -> str:
+    return MODEL_YAML.format(model_id=model_id, loadtime=json.dumps(loadtime))
+
+
+def socket_path() -> str:
+    return f"/tmp/sie-ipc-it-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+
+
+def sidecar_settings(nats_url: str, sock: str, **overrides) -> SidecarSettings:
+    values = {
+        "nats_url": nats_url,
+        "pool": "default",
+        "machine_profile": "cpu",
+        "bundle": "default",
+        "worker_id": f"sidecar-{uuid.uuid4().hex[:6]}",
+        "ipc_socket_path": sock,
+        "nak_delay_s": 0.5,
+        "oom_nak_delay_s": 0.5,
+        "model_loading_recheck_s": 0.3,
+        "worker_ping_interval_ms": 300,
+        "health_publish_interval_ms": 300,
+        "nats_fetch_timeout_s": 0.5,
+        "ack_wait_s": 30.0,
+        "drain_timeout_s": 5.0,
+    }
+    values.update(overrides)
+    return SidecarSettings(**values)
+
+
+class InProcessWorker:
+    """A real Runtime (fake adapter) behind the real IPC server, in this event loop."""
+
+    def __init__(self, sock: str, *yamls: str) -> None:
+        self.sock = sock
+        self.runtime = Runtime(
+            WorkerSettings(device="cpu", cpu_workers=1),
+            catalog=Catalog([parse_model_yaml(y) for y in yamls]),
+        )
+        self.server = None
+
+    async def __aenter__(self) -> InProcessWorker:
+        await self.runtime.start()
+        self.server = await serve_ipc(self.runtime, self.sock, worker_id="worker-it")
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self.server is not None:
+            await self.server.close()
+        await self.runtime.close()
+
+
+class WorkerProcess:
+    """``python -m worker.ipc_server`` with a models dir of fake models (killable mid-batch)."""
+
+    def __init__(self, sock: str, models_dir: Path, bundles_dir: Path) -> None:
+        self.sock = sock
+        self.models_dir = models_dir
+        self.bundles_dir = bundles_dir
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> WorkerProcess:
+        env = dict(os.environ)
+        env.update(
+            SIE_IPC_SOCKET_PATH=self.sock,
+            SIE_MODELS_DIR=str(self.models_dir),
+            SIE_BUNDLES_DIR=str(self.bundles_dir),
+            SIE_DEVICE="cpu",
+            SIE_CPU_WORKERS="1",
+            SIE_WORKER_ID="worker-proc",
+            PYTHONPATH=str(REPO),
+        )
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.sock)
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker.ipc_server"], cwd=REPO, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}")
+            if os.path.exists(self.sock):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("worker IPC socket did not appear")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+class Gateway:
+    """Publishes work items the way the gateway does and collects results from its inbox."""
+
+    def __init__(self, nc, router_id: str | None = None) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.router_id = router_id or f"router-{uuid.uuid4().hex[:8]}"
+        self.results: dict[str, list[WorkResult]] = {}
+        self.raw: list[bytes] = []
+        self._sub = None
+        self._arrived = asyncio.Event()
+
+    async def start(self) -> Gateway:
+        self._sub = await self.nc.subscribe(f"_INBOX.{self.router_id}.>", cb=self._on_result)
+        await self.nc.flush()
+        return self
+
+    async def _on_result(self, msg) -> None:
+        self.raw.append(msg.data)
+        res = WorkResult.from_msgpack(msg.data)
+        self.results.setdefault(res.work_item_id, []).append(res)
+        self._arrived.set()
+
+    def item(
+        self, request_id: str, index: int, *, model_id: str, text: str, total: int = 1, **extra
+    ) -> WorkItem:
+        return WorkItem(
+            work_item_id=f"{request_id}.{index}",
+            request_id=request_id,
+            item_index=index,
+            total_items=total,
+            operation=extra.pop("operation", "encode"),
+            model_id=model_id,
+            profile_id="default",
+            pool_name="default",
+            machine_profile="cpu",
+            router_id=self.router_id,
+            reply_subject=extra.pop("reply_subject", reply_subject(self.router_id, request_id)),
+            timestamp=time.time(),
+            item={"text": text},
+            output_types=["dense"],
+            bundle="default",
+            **extra,
+        )
+
+    async def publish(self, item: WorkItem) -> None:
+        subject = work_subject("default", "cpu", "default", item.model_id)
+        await self.js.publish(subject, item.to_msgpack(), headers={"Nats-Msg-Id": item.work_item_id})
+
+    async def publish_raw(self, model_id: str, data: bytes) -> None:
+        await self.js.publish(work_subject("default", "cpu", "default", model_id), data)
+
+    async def wait_for(self, work_item_ids: list[str], timeout: float = 60.0) -> dict[str, list[WorkResult]]:
+        deadline = time.monotonic() + timeout
+        while not all(w in self.results for w in work_item_ids):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = [w for w in work_item_ids if w not in self.results]
+                raise AssertionError(f"no result for {missing}")
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), min(remaining, 0.5))
+        return {w: self.results[w] for w in work_item_ids}
+
+
+async def start_lane(settings: SidecarSettings) -> tuple[LaneConsumer, object, IpcClient]:
+    from sidecar.main import start_sidecar
+
+    return await start_sidecar(settings)
+
+
+async def stop_lane(lane: LaneConsumer, nc, client: IpcClient) -> None:
+    await lane.stop(drain_timeout_s=2.0)
+    await client.close()
+    with contextlib.suppress(Exception):
+        await nc.close()
+
+
+async def connect(url: str):
+    return await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
+async def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(interval)

@@ -1,0 +1,201 @@
+"""The sidecar against a real nats-server and a real worker IPC server (Runtime + fake adapter)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from protocol.codec import unpackb
+from protocol.subjects import work_cancel_subject
+from protocol.work import Heartbeat
+from tests.integration.sidecar.support import (
+    Gateway,
+    InProcessWorker,
+    connect,
+    model_yaml,
+    sidecar_settings,
+    socket_path,
+    start_lane,
+    stop_lane,
+    wait_until,
+)
+
+MODEL = "test/fake-embed"
+
+
+async def test_items_are_batched_answered_and_acked(nats_server):
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    health: list[Heartbeat] = []
+
+    async def on_health(msg):
+        health.append(Heartbeat.parse(msg.data))
+
+    await gw_nc.subscribe("sie.health.>", cb=on_health)
+    async with InProcessWorker(sock, model_yaml(MODEL, load_delay_s=0.5)):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock))
+        try:
+            items = [gw.item("req-a", i, model_id=MODEL, text=f"item {i} text", total=20) for i in range(20)]
+            for it in items:
+                await gw.publish(it)
+            got = await gw.wait_for([it.work_item_id for it in items])
+            for it in items:
+                (res,) = got[it.work_item_id]
+                assert res.success, res.error
+                assert res.request_id == "req-a" and res.item_index == it.item_index
+                assert res.worker_id == lane.settings.worker_id
+                dense = unpackb(res.result_msgpack)["dense"]
+                assert dense["dims"] == 8
+            # the model load was waited out with progress acks, never a NAK
+            assert lane.stats["naked"] == 0
+            assert lane.stats["batches"] < 20  # items shared forward passes
+            info = await lane.js.consumer_info(lane.stream, lane.durable)
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+            await wait_until(lambda: any(MODEL in h.loaded_models and h.ready for h in health), 10)
+            beat = health[-1]
+            assert (beat.pool_name, beat.machine_profile, beat.bundle) == ("default", "cpu", "default")
+        finally:
+            await stop_lane(lane, nc, client)
+        await wait_until(lambda: health and health[-1].terminated, 5)
+        assert health[-1].ready is False
+    await gw_nc.close()
+
+
+async def test_malformed_messages_never_disturb_other_work(nats_server):
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    async with InProcessWorker(sock, model_yaml(MODEL)):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, nak_delay_s=5.0))
+        try:
+            await gw.publish_raw(MODEL, b"\xc1 not msgpack at all")
+            await gw.publish_raw(MODEL, b"\x93\x01\x02\x03")  # msgpack, but a list
+            await gw.publish_raw(MODEL, b"\x81\xa3foo\xa3bar")  # a map without the required keys
+            bad_reply = gw.item("req-bad", 0, model_id=MODEL, text="x", reply_subject="sie.not.an.inbox")
+            await gw.publish(bad_reply)
+            unknown_op = gw.item("req-op", 0, model_id=MODEL, text="x", operation="teleport")
+            await gw.publish(unknown_op)
+            good = [gw.item("req-ok", i, model_id=MODEL, text=f"fine {i}", total=5) for i in range(5)]
+            for it in good:
+                await gw.publish(it)
+
+            got = await gw.wait_for([it.work_item_id for it in good] + [unknown_op.work_item_id])
+            assert all(got[it.work_item_id][0].success for it in good)
+            (err,) = got[unknown_op.work_item_id]
+            assert not err.success and err.error_code == "INVALID_INPUT"
+            assert bad_reply.work_item_id not in gw.results
+            # garbage was NAKed (3 messages), the bad reply subject ack-dropped
+            await wait_until(lambda: lane.stats["naked"] >= 3 and lane.stats["dropped"] >= 1, 10)
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()
+
+
+async def test_cancelled_requests_are_dropped_before_running(nats_server):
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    async with InProcessWorker(sock, model_yaml(MODEL, load_delay_s=1.5)):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock))
+        try:
+            doomed = [gw.item("req-doomed", i, model_id=MODEL, text=f"d {i}", total=3) for i in range(3)]
+            kept = [gw.item("req-kept", i, model_id=MODEL, text=f"k {i}", total=3) for i in range(3)]
+            for it in doomed + kept:
+                await gw.publish(it)
+            # while the model loads the items wait in the scheduler; the gateway gives up on one request
+            await wait_until(lambda: lane.queue_depth() == 6, 10)
+            await gw_nc.publish(work_cancel_subject(gw.router_id, "req-doomed"), b"")
+            got = await gw.wait_for([it.work_item_id for it in kept])
+            assert all(r[0].success for r in got.values())
+            await asyncio.sleep(0.5)
+            assert not any(it.work_item_id in gw.results for it in doomed)
+            assert lane.stats["dropped"] == 3
+            # a late redelivery of a cancelled request is dropped at intake too
+            late = gw.item("req-doomed", 7, model_id=MODEL, text="late", total=8)
+            await gw.publish(late)
+            await wait_until(lambda: lane.stats["dropped"] == 4, 10)
+            assert late.work_item_id not in gw.results
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()
+
+
+async def test_permanent_load_failure_is_answered(nats_server):
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    broken = "test/broken"
+    async with InProcessWorker(sock, model_yaml(MODEL), model_yaml(broken, fail_load="weights are corrupt")):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock))
+        try:
+            bad = [gw.item("req-broken", i, model_id=broken, text="x", total=2) for i in range(2)]
+            missing = gw.item("req-missing", 0, model_id="no/such-model", text="x")
+            good = gw.item("req-good", 0, model_id=MODEL, text="fine")
+            for it in [*bad, missing, good]:
+                await gw.publish(it)
+            got = await gw.wait_for([it.work_item_id for it in [*bad, missing, good]])
+            for it in bad:
+                (res,) = got[it.work_item_id]
+                assert not res.success and res.error_code == "MODEL_LOAD_FAILED"
+            assert got[missing.work_item_id][0].error_code == "MODEL_NOT_FOUND"
+            assert got[good.work_item_id][0].success
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()
+
+
+async def test_oom_is_naked_without_publishing_then_served(nats_server):
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    # the first dispatches run out of memory, past the worker's own recovery (split batch)
+    async with InProcessWorker(sock, model_yaml(MODEL, oom_on_batch=1, oom_repeat=40)):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, oom_nak_delay_s=0.5))
+        try:
+            items = [gw.item("req-oom", i, model_id=MODEL, text=f"o {i}", total=2) for i in range(2)]
+            for it in items:
+                await gw.publish(it)
+            got = await gw.wait_for([it.work_item_id for it in items], timeout=90)
+            for it in items:
+                # exactly one answer each: the OOM outcomes were NAKed, not published
+                assert len(got[it.work_item_id]) == 1 and got[it.work_item_id][0].success
+            assert lane.stats["naked"] >= 2
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()
+
+
+async def test_heartbeat_json_shape(nats_server):
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    beats: list[dict] = []
+
+    async def on_health(msg):
+        beats.append(json.loads(msg.data))
+
+    await gw_nc.subscribe("sie.health.>", cb=on_health)
+    async with InProcessWorker(sock, model_yaml(MODEL)):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, worker_id="pod-0"))
+        try:
+            await wait_until(lambda: any(b["ready"] for b in beats), 10)
+            beat = beats[-1]
+            for key in (
+                "name",
+                "ready",
+                "terminated",
+                "machine_profile",
+                "pool_name",
+                "bundle",
+                "bundle_config_hash",
+                "loaded_models",
+                "queue_depth",
+                "pending_cost",
+                "inflight_batches",
+                "saturated",
+            ):
+                assert key in beat
+            assert beat["name"] == "pod-0"
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()
