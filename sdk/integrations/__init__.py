@@ -1,0 +1,1 @@
+"""Framework adapters over the SDK; each needs its optional extra (``langchain``, ``llamaindex``)."""
