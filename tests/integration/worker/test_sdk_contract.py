@@ -1,0 +1,128 @@
+"""Contract section 10 checks 1, 2, 4, 8, 13–15, 28 and 30: the public sie-sdk 0.10.1 against ``sie serve``."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.support.sdk312 import run_sdk, sdk_unavailable
+from tests.support.serve import ServeProcess
+
+D = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServeProcess(env={"SIE_PRELOAD_MODELS": D}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def sdk():
+    reason = sdk_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+def test_checks_1_2_4_8_13_14_15_with_public_sdk(server, sdk):
+    out = run_sdk(
+        """
+        import numpy as np
+        from sie_sdk import SIEClient
+        from sie_sdk.client.errors import RequestError
+        res = {}
+        with SIEClient(URL) as c:
+            r = c.encode(%(D)r, {"text": "hello"})
+            res["c1"] = [type(r).__name__, type(r["dense"]).__name__, str(r["dense"].dtype),
+                         list(r["dense"].shape), r["model"]]
+            rs = c.encode(%(D)r, [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}, {"text": "z"}])
+            once = c.encode(%(D)r, {"text": "x"})
+            twice = c.encode(%(D)r, {"text": "x"})
+            # alone vs in a batch of three: the same vector up to BLAS blocking order
+            res["c2"] = [len(rs), rs[0].get("id"), rs[1].get("id"), "id" in rs[2],
+                         bool(np.array_equal(once["dense"], twice["dense"])),
+                         bool(np.allclose(rs[0]["dense"], once["dense"], atol=1e-6, rtol=0))]
+            f32 = c.encode(%(D)r, {"text": "quantise me"})["dense"]
+            q = {}
+            for dt in ["float16", "int8", "uint8", "binary"]:
+                v = c.encode(%(D)r, {"text": "quantise me"}, output_dtype=dt)["dense"]
+                q[dt] = [str(v.dtype), list(v.shape), int(np.abs(v.astype(np.int32)).max()),
+                         int(v.astype(np.int32).min())]
+            q["binary_equal"] = bool(np.array_equal(
+                c.encode(%(D)r, {"text": "quantise me"}, output_dtype="binary")["dense"], np.packbits(f32 > 0)))
+            res["c4"] = q
+            errs = {}
+            for name, call in [
+                ("c8", lambda: c.encode(%(D)r, {"text": "x"}, output_types=["sparse"])),
+                ("c14_encode", lambda: c.encode("no/such-model", {"text": "x"}, provision_timeout_s=5)),
+                ("c14_get", lambda: c.get_model("no/such-model")),
+                ("c15", lambda: c.encode(%(D)r, [])),
+            ]:
+                try:
+                    call()
+                    errs[name] = None
+                except RequestError as e:
+                    errs[name] = [type(e).__name__, e.status_code, e.code]
+            res["errors"] = errs
+            models = c.list_models()
+            entry = [m for m in models if m["name"] == %(D)r][0]
+            res["c13"] = [all(set(["name", "inputs", "outputs", "dims", "loaded"]) <= set(m) for m in models),
+                          entry["dims"]["dense"], entry["loaded"]]
+        print(json.dumps(res))
+        """ % {"D": D},
+        server.url,
+    )
+    assert out["c1"] == ["dict", "ndarray", "float32", [384], D]
+    assert out["c2"] == [3, "a", "b", False, True, True]
+    q = out["c4"]
+    assert q["float16"][:2] == ["float16", [384]]
+    assert q["int8"][0] == "int8" and q["int8"][2] == 127
+    assert q["uint8"][0] == "uint8" and q["uint8"][2] == 255 and q["uint8"][3] == 0
+    assert q["binary"][:2] == ["uint8", [48]] and q["binary_equal"] is True
+    assert out["errors"]["c8"] == ["RequestError", 400, "INVALID_INPUT"]
+    assert out["errors"]["c14_encode"][1:] == [404, "MODEL_NOT_FOUND"]
+    assert out["errors"]["c14_get"][1] == 404
+    assert out["errors"]["c15"][1:] == [400, "INVALID_INPUT"]
+    assert out["c13"] == [True, 384, True]
+
+
+def test_check_15_raw_garbage_gets_json_400(server):
+    r = httpx.post(f"{server.url}/v1/encode/{D}", content=b"\xc1\xc1garbage",
+                   headers={"Content-Type": "application/msgpack"})
+    assert r.status_code == 400
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["detail"]["code"] == "INVALID_INPUT"
+
+
+def test_check_28_openai_embeddings(server):
+    native = httpx.post(f"{server.url}/v1/encode/{D}", json={"items": [{"text": "a"}, {"text": "b"}]},
+                        headers={"Accept": "application/json"}).json()
+    r = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": ["a", "b"]})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "list"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    for d, item in zip(body["data"], native["items"], strict=True):
+        assert len(d["embedding"]) == 384
+        np.testing.assert_allclose(d["embedding"], item["dense"]["values"], rtol=0, atol=1e-6)
+    b64 = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": "a", "encoding_format": "base64"})
+    vec = np.frombuffer(base64.b64decode(b64.json()["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(vec, native["items"][0]["dense"]["values"], rtol=0, atol=1e-6)
+    bad = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": "a", "dimensions": 385})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "unsupported_field"
+    missing = httpx.post(f"{server.url}/v1/embeddings", json={"model": "no/such", "input": "a"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_check_30_json_fallback(server):
+    r = httpx.post(f"{server.url}/v1/encode/{D}", json={"items": [{"text": "json please"}]},
+                   headers={"Accept": "application/json"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    values = r.json()["items"][0]["dense"]["values"]
+    assert isinstance(values, list) and len(values) == 384
+    err = httpx.post(f"{server.url}/v1/encode/no/such", json={"items": [{"text": "x"}]},
+                     headers={"Accept": "application/json"})
+    assert err.status_code == 404 and "detail" in err.json()

@@ -1,0 +1,62 @@
+"""Start ``sie serve`` in a subprocess on a free loopback port, for tests that need real HTTP."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.support.nats_server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ServeProcess:
+    def __init__(self, env: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.env = {**os.environ, "SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.env.setdefault("SIE_TORCH_THREADS", "1")
+        self.proc: subprocess.Popen | None = None
+        self.log = tempfile.NamedTemporaryFile(prefix="sie-serve-", suffix=".log", delete=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> ServeProcess:
+        cmd = [sys.executable, "-m", "deploy.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sie serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"sie serve did not become ready:\n{self.output()}")
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-5000:]
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
