@@ -13,6 +13,8 @@ import logging
 import time
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 from aiohttp import web
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
@@ -292,9 +294,20 @@ class Gateway:
     ) -> tuple[str, list[WorkResult], float, Lane]:
         """Route, publish and collect. ``build(lane, request_id, reply, deadline_ts)`` → list[WorkItem]."""
         pool_name, profile = self.routing_headers(request)
+        if not self.nc.is_connected:
+            raise SIEError(
+                ErrorCode.QUEUE_UNAVAILABLE, "Work queue is not connected; retry later", retry_after=2
+            )
         lane = await self.choose_lane(route, pool_name, profile)
-        await self.dispatcher.ensure_stream(lane.pool)
-        await self.dispatcher.check_capacity(lane.pool, n_items)
+        try:
+            await self.dispatcher.ensure_stream(lane.pool)
+            await self.dispatcher.check_capacity(lane.pool, n_items)
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise SIEError(
+                ErrorCode.QUEUE_UNAVAILABLE,
+                f"Work queue unavailable ({type(exc).__name__}); retry later",
+                retry_after=2,
+            ) from None
         request_id = new_request_id()
         request[REQUEST_ID_KEY] = request_id
         timeout = self.settings.gateway_request_timeout_s
@@ -898,6 +911,14 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
                 headers={"X-SIE-Error-Code": code.value},
             )
         raise
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        err = SIEError(
+            ErrorCode.QUEUE_UNAVAILABLE,
+            f"NATS unavailable ({type(exc).__name__}); retry later",
+            retry_after=2,
+        )
+        status = err.status
+        return error_response(err, openai=request.path == "/v1/embeddings")
     except asyncio.CancelledError:
         status = 499
         raise
