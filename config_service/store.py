@@ -292,7 +292,7 @@ class Store:
                 key=key,
                 body_sha256=body_sha256,
                 status=status,
-                response_json=json.dumps(response, sort_keys=True),
+                response_json=json.dumps(response),
                 created_at=now,
             )
         )

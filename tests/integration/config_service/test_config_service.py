@@ -11,6 +11,7 @@ import time
 
 import httpx
 import nats
+import pytest
 import yaml
 
 from config_service.main import serve
@@ -449,3 +450,55 @@ async def test_standby_takes_writes_when_the_writer_is_killed(nats_server, db_ur
         assert r.json()["epoch"] == 2
         r = await c.post(f"{second.url}/v1/configs/models", content=NEW_MODEL)
         assert r.status_code == 200  # replay of what the dead writer stored
+
+
+async def test_concurrent_writes_with_one_idempotency_key_apply_once(
+    nats_server, db_url, catalog_dirs, instances
+):
+    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+    async with inst.client() as c:
+        rs = await asyncio.gather(
+            *[
+                c.post("/v1/configs/models", content=NEW_MODEL, headers={"Idempotency-Key": "same"})
+                for _ in range(8)
+            ]
+        )
+        assert [r.status_code for r in rs] == [201] * 8
+        assert len({r.text for r in rs}) == 1
+        # without a key, natural idempotency: one 201, the rest identical replays
+        other = NEW_MODEL.replace("acme/dense-small", "acme/other")
+        rs = await asyncio.gather(*[c.post("/v1/configs/models", content=other) for _ in range(6)])
+        assert sorted(r.status_code for r in rs) == [200] * 5 + [201]
+        assert (await c.get("/v1/configs/epoch")).json()["epoch"] == 2
+
+
+async def test_postgres_writer_that_loses_its_lock_connection_stops_then_reacquires(
+    nats_server, db_url, catalog_dirs, instances
+):
+    if not db_url.startswith("postgresql"):
+        pytest.skip("the advisory-lock connection exists only on PostgreSQL")
+    import psycopg
+
+    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+    dbname = db_url.rsplit("/", 1)[1]
+    user = db_url.split("//", 1)[1].split("@", 1)[0]
+    with psycopg.connect(host="127.0.0.1", user=user, dbname="test", autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT pg_terminate_backend(l.pid) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND d.datname = %s",
+            (dbname,),
+        ).fetchall()
+    assert killed, "the writer should hold an advisory lock"
+    statuses = []
+    async with inst.client() as c:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            r = await c.post("/v1/configs/models", content=NEW_MODEL)
+            statuses.append(r.status_code)
+            if r.status_code == 201:
+                break
+            assert r.status_code == 503 and r.json()["detail"]["error"] == "not_writer", r.text
+            await asyncio.sleep(0.1)
+        assert statuses[-1] == 201, statuses
+        assert (await c.get("/v1/configs/epoch")).json()["epoch"] == 1
+        assert (await c.get("/readyz")).json()["writer"] is True
