@@ -1,4 +1,5 @@
-"""ConfigNotification: the config delta the config service publishes on NATS (internals 1.7).
+"""ConfigNotification: the config delta the config service publishes on NATS (internals 1.7),
+plus the shapes of the config service's epoch and export answers that gateways and sidecars read.
 
 Published as JSON to ``sie.config.models.{bundle}`` (one message per affected bundle) and the
 same bytes to ``sie.config.models._all``. Gateways and sidecars decode it with
@@ -97,6 +98,71 @@ def decode_config_delta(data: bytes | str) -> ConfigDelta:
         raise ConfigDeltaError(f"invalid config delta: {exc.errors(include_url=False)}") from exc
 
 
+class EpochInfo(BaseModel):
+    """``GET /v1/configs/epoch``: poll it; re-export when the epoch or either hash changes."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    epoch: int = Field(ge=0)
+    bundles_hash: str = ""
+    bundle_config_hashes_hash: str = ""
+
+    def differs_from(self, other: EpochInfo | None) -> bool:
+        """True when a re-export is due (``""`` hashes are "unknown", not a change)."""
+        if other is None or self.epoch != other.epoch:
+            return True
+        return any(
+            a and b and a != b
+            for a, b in (
+                (self.bundles_hash, other.bundles_hash),
+                (self.bundle_config_hashes_hash, other.bundle_config_hashes_hash),
+            )
+        )
+
+
+class ExportedModel(BaseModel):
+    """One model of ``GET /v1/configs/export``; ``model_config`` is the parsed merged config."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    model_id: str
+    config: dict[str, Any] = Field(alias="model_config")
+    raw_yaml: str = ""
+    affected_bundles: list[str] = Field(default_factory=list)
+    pool: str = "default"
+    source: str = "api"
+
+
+class ConfigExport(BaseModel):
+    """``GET /v1/configs/export``: a consistent snapshot (``epoch`` describes exactly ``models``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    snapshot_version: int = 1
+    epoch: int = Field(ge=0)
+    generated_at: str = ""
+    bundles_hash: str = ""
+    bundle_config_hashes_hash: str = ""
+    bundle_config_hashes: dict[str, str] = Field(default_factory=dict)
+    bundle_pool_config_hashes: dict[str, dict[str, str]] = Field(default_factory=dict)
+    bundle_adapters: dict[str, list[str]] = Field(default_factory=dict)
+    models: list[ExportedModel] = Field(default_factory=list)
+
+
+def parse_epoch_info(data: bytes | str | dict[str, Any]) -> EpochInfo:
+    try:
+        return EpochInfo.model_validate(json.loads(data) if isinstance(data, bytes | str) else data)
+    except (ValueError, ValidationError) as exc:
+        raise ConfigDeltaError(f"invalid epoch response: {exc}") from exc
+
+
+def parse_export(data: bytes | str | dict[str, Any]) -> ConfigExport:
+    try:
+        return ConfigExport.model_validate(json.loads(data) if isinstance(data, bytes | str) else data)
+    except (ValueError, ValidationError) as exc:
+        raise ConfigDeltaError(f"invalid export response: {exc}") from exc
+
+
 def is_trusted_producer(router_id: str, trusted: str | list[str] | tuple[str, ...] = "sie-config") -> bool:
     """Trusted-producer rule of internals 2.7: exact match or ``{trusted}-…`` pod-name prefix."""
     names = [trusted] if isinstance(trusted, str) else list(trusted)
@@ -107,7 +173,12 @@ __all__ = [
     "MAX_CONFIG_DELTA_BYTES",
     "ConfigDelta",
     "ConfigDeltaError",
+    "ConfigExport",
+    "EpochInfo",
+    "ExportedModel",
     "decode_config_delta",
     "encode_config_delta",
     "is_trusted_producer",
+    "parse_epoch_info",
+    "parse_export",
 ]

@@ -502,3 +502,19 @@ async def test_postgres_writer_that_loses_its_lock_connection_stops_then_reacqui
         assert statuses[-1] == 201, statuses
         assert (await c.get("/v1/configs/epoch")).json()["epoch"] == 1
         assert (await c.get("/readyz")).json()["writer"] is True
+
+
+async def test_export_and_epoch_parse_with_the_protocol_models(nats_server, db_url, catalog_dirs, instances):
+    from protocol.config_delta import parse_epoch_info, parse_export
+
+    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+    async with inst.client(token=READ) as reader, inst.client() as admin:
+        first = parse_epoch_info((await reader.get("/v1/configs/epoch")).content)
+        assert (await admin.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
+        second = parse_epoch_info((await reader.get("/v1/configs/epoch")).content)
+        assert second.differs_from(first) and not second.differs_from(second)
+        export = parse_export((await reader.get("/v1/configs/export")).content)
+        assert export.epoch == second.epoch == 1
+        assert export.bundle_config_hashes_hash == second.bundle_config_hashes_hash
+        model = next(m for m in export.models if m.model_id == "acme/dense-small")
+        assert parse_model_yaml(model.raw_yaml).sie_id == model.config["sie_id"] == "acme/dense-small"
