@@ -75,17 +75,27 @@ class _Queue:
 RunFn = Callable[[RequestContext, list[Prepared]], Awaitable[list[Any]]]
 
 
-def chunk_by_cost(units: list[Prepared], max_cost: int, max_count: int) -> list[list[int]]:
-    """Indices of ``units`` sorted by cost and cut into chunks whose padded cost fits the caps."""
+def chunk_by_cost(units: list[Prepared], max_cost: int, max_count: int, max_pad_share: float = 0.2) -> list[list[int]]:
+    """Indices of ``units`` sorted by cost and cut into chunks.
+
+    A chunk ends when the next unit would break the padded-cost cap (width × count), the count
+    cap, or make pad positions more than ``max_pad_share`` of the chunk's padded tokens: equal
+    lengths share one big forward pass, spread-out lengths go into length bands.
+    """
     order = sorted(range(len(units)), key=lambda i: units[i].cost)
     chunks: list[list[int]] = []
     current: list[int] = []
+    real = 0
     for i in order:
         width = units[i].cost  # ascending, so the newest member is the widest
-        if current and (len(current) + 1 > max_count or width * (len(current) + 1) > max_cost):
+        n = len(current) + 1
+        if current and (
+            n > max_count or width * n > max_cost or 1.0 - (real + width) / (width * n) > max_pad_share
+        ):
             chunks.append(current)
-            current = []
+            current, real = [], 0
         current.append(i)
+        real += width
     if current:
         chunks.append(current)
     return chunks
@@ -100,6 +110,7 @@ class BatchFormer:
         max_requests: int,
         max_wait_ms: float,
         coalesce_ms: float,
+        max_pad_share: float = 0.2,
         name: str = "",
     ) -> None:
         self._run = run
@@ -107,6 +118,7 @@ class BatchFormer:
         self.max_requests = max_requests
         self.max_wait = max_wait_ms / 1000.0
         self.coalesce = coalesce_ms / 1000.0
+        self.max_pad_share = max_pad_share
         self.name = name
         self._queues: dict[tuple, _Queue] = {}
         self._wakeup = asyncio.Event()
@@ -186,7 +198,7 @@ class BatchFormer:
         if not live:
             queue.items = []
             return
-        chunks = chunk_by_cost([p.unit for p in live], self.max_cost, self.max_requests)
+        chunks = chunk_by_cost([p.unit for p in live], self.max_cost, self.max_requests, self.max_pad_share)
         chunk = next(c for c in chunks if 0 in c)  # live[0] is the oldest pending unit
         taken = set(chunk)
         batch = [live[i] for i in chunk]

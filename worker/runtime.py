@@ -109,6 +109,7 @@ class LoadedModel:
             max_requests=self.max_requests,
             max_wait_ms=s.max_batch_wait_ms,
             coalesce_ms=s.batch_coalesce_ms,
+            max_pad_share=s.max_padding_share,
             name=resolved.model_id,
         )
 
@@ -448,7 +449,7 @@ class Runtime:
         submitted = time.monotonic()
         if direct:
             outputs: list[Any] = [None] * len(units)
-            for chunk in chunk_by_cost(units, lm.max_cost, lm.max_requests):
+            for chunk in chunk_by_cost(units, lm.max_cost, lm.max_requests, self.settings.max_padding_share):
                 started = time.monotonic()
                 outs = await lm.run(ctx, [units[i] for i in chunk])
                 timing.queue_ms = max(timing.queue_ms, (started - submitted) * 1000)

@@ -34,6 +34,7 @@ class WorkerSettings(BaseSettings):
     max_batch_requests: int = 64  # items per forward pass
     max_batch_wait_ms: float = 10.0  # longest wait for a batch to fill
     batch_coalesce_ms: float = 2.0  # flush early when nothing new arrived for this long
+    max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share
     # limits
     max_request_body_bytes: int = 34 * 1024 * 1024
     max_items_per_request: int = 4096
@@ -44,8 +45,20 @@ class WorkerSettings(BaseSettings):
     load_failure_cooldown_s: float = 30.0  # a transient load failure is answered 502 this long
     resource_exhausted_retry_after_s: float = 5.0
     disable_oom_recovery: bool = False
-    # weights
+    # memory manager (worker/memory.py)
+    memory_pressure_threshold_percent: float = Field(default=85.0, gt=0, le=100)  # evict LRU models above this
+    memory_budget_bytes: int = Field(default=0, ge=0)  # >0: synthetic device, usage = loaded models' memory_bytes()
+    memory_monitor_interval_s: float = Field(default=1.0, ge=0)  # background pressure check; 0 = off
+    # LoRA (worker/lora.py)
+    max_loras_per_model: int = Field(default=10, ge=1)  # LRU of loaded LoRA adapters per model
+    lora_loading_retry_after_s: float = 1.0  # Retry-After of 503 LORA_LOADING
+    # weights (worker/weights.py): local disk cache -> cluster cache -> hub
     hf_offline: bool = False  # never contact the hub (HF_HUB_OFFLINE=1 also honoured)
+    disk_cache_dir: str = "~/.cache/sie/weights"  # local weight cache (hub and cluster downloads land here)
+    disk_pressure_threshold_percent: float = Field(default=85.0, gt=0, le=100)  # evict LRU weights above this
+    disk_budget_bytes: int = Field(default=0, ge=0)  # >0: synthetic disk, usage = size of the cache's entries
+    cluster_cache_url: str = ""  # shared directory, file://, s3:// or gs:// (fsspec); "" = none
+    download_progress_interval_s: float = Field(default=10.0, gt=0)  # progress log period while downloading
     log_level: str = "INFO"
 
     def preload_list(self) -> list[str]:

@@ -35,31 +35,31 @@ def test_checks_1_2_4_8_13_14_15_with_public_sdk(server, sdk):
         from sie_sdk.client.errors import RequestError
         res = {}
         with SIEClient(URL) as c:
-            r = c.encode(%(D)r, {"text": "hello"})
+            r = c.encode(__D__, {"text": "hello"})
             res["c1"] = [type(r).__name__, type(r["dense"]).__name__, str(r["dense"].dtype),
                          list(r["dense"].shape), r["model"]]
-            rs = c.encode(%(D)r, [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}, {"text": "z"}])
-            once = c.encode(%(D)r, {"text": "x"})
-            twice = c.encode(%(D)r, {"text": "x"})
+            rs = c.encode(__D__, [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}, {"text": "z"}])
+            once = c.encode(__D__, {"text": "x"})
+            twice = c.encode(__D__, {"text": "x"})
             # alone vs in a batch of three: the same vector up to BLAS blocking order
             res["c2"] = [len(rs), rs[0].get("id"), rs[1].get("id"), "id" in rs[2],
                          bool(np.array_equal(once["dense"], twice["dense"])),
                          bool(np.allclose(rs[0]["dense"], once["dense"], atol=1e-6, rtol=0))]
-            f32 = c.encode(%(D)r, {"text": "quantise me"})["dense"]
+            f32 = c.encode(__D__, {"text": "quantise me"})["dense"]
             q = {}
             for dt in ["float16", "int8", "uint8", "binary"]:
-                v = c.encode(%(D)r, {"text": "quantise me"}, output_dtype=dt)["dense"]
+                v = c.encode(__D__, {"text": "quantise me"}, output_dtype=dt)["dense"]
                 q[dt] = [str(v.dtype), list(v.shape), int(np.abs(v.astype(np.int32)).max()),
                          int(v.astype(np.int32).min())]
             q["binary_equal"] = bool(np.array_equal(
-                c.encode(%(D)r, {"text": "quantise me"}, output_dtype="binary")["dense"], np.packbits(f32 > 0)))
+                c.encode(__D__, {"text": "quantise me"}, output_dtype="binary")["dense"], np.packbits(f32 > 0)))
             res["c4"] = q
             errs = {}
             for name, call in [
-                ("c8", lambda: c.encode(%(D)r, {"text": "x"}, output_types=["sparse"])),
+                ("c8", lambda: c.encode(__D__, {"text": "x"}, output_types=["sparse"])),
                 ("c14_encode", lambda: c.encode("no/such-model", {"text": "x"}, provision_timeout_s=5)),
                 ("c14_get", lambda: c.get_model("no/such-model")),
-                ("c15", lambda: c.encode(%(D)r, [])),
+                ("c15", lambda: c.encode(__D__, [])),
             ]:
                 try:
                     call()
@@ -68,11 +68,11 @@ def test_checks_1_2_4_8_13_14_15_with_public_sdk(server, sdk):
                     errs[name] = [type(e).__name__, e.status_code, e.code]
             res["errors"] = errs
             models = c.list_models()
-            entry = [m for m in models if m["name"] == %(D)r][0]
+            entry = [m for m in models if m["name"] == __D__][0]
             res["c13"] = [all(set(["name", "inputs", "outputs", "dims", "loaded"]) <= set(m) for m in models),
                           entry["dims"]["dense"], entry["loaded"]]
         print(json.dumps(res))
-        """ % {"D": D},
+        """.replace("__D__", repr(D)),
         server.url,
     )
     assert out["c1"] == ["dict", "ndarray", "float32", [384], D]

@@ -1,0 +1,105 @@
+import asyncio
+
+import pytest
+
+from worker.adapters.base import Prepared, RequestContext
+from worker.batching import BatchFormer, BatchStats, chunk_by_cost
+
+
+def units(*costs):
+    return [Prepared(cost=c, data=c) for c in costs]
+
+
+def test_chunks_are_sorted_and_respect_padded_cost_and_count():
+    us = units(10, 200, 12, 190, 11, 5)
+    chunks = chunk_by_cost(us, max_cost=400, max_count=3, max_pad_share=1.0)
+    costs = [[us[i].cost for i in c] for c in chunks]
+    assert costs == [[5, 10, 11], [12, 190], [200]]
+    for c in costs:
+        assert max(c) * len(c) <= 400 and len(c) <= 3
+
+
+def test_spread_lengths_go_into_bands_with_bounded_padding():
+    us = units(8, 9, 10, 100, 110, 120, 250)
+    chunks = chunk_by_cost(us, max_cost=10_000, max_count=64, max_pad_share=0.2)
+    costs = [[us[i].cost for i in c] for c in chunks]
+    assert costs == [[8, 9, 10], [100, 110, 120], [250]]
+    same = chunk_by_cost(units(*[32] * 40), max_cost=10_000, max_count=64)
+    assert len(same) == 1
+
+
+def test_oversized_unit_runs_alone():
+    chunks = chunk_by_cost(units(5000, 3), max_cost=100, max_count=8)
+    assert [len(c) for c in chunks] == [1, 1]
+
+
+def test_padding_is_counted():
+    stats = BatchStats()
+    stats.record(units(2, 4, 10))
+    assert stats.real_tokens == 16 and stats.padded_tokens == 14 and stats.forwards == 1
+
+
+class Recorder:
+    def __init__(self, delay=0.0):
+        self.batches = []
+        self.delay = delay
+
+    async def __call__(self, ctx, batch):
+        self.batches.append([u.cost for u in batch])
+        await asyncio.sleep(self.delay)
+        return [u.data * 2 for u in batch]
+
+
+async def test_concurrent_submissions_share_a_forward_pass():
+    rec = Recorder()
+    bf = BatchFormer(rec, max_cost=1000, max_requests=64, max_wait_ms=50, coalesce_ms=20)
+    ctx = RequestContext(op="encode")
+    futs = bf.submit(ctx, units(3, 4)) + bf.submit(ctx, units(5))
+    results = await asyncio.gather(*futs)
+    assert [r[0] for r in results] == [6, 8, 10]
+    assert rec.batches == [[3, 4, 5]]
+    await bf.close()
+
+
+async def test_different_keys_never_share_a_batch():
+    rec = Recorder()
+    bf = BatchFormer(rec, max_cost=1000, max_requests=64, max_wait_ms=20, coalesce_ms=5)
+    a = bf.submit(RequestContext(op="encode", is_query=True), units(3))
+    b = bf.submit(RequestContext(op="encode", is_query=False), units(4))
+    c = bf.submit(RequestContext(op="encode", lora="x"), units(5))
+    await asyncio.gather(*a, *b, *c)
+    assert sorted(rec.batches) == [[3], [4], [5]]
+    await bf.close()
+
+
+async def test_count_cap_flushes_without_waiting():
+    rec = Recorder()
+    bf = BatchFormer(rec, max_cost=10_000, max_requests=2, max_wait_ms=10_000, coalesce_ms=10_000, max_pad_share=1.0)
+    futs = bf.submit(RequestContext(op="encode"), units(1, 2, 3, 4))
+    await asyncio.wait_for(asyncio.gather(*futs[:2]), timeout=2)
+    assert rec.batches[0] == [1, 2]
+    await bf.close()
+
+
+async def test_wait_deadline_flushes_a_lone_item():
+    rec = Recorder()
+    bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=30, coalesce_ms=10_000)
+    (fut,) = bf.submit(RequestContext(op="encode"), units(7))
+    out, info = await asyncio.wait_for(fut, timeout=2)
+    assert out == 14 and info.size == 1
+    await bf.close()
+
+
+async def test_failure_fails_only_its_batch_and_close_fails_pending():
+    async def run(ctx, batch):
+        if any(u.cost == 13 for u in batch):
+            raise RuntimeError("boom")
+        return [u.cost for u in batch]
+
+    bf = BatchFormer(run, max_cost=10_000, max_requests=64, max_wait_ms=5, coalesce_ms=1)
+    bad = bf.submit(RequestContext(op="encode", instruction="a"), units(13))
+    good = bf.submit(RequestContext(op="encode", instruction="b"), units(2))
+    with pytest.raises(RuntimeError):
+        await bad[0]
+    assert (await good[0])[0] == 2
+    await bf.close()
