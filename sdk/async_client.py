@@ -78,6 +78,7 @@ class SIEAsyncClient:
         self._headers.update(base_url_headers or {})
         self._max_connections = max_connections or 100
         self._session = session
+        self._session_loop: asyncio.AbstractEventLoop | None = None
         self._owns_session = session is None
         self._renewers: dict[str, P.TaskRenewer] = {}
         self._last_retry_count = 0
@@ -102,10 +103,14 @@ class SIEAsyncClient:
     def _get_session(self) -> aiohttp.ClientSession:
         if self._closed:
             raise RuntimeError("this SIEAsyncClient is closed")
-        if self._session is None or self._session.closed:
-            # Created lazily so that it binds to the loop the client is used in.
+        loop = asyncio.get_running_loop()
+        stale = self._owns_session and self._session is not None and self._session_loop is not loop
+        if self._session is None or self._session.closed or stale:
+            # Created lazily so that it binds to the loop the client is used in; a client
+            # reused from another loop (e.g. successive asyncio.run calls) gets a new one.
             connector = aiohttp.TCPConnector(limit=self._max_connections)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
+            self._session_loop = loop
             self._owns_session = True
         return self._session
 

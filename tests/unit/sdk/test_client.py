@@ -320,3 +320,11 @@ async def test_async_context_manager_and_concurrency(server):
     assert len(server.calls("/v1/pools/a/renew")) == count
     with pytest.raises(RuntimeError):
         await client.encode(MODEL, {"text": "x"})
+
+
+def test_async_client_survives_successive_event_loops(server):
+    client = SIEAsyncClient(server.url)
+    first = asyncio.run(client.encode(MODEL, {"text": "ab"}))
+    second = asyncio.run(client.encode(MODEL, {"text": "abc"}))
+    assert (first["dense"][0], second["dense"][0]) == (2.0, 3.0)
+    asyncio.run(client.close())

@@ -118,3 +118,27 @@ def test_routing_headers():
     assert routing_headers(None) == {}
     assert routing_headers("l4") == {"X-SIE-MACHINE-PROFILE": "l4"}
     assert routing_headers("eval/l4") == {"X-SIE-Pool": "eval", "X-SIE-MACHINE-PROFILE": "l4"}
+
+
+def test_version_skew_warning():
+    from sdk._wire import version_skew
+
+    assert version_skew("0.10.3") is None
+    assert version_skew("0.11.0") is None
+    assert version_skew(None) is None
+    assert "more than one minor" in version_skew("0.12.0")
+    assert version_skew("1.10.1") is not None
+
+
+def test_importing_the_sdk_pulls_no_server_or_model_code():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sdk, sdk.client, sdk.async_client, sdk.pools\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'torch', 'transformers', 'worker', 'gateway', 'sidecar', 'config_service', 'nats', 'sqlalchemy'})\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
