@@ -64,6 +64,7 @@ class WriterLock:
     async def maintain(self) -> None:
         """Acquire the lock (waiting as a standby), then watch it; reacquire if it is lost."""
         last_check = 0.0
+        waiting_logged = False
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -71,6 +72,11 @@ class WriterLock:
                     if await asyncio.to_thread(self._try_acquire):
                         self._set_held(True)
                         last_check = loop.time()
+                    elif not waiting_logged:
+                        waiting_logged = True
+                        log.warning(
+                            "writer lock is held by another replica: standby (reads only) until it is free"
+                        )
                 elif loop.time() - last_check >= self.check_every_s:
                     last_check = loop.time()
                     if not await asyncio.to_thread(self._check):

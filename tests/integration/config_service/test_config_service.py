@@ -323,6 +323,10 @@ async def test_auth_tokens(nats_server, db_url, catalog_dirs, instances):
             "/v1/configs/models", content=NEW_MODEL, headers={"Authorization": f"Bearer {ADMIN}"}
         )
         assert r.status_code == 201
+        r = await c.put(
+            "/v1/configs/models/acme/dense-small", content=NEW_MODEL, headers={"Authorization": ADMIN}
+        )
+        assert r.status_code == 405 and "detail" in r.json()
         metrics = (await c.get("/metrics")).text
         assert 'sie_config_nats_publishes_total{result="success"} 1.0' in metrics
         assert "sie_config_writer 1.0" in metrics
