@@ -1,0 +1,154 @@
+{{/* Names ------------------------------------------------------------------------------ */}}
+{{- define "sie.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sie.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 24 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 24 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 24 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sie.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "sie.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sie-cluster
+{{- end -}}
+
+{{/* selector labels: (dict "ctx" $ "component" "gateway") */}}
+{{- define "sie.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sie.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "sie.natsName" -}}{{ include "sie.fullname" . }}-nats{{- end -}}
+{{- define "sie.gatewayName" -}}{{ include "sie.fullname" . }}-gateway{{- end -}}
+{{- define "sie.configName" -}}{{ include "sie.fullname" . }}-config{{- end -}}
+{{- define "sie.natsSecretName" -}}
+{{- if .Values.nats.auth.existingSecret -}}{{ .Values.nats.auth.existingSecret }}{{- else -}}{{ include "sie.fullname" . }}-nats-auth{{- end -}}
+{{- end -}}
+{{- define "sie.authSecretName" -}}
+{{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecret }}{{- else -}}{{ include "sie.fullname" . }}-auth{{- end -}}
+{{- end -}}
+{{- define "sie.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}{{ .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
+{{- end -}}
+
+{{/* worker StatefulSet name: (dict "ctx" $ "pool" "default" "profile" "l4") */}}
+{{- define "sie.workerName" -}}
+{{- $n := printf "%s-w-%s-%s" (include "sie.fullname" .ctx) .pool .profile -}}
+{{- if gt (len $n) 52 -}}
+{{- fail (printf "worker StatefulSet name %q is longer than 52 characters: shorten the release, pool or profile name" $n) -}}
+{{- end -}}
+{{- $n -}}
+{{- end -}}
+
+{{/* image: (dict "ctx" $ "image" .Values.gateway.image "suffix" "") */}}
+{{- define "sie.image" -}}
+{{- $tag := .image.tag | default .ctx.Values.global.imageTag | default .ctx.Chart.AppVersion -}}
+{{- $repo := .image.repository -}}
+{{- if and .ctx.Values.global.imageRegistry (not (contains "/" $repo)) -}}
+{{- $repo = printf "%s/%s" .ctx.Values.global.imageRegistry $repo -}}
+{{- end -}}
+{{- printf "%s:%s%s" $repo $tag (.suffix | default "") -}}
+{{- end -}}
+
+{{/* NATS ----------------------------------------------------------------------------- */}}
+{{- define "sie.natsHostPort" -}}
+{{- if .Values.nats.install -}}
+{{- printf "%s.%s.svc:%d" (include "sie.natsName" .) .Release.Namespace (int .Values.nats.port) -}}
+{{- else -}}
+{{- required "nats.externalUrl is required when nats.install is false" .Values.nats.externalUrl | trimPrefix "nats://" | trimPrefix "tls://" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sie.natsScheme" -}}
+{{- if and (not .Values.nats.install) (hasPrefix "tls://" .Values.nats.externalUrl) -}}tls{{- else -}}nats{{- end -}}
+{{- end -}}
+
+{{- define "sie.natsMonitoringEndpoint" -}}
+{{- if .Values.nats.install -}}
+{{- printf "%s.%s.svc:%d" (include "sie.natsName" .) .Release.Namespace (int .Values.nats.monitorPort) -}}
+{{- else -}}
+{{- .Values.nats.externalMonitoringEndpoint -}}
+{{- end -}}
+{{- end -}}
+
+{{/* SIE_NATS_URL for a role: from the role's key in the NATS auth Secret when auth is on.
+     (dict "ctx" $ "role" "gateway") */}}
+{{- define "sie.natsUrlEnv" -}}
+{{- $ctx := .ctx -}}
+- name: SIE_NATS_URL
+{{- if or $ctx.Values.nats.auth.existingSecret (and $ctx.Values.nats.install $ctx.Values.nats.auth.enabled) }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sie.natsSecretName" $ctx }}
+      key: {{ .role }}-url
+{{- else }}
+  value: {{ printf "%s://%s" (include "sie.natsScheme" $ctx) (include "sie.natsHostPort" $ctx) | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Stream knobs written identically to gateway and sidecar. */}}
+{{- define "sie.streamEnv" -}}
+- name: SIE_STREAM_STORAGE
+  value: {{ .Values.queue.streamStorage | quote }}
+- name: SIE_STREAM_REPLICAS
+  value: {{ .Values.queue.streamReplicas | quote }}
+- name: SIE_STREAM_MAX_AGE_S
+  value: {{ .Values.queue.streamMaxAgeSec | quote }}
+{{- end -}}
+
+{{/* Autoscaling mode after resolving "auto" against the cluster's APIs. */}}
+{{- define "sie.autoscalingMode" -}}
+{{- $mode := .Values.autoscaling.mode -}}
+{{- if eq $mode "auto" -}}
+{{- if .Capabilities.APIVersions.Has "keda.sh/v1alpha1/ScaledObject" -}}keda{{- else -}}gateway{{- end -}}
+{{- else -}}{{ $mode }}{{- end -}}
+{{- end -}}
+
+{{/* Enabled lanes as a list of dicts {pool, profile, bundle, name, min, max, spec}. Output is YAML. */}}
+{{- define "sie.lanes" -}}
+{{- $ctx := . -}}
+{{- $lanes := list -}}
+{{- range $pool, $p := .Values.workers.pools -}}
+{{- if $p.enabled -}}
+{{- range $profile, $pp := $p.profiles -}}
+{{- if not (hasKey $ctx.Values.machineProfiles $profile) -}}
+{{- fail (printf "workers.pools.%s.profiles.%s: no such machine profile in machineProfiles" $pool $profile) -}}
+{{- end -}}
+{{- if gt (int $pp.minReplicas) (int $pp.maxReplicas) -}}
+{{- fail (printf "workers.pools.%s.profiles.%s: minReplicas > maxReplicas" $pool $profile) -}}
+{{- end -}}
+{{- $lanes = append $lanes (dict "pool" $pool "profile" $profile "bundle" ($pp.bundle | default $p.bundle | default "default") "name" (include "sie.workerName" (dict "ctx" $ctx "pool" $pool "profile" $profile)) "min" (int $pp.minReplicas) "max" (int $pp.maxReplicas)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "lanes" $lanes) -}}
+{{- end -}}
+
+{{- define "sie.lifecycleSleep" -}}
+lifecycle:
+  preStop:
+    exec:
+      command: ["sleep", "{{ . }}"]
+{{- end -}}
+
+{{- define "sie.scalerTargets" -}}
+{{- $out := list -}}
+{{- range (include "sie.lanes" . | fromYaml).lanes -}}
+{{- $out = append $out (printf "%s:%s:%s=%s" .pool .profile .bundle .name) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
