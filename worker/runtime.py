@@ -11,13 +11,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
+import itertools
 import json
 import logging
 import math
 import threading
 import time
+from collections import deque
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,14 +32,18 @@ from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.work import WorkItem, WorkResult
 from worker.adapters.base import Adapter, LoadSpec, Prepared, RequestContext
 from worker.batching import BatchFormer, BatchInfo, BatchStats, chunk_by_cost
+from worker.lora import LoraSet
+from worker.memory import MemoryManager, cuda_usage, host_usage
 from worker.plans import Plan, plan_encode, plan_extract, plan_score
 from worker.postprocess import encode_item
 from worker.settings import WorkerSettings
-from worker.weights import WeightsError, resolve_weights
+from worker.weights import Source, WeightCache, WeightsError, weight_bytes
 
 log = logging.getLogger(__name__)
 
 MAX_SPLIT_DEPTH = 4
+
+_use_clock = itertools.count(1)  # orders models by last use (the memory manager's LRU)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -101,8 +109,20 @@ class LoadedModel:
         self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
         self.max_requests = s.max_batch_requests
         self.stats = BatchStats()
-        self.last_used = time.monotonic()
+        self.last_used = next(_use_clock)
+        self.closed = False
         self._runtime = runtime
+        loop = asyncio.get_running_loop()
+        self.loras = LoraSet(
+            resolved.model_id,
+            adapter,
+            max_loras=s.max_loras_per_model,
+            resolve=runtime.resolve_lora,
+            resolve_pool=runtime._lora_pool,
+            on_inference_thread=lambda fn, *args: loop.run_in_executor(self.executor, fn, *args),
+            retry_after_s=s.lora_loading_retry_after_s,
+            failure_cooldown_s=s.load_failure_cooldown_s,
+        )
         self.former = BatchFormer(
             self.run,
             max_cost=self.max_cost,
@@ -122,7 +142,10 @@ class LoadedModel:
         return outputs
 
     def touch(self) -> None:
-        self.last_used = time.monotonic()
+        self.last_used = next(_use_clock)
+
+    def memory_bytes(self) -> int:
+        return self.adapter.memory_bytes()
 
 
 @dataclass
@@ -166,7 +189,15 @@ class Runtime:
         self._entries: dict[tuple, _Entry] = {}
         self.cpu_pool = ThreadPoolExecutor(max_workers=self.settings.cpu_workers, thread_name_prefix="cpu")
         self._load_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
+        self._lora_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lora-load")
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.weights = WeightCache.from_settings(self.settings)
+        self.memory = MemoryManager(
+            self.memory_usage, self.loaded, self._evict,
+            threshold_percent=self.settings.memory_pressure_threshold_percent,
+        )
+        self._monitor: asyncio.Task | None = None
+        self.recovery_events: deque[tuple[str, str]] = deque(maxlen=256)  # (model, OOM recovery step)
         self.started_at = time.time()
         self.ready = False
         if self.settings.torch_threads > 0:
@@ -177,6 +208,10 @@ class Runtime:
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.settings.memory_monitor_interval_s > 0:
+            self._monitor = self._loop.create_task(
+                self.memory.monitor(self.settings.memory_monitor_interval_s), name="memory-monitor"
+            )
         for spec in self.settings.preload_list():
             resolved = self.catalog.resolve(spec)
             entry = self._entry(resolved)
@@ -189,6 +224,8 @@ class Runtime:
 
     async def close(self) -> None:
         self.ready = False
+        if self._monitor is not None:
+            self._monitor.cancel()
         for entry in list(self._entries.values()):
             if entry.task and not entry.task.done():
                 entry.task.cancel()
@@ -196,6 +233,8 @@ class Runtime:
                 await self._unload(entry)
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
         self._load_pool.shutdown(wait=False, cancel_futures=True)
+        self._lora_pool.shutdown(wait=False, cancel_futures=True)
+        self.weights.close()
 
     # ---- model states ----------------------------------------------------------------------
     def _entry(self, resolved: Resolved) -> _Entry:
@@ -242,14 +281,15 @@ class Runtime:
             return
         entry.state = "loading"
         entry.attempts += 1
-        entry.task = asyncio.get_running_loop().create_task(self._load(entry, resolved), name=f"load:{entry.model_id}")
+        self._loop = asyncio.get_running_loop()
+        entry.task = self._loop.create_task(self._load(entry, resolved), name=f"load:{entry.model_id}")
 
     async def _load(self, entry: _Entry, resolved: Resolved) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         log.info("loading %s (profile %s, attempt %d)", resolved.model_id, resolved.profile_name, entry.attempts)
         try:
-            adapter = await loop.run_in_executor(self._load_pool, self._build_adapter, resolved)
+            adapter = await loop.run_in_executor(self._load_pool, self._build_adapter, resolved, entry.key)
         except asyncio.CancelledError:
             entry.state = "absent"
             raise
@@ -263,10 +303,13 @@ class Runtime:
         entry.error = None
         entry.state = "loaded"
         log.info("loaded %s in %.1f s", resolved.model_id, time.monotonic() - started)
+        await self.memory.relieve(keep=entry.key)
 
-    def _build_adapter(self, resolved: Resolved) -> Adapter:
+    def _build_adapter(self, resolved: Resolved, key: tuple) -> Adapter:
+        """Load thread: weights through the cache tiers, room made under memory pressure, then load."""
         cls = import_adapter(resolved.profile.adapter_path or "")
-        weights = resolve_weights(resolved.config, offline=self.settings.hf_offline)
+        weights = self.weights.resolve_model(resolved.config, protect=self._weight_keys())
+        self._on_loop(self.memory.relieve(required_bytes=weight_bytes(weights), keep=key))
         spec = LoadSpec(
             config=resolved.config,
             profile_name=resolved.profile_name,
@@ -278,6 +321,39 @@ class Runtime:
         adapter = cls(spec)
         adapter.load()
         return adapter
+
+    def _weight_keys(self) -> set[str]:
+        """Cache entries of loaded models: never evicted from the disk cache."""
+        return {Source.of_model(lm.resolved.config).key for lm in self.loaded()}
+
+    def resolve_lora(self, name: str) -> Path:
+        """Loader thread: a LoRA named by a local directory (absolute, ``./`` or ``~``) or a hub id."""
+        if name.startswith(("/", "./", "../", "~")):
+            path = Path(name).expanduser()
+            if not path.is_dir():
+                raise WeightsError(f"LoRA directory {name} does not exist")
+            return path
+        return self.weights.resolve(Source(ident=name, hub_id=name), protect=self._weight_keys())
+
+    def _on_loop(self, coro) -> Any:
+        """From a worker thread: run a coroutine on the event loop and wait for its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # ---- memory ----------------------------------------------------------------------------
+    def memory_usage(self) -> tuple[int, int]:
+        """(used, total) bytes: the synthetic budget when set, else the CUDA device or the host."""
+        budget = self.settings.memory_budget_bytes
+        if budget > 0:
+            return sum(lm.memory_bytes() for lm in self.loaded()), budget
+        if self.device.startswith("cuda"):
+            return cuda_usage(self.device)
+        return host_usage()
+
+    async def _evict(self, key: Hashable) -> None:
+        entry = self._entries.get(key)  # type: ignore[arg-type]
+        if entry is not None and entry.loaded is not None:
+            await self._unload(entry)
 
     def _load_error(self, resolved: Resolved, exc: Exception, attempts: int) -> SIEError:
         if isinstance(exc, WeightsError):
@@ -302,6 +378,8 @@ class Runtime:
             return
         entry.loaded = None
         entry.state = "absent"
+        lm.closed = True
+        lm.loras.close()
         await lm.former.close(
             SIEError(ErrorCode.MODEL_LOADING, f"Model '{lm.model_id}' was unloaded; retry",
                      retry_after=self.settings.model_loading_retry_after_s)
@@ -328,21 +406,17 @@ class Runtime:
             torch.cuda.empty_cache()
 
     def _evict_sibling(self, keep: LoadedModel) -> bool:
-        """From an inference thread: unload the least recently used other model, if any."""
-        others = [lm for lm in self.loaded() if lm is not keep]
-        if not others or self._loop is None:
+        """From an inference thread: the memory manager unloads the least recently used other model."""
+        if self._loop is None:
             return False
-        victim = min(others, key=lambda lm: lm.last_used)
-        entry = self._entries.get(victim.key)
-        if entry is None:
-            return False
-        fut = asyncio.run_coroutine_threadsafe(self._unload(entry), self._loop)
         try:
-            fut.result(timeout=60)
+            victim = self._on_loop(self.memory.evict_lru(keep=keep.key))
         except Exception:
-            log.exception("evicting %s failed", victim.model_id)
+            log.exception("evicting a sibling of %s failed", keep.model_id)
             return False
-        log.warning("evicted %s to recover from OOM in %s", victim.model_id, keep.model_id)
+        if victim is None:
+            return False
+        log.warning("evicted %s to recover from OOM in %s", victim[0], keep.model_id)
         return True
 
     async def _ready_model(self, resolved: Resolved) -> LoadedModel:
@@ -379,15 +453,24 @@ class Runtime:
 
     # ---- execution -------------------------------------------------------------------------
     def forward_with_recovery(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
-        """Inference thread: forward; on OOM clear caches, evict a sibling, split; then give up."""
+        """Inference thread: forward; on OOM clear caches, evict a sibling, split; then give up.
+
+        Each step taken is recorded in ``recovery_events`` as (model, step): ``oom``,
+        ``cache_clear``, ``evict_sibling``, ``split``, ``exhausted``.
+        """
+        if lm.closed:
+            raise SIEError(ErrorCode.MODEL_LOADING, f"Model '{lm.model_id}' was unloaded; retry",
+                           retry_after=self.settings.model_loading_retry_after_s)
         try:
             return lm.adapter.forward(ctx, units)
         except Exception as exc:
             if not _is_oom(exc):
                 raise
+            self._recovery(lm, "oom")
             if self.settings.disable_oom_recovery:
                 raise self._exhausted(lm) from exc
         log.warning("OOM in %s on a batch of %d; recovering", lm.model_id, len(units))
+        self._recovery(lm, "cache_clear")
         self._clear_device_cache()
         try:
             return lm.adapter.forward(ctx, units)
@@ -395,6 +478,7 @@ class Runtime:
             if not _is_oom(exc):
                 raise
         if self._evict_sibling(lm):
+            self._recovery(lm, "evict_sibling")
             try:
                 return lm.adapter.forward(ctx, units)
             except Exception as exc:
@@ -402,9 +486,15 @@ class Runtime:
                     raise
         return self._split(lm, ctx, units, 1)
 
+    def _recovery(self, lm: LoadedModel, step: str) -> None:
+        self.recovery_events.append((lm.model_id, step))
+
     def _split(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], depth: int) -> list[Any]:
+        """Halve the batch recursively (at most MAX_SPLIT_DEPTH levels) until the halves fit."""
         if len(units) < 2 or depth > MAX_SPLIT_DEPTH:
+            self._recovery(lm, "exhausted")
             raise self._exhausted(lm)
+        self._recovery(lm, "split")
         half = len(units) // 2
         out = []
         for part in (units[:half], units[half:]):
@@ -425,9 +515,12 @@ class Runtime:
         )
 
     async def _ensure_lora(self, lm: LoadedModel, lora: str | None) -> None:
-        """A request naming a LoRA needs a model that supports LoRA adapters."""
-        if lora and not lm.adapter.supports_lora:
+        """A request naming a LoRA needs a model that supports them, and the LoRA loaded (else 503)."""
+        if not lora:
+            return
+        if not lm.adapter.supports_lora:
             raise invalid_input(f"Model '{lm.model_id}' does not support LoRA adapters", param="lora")
+        lm.loras.ensure(lora)
 
     async def _prepare(self, lm: LoadedModel, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         loop = asyncio.get_running_loop()
@@ -512,7 +605,8 @@ class Runtime:
         t = time.monotonic()
         units = await self._prepare(lm, plan.ctx, items)
         timing.tokenization_ms = (time.monotonic() - t) * 1000
-        raws = await self._execute(lm, plan.ctx, units, direct, timing)
+        with lm.loras.use(plan.ctx.lora):
+            raws = await self._execute(lm, plan.ctx, units, direct, timing)
         t = time.monotonic()
         out = await self._postprocess(self._encode_outputs, plan, raws, items)
         timing.postprocessing_ms = (time.monotonic() - t) * 1000
@@ -562,7 +656,8 @@ class Runtime:
         t = time.monotonic()
         units = await self._prepare(lm, plan.ctx, items)
         timing.tokenization_ms = (time.monotonic() - t) * 1000
-        raws = await self._execute(lm, plan.ctx, units, direct, timing)
+        with lm.loras.use(plan.ctx.lora):
+            raws = await self._execute(lm, plan.ctx, units, direct, timing)
         out = [extract_item(raw, item, i) for i, (raw, item) in enumerate(zip(raws, items, strict=True))]
         timing.total_ms = (time.monotonic() - t0) * 1000
         return Result(out, timing, sum(u.input_tokens for u in units))

@@ -111,10 +111,17 @@ class Adapter:
         raise NotImplementedError
 
     # ---- LoRA (adapters that support it override) ------------------------------------------
+    # The runtime (worker/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
+    # the model's inference thread, so they never race a forward pass. Batches are homogeneous in
+    # LoRA: ``forward`` activates ``ctx.lora`` (or none: the base model) before it computes.
     supports_lora: ClassVar[bool] = False
 
-    def load_lora(self, name: str) -> None:
+    def load_lora(self, name: str, path: str) -> None:
+        """Load the LoRA adapter saved in directory ``path`` under ``name``."""
         raise SIEError(ErrorCode.INVALID_INPUT, "this model does not support LoRA adapters")
+
+    def unload_lora(self, name: str) -> None:
+        """Drop a loaded LoRA adapter (the runtime evicted it from its LRU)."""
 
 
 def apply_template(text: str, ctx: RequestContext) -> str:
