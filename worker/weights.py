@@ -173,14 +173,16 @@ class ClusterCache:
         files = {}
         for path in sorted(source.rglob("*")):
             rel = path.relative_to(source).as_posix()
-            if not path.is_file() or rel.startswith(".cache/") or Path(rel).name in (LAST_USED, MANIFEST):
+            if not path.is_file() or rel.startswith(".cache/") or Path(rel).name.startswith((LAST_USED, MANIFEST)):
                 continue
             remote = self._path(key, rel)
             self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
             self.fs.put_file(str(path), remote)
             files[rel] = path.stat().st_size
-        with self.fs.open(self._path(key, MANIFEST), "wb") as f:
-            f.write(json.dumps({"files": files, "published_at": time.time()}).encode())
+        # written under a temporary name, then moved: readers never see half a manifest
+        tmp = self._path(key, f"{MANIFEST}.{uuid.uuid4().hex[:8]}")
+        self.fs.pipe_file(tmp, json.dumps({"files": files, "published_at": time.time()}).encode())
+        self.fs.mv(tmp, self._path(key, MANIFEST))
         log.info("published %s to the cluster cache %s (%s)", key, self.url, _mb(sum(files.values())))
         return True
 
