@@ -1,0 +1,100 @@
+"""The README's table of settings, generated from each process's settings class.
+
+``python -m deploy.settings_doc`` prints the markdown table; a test checks that the README
+holds exactly this table, so a new setting cannot go undocumented.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+
+PROCESSES = [
+    ("worker", "worker.settings", "WorkerSettings"),
+    ("gateway", "gateway.settings", "GatewaySettings"),
+    ("sidecar", "sidecar.settings", "SidecarSettings"),
+    ("config service", "config_service.settings", "ConfigServiceSettings"),
+]
+
+_COMMENT = re.compile(r"^\s+(\w+)\s*:[^#]*?#\s*(.+)$")
+
+
+def _comments(cls: type) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not (isinstance(klass, type) and issubclass(klass, BaseSettings)) or klass is BaseSettings:
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        for line in source.splitlines():
+            m = _COMMENT.match(line)
+            if m:
+                out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def env_names(cls: type[BaseSettings]) -> dict[str, str]:
+    """Field name → the environment variable(s) it is read from."""
+    prefix = cls.model_config.get("env_prefix", "")
+    out = {}
+    for name, field in cls.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            out[name] = " / ".join(str(c) for c in alias.choices)
+        elif isinstance(alias, str):
+            out[name] = alias
+        else:
+            out[name] = f"{prefix}{name}".upper()
+    return out
+
+
+def _default(field) -> str:
+    from pathlib import Path
+
+    if field.default_factory is not None:
+        return "(computed)"
+    value = field.default
+    if value is None or value == "":
+        return "—"
+    repo = str(Path(__file__).resolve().parents[1])
+    if isinstance(value, str) and value.startswith(repo):
+        value = "<install>" + value[len(repo):]
+    return f"`{value}`"
+
+
+def rows() -> list[tuple[str, str, str, str]]:
+    import importlib
+
+    seen: dict[str, tuple[str, str, str, str]] = {}
+    for proc, module, cls_name in PROCESSES:
+        try:
+            cls = getattr(importlib.import_module(module), cls_name)
+        except (ImportError, AttributeError):
+            continue
+        comments = _comments(cls)
+        for name, env in env_names(cls).items():
+            field = cls.model_fields[name]
+            desc = field.description or comments.get(name, "")
+            if env in seen:
+                prev = seen[env]
+                seen[env] = (prev[0], prev[1] + ", " + proc, prev[2], prev[3] or desc)
+            else:
+                seen[env] = (env, proc, _default(field), desc)
+    return sorted(seen.values())
+
+
+def table() -> str:
+    lines = ["| setting | read by | default | meaning |", "|---|---|---|---|"]
+    for env, procs, default, desc in rows():
+        lines.append(f"| `{env}` | {procs} | {default} | {desc.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table() + "\n")

