@@ -64,8 +64,12 @@ class DenseAdapter(HFTextAdapter):
         self.peft_model.eval()
 
     def unload_lora(self, name: str) -> None:
-        if self.peft_model is not None and name in self.peft_model.peft_config:
-            self.peft_model.delete_adapter(name)
+        if self.peft_model is None or name not in self.peft_model.peft_config:
+            return
+        others = [n for n in self.peft_model.peft_config if n != name]
+        if self.peft_model.active_adapter == name and others:
+            self.peft_model.set_adapter(others[0])  # every batch activates its own LoRA anyway
+        self.peft_model.delete_adapter(name)
 
     def lora_names(self) -> list[str]:
         return sorted(self.peft_model.peft_config) if self.peft_model is not None else []
