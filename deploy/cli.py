@@ -27,8 +27,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    # Until the cluster launcher lands, the main job is the standalone server on :8080.
-    return _serve(args)
+    from deploy.launcher import up
+
+    return up(args.state_dir, args.port or 8080, args.config_port, args.nats_port, args.preload)
+
+
+def _models_add(args: argparse.Namespace) -> int:
+    from deploy.launcher import add_model
+
+    return add_model(args.file, args.url, args.token, args.state_dir)
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -46,9 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the standalone worker (HTTP API + batching + models)")
     _add_serve_args(serve)
     serve.set_defaults(func=_serve)
-    up = sub.add_parser("up", help="run the main job locally")
-    _add_serve_args(up)
+    up = sub.add_parser("up", help="run the whole cluster locally (nats, config service, gateway, one worker pod)")
+    up.add_argument("--port", type=int, help="gateway port (default 8080)")
+    up.add_argument("--config-port", type=int, default=8090, help="config service port (default 8090)")
+    up.add_argument("--nats-port", type=int, default=4250, help="nats-server port (default 4250)")
+    up.add_argument("--preload", help="comma-separated models the worker loads at start")
+    up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, admin token")
     up.set_defaults(func=_up)
+    models = sub.add_parser("models", help="manage model configs in the config service")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    add = msub.add_parser("add", help="add a model (or profiles) from a YAML file")
+    add.add_argument("file")
+    add.add_argument("--url", default="http://127.0.0.1:8090", help="config service URL")
+    add.add_argument("--token", help="admin token (default: SIE_ADMIN_TOKEN or the one `sie up` generated)")
+    add.add_argument("--state-dir", default=".sie-state")
+    add.set_defaults(func=_models_add)
     return parser
 
 
