@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 
 import nats
+import nats.errors
+import nats.js.errors
 
 from protocol.catalog import Catalog
 from protocol.model_config import parse_model_yaml
@@ -189,7 +191,20 @@ class Gateway:
 
     async def publish(self, item: WorkItem) -> None:
         subject = work_subject("default", "cpu", "default", item.model_id)
-        await self.js.publish(subject, item.to_msgpack(), headers={"Nats-Msg-Id": item.work_item_id})
+        # Right after a server restart JetStream may need a moment: retry like the gateway does
+        # (Nats-Msg-Id makes a retried publish land once).
+        for attempt in range(20):
+            try:
+                await self.js.publish(subject, item.to_msgpack(), headers={"Nats-Msg-Id": item.work_item_id})
+                return
+            except (
+                nats.errors.TimeoutError,
+                nats.js.errors.ServiceUnavailableError,
+                nats.errors.NoRespondersError,
+            ):
+                if attempt == 19:
+                    raise
+                await asyncio.sleep(0.5)
 
     async def publish_raw(self, model_id: str, data: bytes) -> None:
         await self.js.publish(work_subject("default", "cpu", "default", model_id), data)
