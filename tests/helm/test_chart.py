@@ -474,6 +474,8 @@ def test_rendered_nats_config_runs_with_role_permissions(render, tmp_path):
                 break
             except Exception:
                 await asyncio.sleep(0.1)
+        else:
+            pytest.fail("rendered NATS config: server did not come up")
         side = await nats_mod.connect(urls["sidecar"], inbox_prefix="_INBOX_WORKER", error_cb=err_cb)
         cfg = await nats_mod.connect(urls["config"])
         js = gw.jetstream()
@@ -483,7 +485,10 @@ def test_rendered_nats_config_runs_with_role_permissions(render, tmp_path):
         # ... but reading gateway inboxes is denied
         await side.subscribe("_INBOX.>")
         await side.flush()
-        await asyncio.sleep(0.2)
+        for _ in range(50):
+            if errors:
+                break
+            await asyncio.sleep(0.1)
         assert any("permissions violation" in str(e).lower() for e in errors), errors
         # config deltas flow from the config user to the gateway
         sub = await gw.subscribe("sie.config.models._all")
