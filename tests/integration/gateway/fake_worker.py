@@ -103,6 +103,7 @@ class FakeWorker:
         self.seen: list[WorkItem] = []
         self.nc = None
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
 
     def heartbeat(self, *, terminated: bool = False) -> bytes:
         return Heartbeat(
@@ -146,7 +147,8 @@ class FakeWorker:
         )
 
     async def _pull_loop(self) -> None:
-        while True:
+        # a stop flag, not only cancellation: nats-py's fetch can turn a cancel into a timeout
+        while not self._stopping:
             try:
                 msgs = await self.psub.fetch(16, timeout=0.5)
             except (TimeoutError, nats.errors.TimeoutError):
@@ -155,6 +157,8 @@ class FakeWorker:
                 await asyncio.sleep(0.2)
                 continue
             for msg in msgs:
+                if self._stopping:
+                    return
                 item = WorkItem.from_msgpack(msg.data)
                 self.seen.append(item)
                 result = await self.handler(item, self)
@@ -164,12 +168,13 @@ class FakeWorker:
                 await msg.ack()
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.heartbeat_s)
             with contextlib.suppress(Exception):
                 await self.nc.publish(health_subject(self.worker_id), self.heartbeat())
 
     async def stop(self, *, tombstone: bool = True) -> None:
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
