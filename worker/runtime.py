@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MAX_SPLIT_DEPTH = 4
 
+ON_LOOP_TIMEOUT_S = 300.0  # a worker thread waiting on the loop (evictions) never hangs past this
 _use_clock = itertools.count(1)  # orders models by last use (the memory manager's LRU)
 
 
@@ -261,7 +262,8 @@ class Runtime:
         return "available", None
 
     def loaded(self) -> list[LoadedModel]:
-        return [e.loaded for e in self._entries.values() if e.loaded is not None]
+        # a snapshot first: the load and LoRA threads read this while the loop adds entries
+        return [e.loaded for e in tuple(self._entries.values()) if e.loaded is not None]
 
     def batch_stats(self) -> BatchStats:
         total = BatchStats()
@@ -324,7 +326,7 @@ class Runtime:
 
     def _weight_keys(self) -> set[str]:
         """Cache entries of loaded models: never evicted from the disk cache."""
-        return {Source.of_model(lm.resolved.config).key for lm in self.loaded()}
+        return {Source.of_model(lm.resolved.config).key for lm in self.loaded()}  # (any thread)
 
     def resolve_lora(self, name: str) -> Path:
         """Loader thread: a LoRA named by a local directory (absolute, ``./`` or ``~``) or a hub id."""
@@ -338,7 +340,7 @@ class Runtime:
     def _on_loop(self, coro) -> Any:
         """From a worker thread: run a coroutine on the event loop and wait for its result."""
         assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=ON_LOOP_TIMEOUT_S)
 
     # ---- memory ----------------------------------------------------------------------------
     def memory_usage(self) -> tuple[int, int]:

@@ -71,3 +71,18 @@ async def test_weights_of_loaded_models_are_protected_from_disk_eviction(make_ru
     assert rt.weights.local_entries() == ["acme--minilm-copy--main"]
     assert rt.weights.enforce_disk_pressure(protect=rt._weight_keys()) == []
     assert rt.weights.enforce_disk_pressure() == ["acme--minilm-copy--main"]  # once nothing uses it
+
+
+async def test_room_is_made_before_a_load_from_the_weights_size(make_runtime):
+    # 200 MB synthetic device; MiniLM's weights are ~91 MB on disk, so loading it with 110 MB
+    # resident passes 85 % (170 MB) before the load: the LRU model goes first
+    models = [fake_config("big-old", memory_bytes=100_000_000), fake_config("small-new", memory_bytes=10_000_000),
+              minilm(weights_path=str(gt.get_model_path()))]
+    rt = await make_runtime(models, memory_budget_bytes=200_000_000)
+    await encode_ready(rt, "big-old", ITEMS)
+    await encode_ready(rt, "small-new", ITEMS)
+    await encode_ready(rt, ID, ITEMS)
+    assert [k[0] for k in rt.memory.evicted] == ["big-old"]
+    assert rt.loaded_models() == [ID, "small-new"]
+    used, total = rt.memory_usage()
+    assert used * 100 / total < 85  # after the load, no pressure: the eviction came from the estimate
