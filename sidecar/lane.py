@@ -228,6 +228,11 @@ class LaneConsumer:
         errors = 0
         limit = max(1, self.settings.max_held_messages)
         while not self._stop.is_set():
+            if not self.worker.fresh(self._worker_stale_after_s()):
+                # No worker to run anything: leave the work in the stream for the lane's other pods
+                # instead of pulling it only to NAK it and burn its deliveries.
+                await asyncio.sleep(self.settings.worker_ping_interval_ms / 1000.0 / 2)
+                continue
             free = limit - len(self.held)
             if free <= 0:
                 self._space.clear()
@@ -248,8 +253,12 @@ class LaneConsumer:
                 log.warning("fetch failed (%s): %s", type(exc).__name__, exc)
                 await asyncio.sleep(min(5.0, 0.2 * errors))
                 if errors % 5 == 0:
-                    with contextlib.suppress(Exception):
+                    # the stream or durable may be gone (memory storage after a NATS restart)
+                    try:
                         await self.ensure_jetstream()
+                        self.stats["reensured"] = self.stats.get("reensured", 0) + 1
+                    except Exception as ens:  # noqa: BLE001
+                        log.warning("re-ensuring stream/consumer failed: %s", ens)
                 continue
             errors = 0
             for msg in msgs:

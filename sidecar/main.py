@@ -32,12 +32,27 @@ async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, object
     nc = await connect_nats(settings)
     client = IpcClient(settings.ipc_socket_path, timeout_s=settings.ipc_request_timeout_s)
     lane = LaneConsumer(nc, client, settings)
-    await lane.start()
+    try:
+        await lane.start()
+    except BaseException:
+        await client.close()
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise
     return lane, nc, client
 
 
 async def run(settings: SidecarSettings) -> None:
-    lane, nc, client = await start_sidecar(settings)
+    attempt = 0
+    while True:
+        try:
+            lane, nc, client = await start_sidecar(settings)
+            break
+        except Exception as exc:  # noqa: BLE001 - NATS or JetStream not up yet: retry with backoff
+            attempt += 1
+            delay = min(10.0, 0.5 * 2**attempt)
+            log.warning("sidecar start failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, delay)
+            await asyncio.sleep(delay)
     log.info(
         "sidecar %s consuming %s/%s (pool=%s profile=%s bundle=%s), worker at %s",
         settings.worker_id,

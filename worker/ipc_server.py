@@ -84,7 +84,7 @@ class IpcHandler:
         return ipc.PingResponse(
             timestamp_ms=int(body.get("timestamp_ms") or time.time() * 1000),
             worker_id=self.worker_id,
-            ready=not self.draining,
+            ready=not self.draining and bool(getattr(self.runtime, "ready", True)),
             bundle_config_hash=self._bundle_hash(),
             loaded_models=list(self.runtime.loaded_models()),
             loading_models=list(loading()) if callable(loading) else [],

@@ -98,3 +98,30 @@ async def test_nats_restart_keeps_queued_work_in_file_storage(nats_server, worke
             await stop_lane(lane, nc, client)
         worker.stop()
         await gw_nc.close()
+
+
+async def test_memory_stream_is_recreated_after_a_nats_restart(nats_server, worker_dirs):
+    """With memory storage a restart loses the stream; the sidecar re-ensures stream and durable."""
+    models, bundles = worker_dirs
+    (models / "fake.yaml").write_text(model_yaml(MODEL))
+    sock = socket_path()
+    worker = WorkerProcess(sock, models, bundles).start()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, stream_storage="memory"))
+    try:
+        first = gw.item("req-mem-1", 0, model_id=MODEL, text="before")
+        await gw.publish(first)
+        await gw.wait_for([first.work_item_id], timeout=60)
+        nats_server.restart()
+        await wait_until(lambda: gw_nc.is_connected and nc.is_connected, 30)
+        # the gateway side would re-create the stream on publish; here the sidecar must do it
+        await wait_until(lambda: lane.stats.get("reensured", 0) >= 1, 60)
+        second = gw.item("req-mem-2", 0, model_id=MODEL, text="after")
+        await gw.publish(second)
+        got = await gw.wait_for([second.work_item_id], timeout=60)
+        assert got[second.work_item_id][0].success
+    finally:
+        await stop_lane(lane, nc, client)
+        worker.stop()
+        await gw_nc.close()

@@ -151,6 +151,7 @@ async def test_server_socket_mode_and_stale_socket(sock_path):
     stale.bind(sock_path)  # a stale socket file of a previous run
     stale.close()
     runtime = fake_runtime()
+    await runtime.start()
     server = await serve_ipc(runtime, sock_path, worker_id="w-1")
     try:
         assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o600
@@ -166,6 +167,7 @@ async def test_server_socket_mode_and_stale_socket(sock_path):
 
 async def test_garbage_and_bad_envelopes_get_errors_and_the_connection_survives(sock_path):
     runtime = fake_runtime()
+    await runtime.start()
     server = await serve_ipc(runtime, sock_path)
     try:
         garbage = b"\xc1\xc1\xc1"
@@ -202,6 +204,7 @@ async def test_garbage_and_bad_envelopes_get_errors_and_the_connection_survives(
 
 async def test_oversize_frame_closes_only_that_connection(sock_path):
     runtime = fake_runtime()
+    await runtime.start()
     server = await serve_ipc(runtime, sock_path)
     try:
         replies = await _raw_exchange(sock_path, struct.pack(">I", ipc.MAX_FRAME_BYTES + 1) + b"\x00" * 16)
@@ -216,6 +219,7 @@ async def test_oversize_frame_closes_only_that_connection(sock_path):
 
 async def test_ensure_then_run_batch_and_multiplexing(sock_path):
     runtime = fake_runtime(batch_delay_ms=1500)
+    await runtime.start()
     server = await serve_ipc(runtime, sock_path, worker_id="w-2")
     client = IpcClient(sock_path)
     try:
@@ -266,6 +270,7 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
 
 async def test_drain_refuses_new_batches(sock_path):
     runtime = fake_runtime()
+    await runtime.start()
     server = await serve_ipc(runtime, sock_path)
     client = IpcClient(sock_path)
     try:
@@ -285,6 +290,7 @@ async def test_drain_refuses_new_batches(sock_path):
 
 async def test_client_fails_pending_calls_when_the_worker_goes_away(sock_path):
     runtime = fake_runtime(batch_delay_ms=3000)
+    await runtime.start()
     server = await serve_ipc(runtime, sock_path)
     client = IpcClient(sock_path)
     try:
