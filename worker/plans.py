@@ -92,6 +92,11 @@ def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
     check_dtype(dtype)
     is_query = bool(options.get("is_query", False))
     requested = tuple(dict.fromkeys(output_types))
+    if "muvera" in options and "dense" in requested:
+        from worker.muvera import MuveraConfig
+
+        # a bad MUVERA option is a 400 before any forward pass, not an error after it
+        MuveraConfig.from_options(resolved.loadtime_options.get("muvera_config"), options["muvera"])
     ctx = RequestContext(
         op="encode",
         output_types=forward_outputs(requested, options),

@@ -246,3 +246,10 @@ def test_gliner_needs_labels_and_honours_overflow_policy(family_runtime):
         family_runtime.call("extract", "local/gliner", [long_text],
                             {"labels": ["person"], "options": {"overflow_policy": "error"}})
     assert err.value.code == ErrorCode.INPUT_TOO_LONG
+
+
+def test_bad_muvera_options_are_refused_before_the_forward_pass(family_runtime):
+    with pytest.raises(SIEError) as err:
+        family_runtime.call("encode", "local/colbert:muvera", [{"text": "x"}],
+                            {"output_types": ["dense"], "options": {"muvera": {"num_repetitions": -1}}})
+    assert err.value.code == ErrorCode.INVALID_INPUT and "num_repetitions" in err.value.message
