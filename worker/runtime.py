@@ -30,7 +30,7 @@ from protocol.catalog import Catalog, Resolved
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.work import WorkItem, WorkResult
-from worker.adapters.base import Adapter, LoadSpec, Prepared, RequestContext
+from worker.adapters.base import Adapter, LoadSpec, Prepared, RequestContext, is_oom
 from worker.batching import BatchFormer, BatchInfo, BatchStats, chunk_by_cost
 from worker.lora import LoraSet
 from worker.memory import MemoryManager, cuda_usage, host_usage
@@ -45,12 +45,6 @@ MAX_SPLIT_DEPTH = 4
 
 ON_LOOP_TIMEOUT_S = 300.0  # a worker thread waiting on the loop (evictions) never hangs past this
 _use_clock = itertools.count(1)  # orders models by last use (the memory manager's LRU)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
 def pick_device(setting: str) -> str:
@@ -362,7 +356,7 @@ class Runtime:
             error_class, permanent = exc.error_class, exc.permanent
         elif isinstance(exc, ImportError):
             error_class, permanent = "DEPENDENCY", True
-        elif _is_oom(exc):
+        elif is_oom(exc):
             error_class, permanent = "OOM", False
         else:
             error_class, permanent = "CONFIG", True
@@ -466,7 +460,7 @@ class Runtime:
         try:
             return lm.adapter.forward(ctx, units)
         except Exception as exc:
-            if not _is_oom(exc):
+            if not is_oom(exc):
                 raise
             self._recovery(lm, "oom")
             if self.settings.disable_oom_recovery:
@@ -477,14 +471,14 @@ class Runtime:
         try:
             return lm.adapter.forward(ctx, units)
         except Exception as exc:
-            if not _is_oom(exc):
+            if not is_oom(exc):
                 raise
         if self._evict_sibling(lm):
             self._recovery(lm, "evict_sibling")
             try:
                 return lm.adapter.forward(ctx, units)
             except Exception as exc:
-                if not _is_oom(exc):
+                if not is_oom(exc):
                     raise
         return self._split(lm, ctx, units, 1)
 
@@ -503,7 +497,7 @@ class Runtime:
             try:
                 out.extend(lm.adapter.forward(ctx, part))
             except Exception as exc:
-                if not _is_oom(exc):
+                if not is_oom(exc):
                     raise
                 self._clear_device_cache()
                 out.extend(self._split(lm, ctx, part, depth + 1))

@@ -71,6 +71,13 @@ class Prepared:
     input_tokens: int = 0
 
 
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is an out-of-memory error (CUDA or host), which the runtime recovers from."""
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
 class InputTooLong(SIEError):
     def __init__(self, index: int, length: int, limit: int) -> None:
         super().__init__(

@@ -16,14 +16,10 @@ from typing import Any
 import torch
 
 from protocol.errors import ErrorCode, invalid_input
-from worker.adapters.base import Adapter, InputTooLong, Prepared, RequestContext
+from worker.adapters.base import Adapter, InputTooLong, Prepared, RequestContext, is_oom
 from worker.adapters.hf import torch_dtype
 
 log = logging.getLogger(__name__)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
 class GLiNERAdapter(Adapter):
@@ -90,8 +86,8 @@ class GLiNERAdapter(Adapter):
         try:
             return [self._entities(found) for found in self._predict(ctx, texts)]
         except Exception as exc:
-            if _is_oom(exc) or len(texts) == 1:
-                if _is_oom(exc):
+            if is_oom(exc) or len(texts) == 1:
+                if is_oom(exc):
                     raise
                 return [self._item_error(exc)]
             log.warning("GLiNER batch of %d failed (%s); running items one by one", len(texts), exc)
@@ -100,7 +96,7 @@ class GLiNERAdapter(Adapter):
             try:
                 out.append(self._entities(self._predict(ctx, [text])[0]))
             except Exception as exc:
-                if _is_oom(exc):
+                if is_oom(exc):
                     raise
                 out.append(self._item_error(exc))
         return out
