@@ -156,6 +156,7 @@ class Gateway:
             on_event=lambda e: self.metrics.pool_events.labels(e).inc(),
         )
         self._tasks.append(asyncio.create_task(self._housekeeping()))
+        await self.registry.start(self.nc, self.metrics)
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -168,6 +169,8 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
+        with contextlib.suppress(Exception):
+            await self.registry.stop()
         await self.dlq.stop()
         await self.dispatcher.stop()
 
@@ -180,7 +183,7 @@ class Gateway:
             await asyncio.sleep(1.0)
             try:
                 self.workers.prune()
-                self.demand.refresh(self._lane_served)
+                self.demand.refresh(self.lane_served)
                 now = time.monotonic()
                 if self.pools is not None and now - last_sweep >= self.settings.pool_sweep_interval_s:
                     last_sweep = now
@@ -196,7 +199,8 @@ class Gateway:
     def known_profiles(self) -> list[str]:
         return sorted(set(self.settings.configured_gpus()) | set(self.workers.live_profiles()))
 
-    def _lane_served(self, machine_profile: str, bundle: str) -> bool:
+    def lane_served(self, machine_profile: str, bundle: str) -> bool:
+        """True when a healthy worker serves ``(machine_profile, bundle)`` ("any"/"" = any profile)."""
         for w in self.workers.healthy():
             if w.bundle == bundle and (machine_profile in ("", "any") or w.profile == machine_profile):
                 return True
@@ -800,6 +804,8 @@ async def handle_healthz(request: web.Request) -> web.Response:
 
 async def handle_readyz(request: web.Request) -> web.Response:
     gw = _gw(request)
+    if not gw.registry.ready():
+        return web.json_response({"status": "not ready", "reason": "config bootstrap pending"}, status=503)
     if not gw.nc.is_connected:
         return web.json_response({"status": "not ready", "reason": "NATS disconnected"}, status=503)
     return web.json_response({"status": "ready", "healthy_workers": len(gw.workers.healthy())})
@@ -808,7 +814,7 @@ async def handle_readyz(request: web.Request) -> web.Response:
 async def handle_metrics(request: web.Request) -> web.Response:
     gw = _gw(request)
     m = gw.metrics
-    gw.demand.refresh(gw._lane_served)
+    gw.demand.refresh(gw.lane_served)
     m.nats_connected.set(1 if gw.nc.is_connected else 0)
     healthy = gw.workers.healthy()
     m.workers.labels("healthy").set(len(healthy))
@@ -866,6 +872,58 @@ async def handle_pool_delete(request: web.Request) -> web.Response:
     if not await _pools(request).delete(name):
         raise SIEError(ErrorCode.NOT_FOUND, f"Pool '{name.lower()}' not found")
     return web.json_response({"message": "Pool deleted"})
+
+
+# ---- read-side config API (mirror of the config service) ------------------------------------------
+
+
+def _config_error(status: int, error: str, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"detail": {"error": error, "message": message, **extra}}, status=status)
+
+
+async def handle_config_models(request: web.Request) -> web.Response:
+    return web.json_response(_gw(request).registry.config_models())
+
+
+async def handle_config_model(request: web.Request) -> web.Response:
+    model_id = request.match_info["model_id"]
+    text = _gw(request).registry.config_model_yaml(model_id)
+    if text is None:
+        return _config_error(404, "model_not_found", f"model {model_id!r} is not configured", model_id=model_id)
+    return web.Response(text=text, content_type="application/x-yaml")
+
+
+async def handle_config_bundles(request: web.Request) -> web.Response:
+    return web.json_response(_gw(request).registry.config_bundles())
+
+
+async def handle_config_bundle(request: web.Request) -> web.Response:
+    import yaml
+
+    bundle_id = request.match_info["bundle_id"]
+    doc = _gw(request).registry.config_bundle(bundle_id)
+    if doc is None:
+        return _config_error(404, "bundle_not_found", f"bundle {bundle_id!r} is not known", bundle_id=bundle_id)
+    if request.query.get("format") == "json" or "application/json" in request.headers.get("Accept", ""):
+        return web.json_response(doc)
+    return web.Response(text=yaml.safe_dump(doc, sort_keys=False), content_type="application/x-yaml")
+
+
+async def handle_config_epoch(request: web.Request) -> web.Response:
+    return web.json_response(_gw(request).registry.config_epoch())
+
+
+async def handle_config_write(request: web.Request) -> web.Response:
+    return web.json_response(
+        {
+            "detail": {
+                "error": "method_not_allowed",
+                "message": "The gateway serves a read-only mirror of the config; send writes to the config service",
+            }
+        },
+        status=405,
+        headers={"Allow": "GET"},
+    )
 
 
 # ---- middleware and app -------------------------------------------------------------------------
@@ -958,6 +1016,16 @@ def create_app(
     r.add_get("/v1/pools/{name}", handle_pool_get)
     r.add_post("/v1/pools/{name}/renew", handle_pool_renew)
     r.add_delete("/v1/pools/{name}", handle_pool_delete)
+    r.add_get("/v1/configs/models", handle_config_models)
+    r.add_get("/v1/configs/models/{model_id:.+}", handle_config_model)
+    r.add_get("/v1/configs/bundles", handle_config_bundles)
+    r.add_get("/v1/configs/bundles/{bundle_id}", handle_config_bundle)
+    r.add_get("/v1/configs/epoch", handle_config_epoch)
+    r.add_post("/v1/configs/models", handle_config_write)
+    for method in ("POST", "PUT", "DELETE"):
+        r.add_route(method, "/v1/configs/models/{model_id:.+}", handle_config_write)
+    r.add_put("/v1/configs/models", handle_config_write)
+    r.add_delete("/v1/configs/models", handle_config_write)
 
     async def on_startup(app: web.Application) -> None:
         await gateway.start()

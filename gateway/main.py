@@ -14,15 +14,38 @@ import nats
 from aiohttp import web
 
 from gateway.app import GATEWAY_KEY, create_app
-from gateway.registry import CatalogRegistry
+from gateway.config_sync import ConfigServiceRegistry
+from gateway.k8s_scaler import K8sScalerSettings, build_scaler
+from gateway.registry import CatalogRegistry, ModelRegistry
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway")
 
 
-async def serve(settings: GatewaySettings) -> None:
+def build_registry(settings: GatewaySettings) -> ModelRegistry:
+    """The config service's mirror when SIE_CONFIG_SERVICE_URL is set, else the catalog YAML dirs."""
+    if settings.config_service_url:
+        log.info(
+            "model registry: config service %s (poll every %.0f s, trusted producers %s)",
+            settings.config_service_url,
+            settings.config_poll_interval_s,
+            settings.nats_config_trusted_producers,
+        )
+        return ConfigServiceRegistry(
+            settings.config_service_url,
+            token=settings.config_service_token,
+            trusted_producers=settings.nats_config_trusted_producers,
+            poll_interval_s=settings.config_poll_interval_s,
+            http_timeout_s=settings.config_http_timeout_s,
+            backoff_max_s=settings.config_bootstrap_backoff_max_s,
+        )
     registry = CatalogRegistry.from_dirs(settings.models_dir, settings.bundles_dir)
     log.info("model registry: %d routable ids from %s", len(registry.routable_ids()), settings.models_dir)
+    return registry
+
+
+async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) -> None:
+    registry = build_registry(settings)
     holder: dict[str, web.Application] = {}
 
     async def reconnected() -> None:
@@ -60,15 +83,30 @@ async def serve(settings: GatewaySettings) -> None:
         settings.gateway_port,
         settings.nats_url,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):  # non-POSIX
-            loop.add_signal_handler(sig, stop.set)
+    scaler_task: asyncio.Task | None = None
+    scaler_settings = K8sScalerSettings()
+    scaler = build_scaler(scaler_settings)  # None unless SIE_GATEWAY_K8S_SCALER_ENABLED
+    if scaler is not None:
+        gw = app[GATEWAY_KEY]
+        scaler_task = asyncio.create_task(
+            scaler.run(lambda: gw.demand.pending().keys(), gw.lane_served, scaler_settings.scaler_interval_s),
+            name="k8s-scaler",
+        )
+        log.info("k8s scale-from-zero on for %d StatefulSets", len(scaler.targets))
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):  # non-POSIX
+                loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
         log.info("gateway shutting down")
+        if scaler_task is not None:
+            scaler_task.cancel()
+            with contextlib.suppress(BaseException):
+                await scaler_task
         await runner.cleanup()
         await nc.drain()
 

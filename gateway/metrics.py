@@ -63,6 +63,23 @@ class GatewayMetrics:
             "sie_gateway_active_lease_gpus", "GPUs requested by live pools", ["machine_profile"], registry=r
         )
         self.nats_connected = Gauge("sie_gateway_nats_connected", "1 while NATS is connected", registry=r)
+        self.config_epoch = Gauge(
+            "sie_gateway_config_epoch", "Config epoch of the gateway's model registry", registry=r
+        )
+        self.config_deltas = Counter(
+            "sie_gateway_config_deltas",
+            "Config deltas received on sie.config.models._all",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.config_bootstrap_failures = Counter(
+            "sie_gateway_config_bootstrap_failures", "Failed config exports/polls", registry=r
+        )
+        self.config_bootstrap_degraded = Gauge(
+            "sie_gateway_config_bootstrap_degraded",
+            "1 while the first config bootstrap keeps failing (10 attempts or 5 min)",
+            registry=r,
+        )
         # seed families with zeros so autoscaler queries never see "no data"
         self.pending_demand.labels("", "").set(0)
         for status in ("healthy", "unhealthy"):

@@ -1,7 +1,11 @@
-"""The gateway's model registry: one interface, one source for now (the worker's catalog YAML).
+"""The gateway's model registry: one interface, two sources.
 
-The config service will replace the source (bootstrap export + NATS deltas); everything else in
-the gateway only talks to :class:`ModelRegistry`.
+* :class:`CatalogRegistry` reads the catalog YAML directories (``SIE_MODELS_DIR``,
+  ``SIE_BUNDLES_DIR``) once; used when no config service is configured.
+* :class:`gateway.config_sync.ConfigServiceRegistry` mirrors the config service (bootstrap
+  export + NATS deltas + epoch poll); used when ``SIE_CONFIG_SERVICE_URL`` is set.
+
+Everything else in the gateway only talks to :class:`ModelRegistry`.
 """
 
 from __future__ import annotations
@@ -9,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import yaml
+
 from protocol.catalog import Catalog, Resolved
 from protocol.errors import ErrorCode, SIEError
+from protocol.model_config import bundles_hash
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,24 @@ class ModelRegistry(Protocol):
     def model_entry(self, spec: str) -> dict[str, Any]: ...
 
     def routable_ids(self) -> list[str]: ...
+
+    # lifecycle: a source may sync in the background; ``ready()`` gates ``/readyz``
+    def ready(self) -> bool: ...
+
+    async def start(self, nc: Any, metrics: Any = None) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    # read-side config API (``GET /v1/configs/...`` on the gateway)
+    def config_models(self) -> dict[str, Any]: ...
+
+    def config_model_yaml(self, model_id: str) -> str | None: ...
+
+    def config_bundles(self) -> dict[str, Any]: ...
+
+    def config_bundle(self, bundle_id: str) -> dict[str, Any] | None: ...
+
+    def config_epoch(self) -> dict[str, Any]: ...
 
 
 class CatalogRegistry:
@@ -84,3 +109,51 @@ class CatalogRegistry:
 
     def routable_ids(self) -> list[str]:
         return [e["name"] for e in self.model_entries()]
+
+    # ---- lifecycle (nothing to sync) ------------------------------------------------------
+    def ready(self) -> bool:
+        return True
+
+    async def start(self, nc: Any, metrics: Any = None) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    # ---- read-side config API --------------------------------------------------------------
+    def config_models(self) -> dict[str, Any]:
+        return {
+            "models": [
+                {"model_id": m.sie_id, "profiles": sorted(m.profiles), "source": "filesystem"}
+                for m in sorted(self.catalog.models(), key=lambda m: m.sie_id)
+            ]
+        }
+
+    def config_model_yaml(self, model_id: str) -> str | None:
+        config = self.catalog.get(model_id)
+        if config is None:
+            return None
+        return yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+    def config_bundles(self) -> dict[str, Any]:
+        return {
+            "bundles": [
+                {
+                    "bundle_id": b.name,
+                    "engine": b.engine,
+                    "priority": b.priority,
+                    "adapter_count": len(b.adapters),
+                    "source": "filesystem",
+                }
+                for b in self.catalog.bundles()
+            ]
+        }
+
+    def config_bundle(self, bundle_id: str) -> dict[str, Any] | None:
+        b = self.catalog.get_bundle(bundle_id)
+        if b is None:
+            return None
+        return {"name": b.name, "engine": b.engine, "priority": b.priority, "source": "filesystem", "adapters": list(b.adapters)}
+
+    def config_epoch(self) -> dict[str, Any]:
+        return {"epoch": 0, "bundles_hash": bundles_hash(self.catalog.bundles()), "source": "filesystem"}

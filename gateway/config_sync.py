@@ -1,0 +1,353 @@
+"""ModelRegistry mirrored from the config service (internals 2.7): bootstrap, deltas, epoch poll.
+
+:class:`ConfigServiceRegistry` is the gateway's registry when ``SIE_CONFIG_SERVICE_URL`` is set.
+It starts empty and not ready (``/readyz`` 503) and never blocks the gateway's start-up:
+
+* **bootstrap** (background, retried with backoff 1 s → 60 s until it succeeds):
+  ``GET /v1/configs/epoch`` (fingerprint taken first), ``GET /v1/configs/bundles`` and each
+  ``/v1/configs/bundles/{id}``, then ``GET /v1/configs/export``. Everything is parsed before
+  anything is installed; the models and bundles are then replaced in one step and the local
+  epoch becomes the export's epoch (also when that is *lower* than before: the config service
+  lost its state and the export is the truth).
+* **deltas** on ``sie.config.models._all`` from trusted producers only
+  (``SIE_NATS_CONFIG_TRUSTED_PRODUCERS``): a delta for epoch ``local + 1`` is applied and
+  advances the epoch; the per-bundle copies of the same write (same epoch) only refresh that
+  bundle's expected hash; an older delta is dropped (it could undo a newer write); a delta that
+  skips epochs is applied and a re-export is scheduled for what was missed. A pure epoch bump
+  (empty ``model_config``, e.g. after a DELETE) schedules a re-export — the export, not the bump,
+  carries the removal.
+* **poll** of ``GET /v1/configs/epoch`` every ``SIE_CONFIG_POLL_INTERVAL_S`` (first tick skipped):
+  a different epoch (higher *or* lower) or a changed bundle set re-runs the bootstrap.
+
+Deltas and exports are serialised by one lock, so a delta never interleaves with an install.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import yaml
+
+from gateway.registry import CatalogRegistry
+from protocol.catalog import Catalog
+from protocol.config_delta import (
+    ConfigDeltaError,
+    EpochInfo,
+    decode_config_delta,
+    is_trusted_producer,
+    parse_epoch_info,
+    parse_export,
+)
+from protocol.errors import ErrorCode, SIEError
+from protocol.model_config import Bundle, ModelConfig, bundles_hash, parse_model_yaml
+from protocol.subjects import CONFIG_ALL
+
+log = logging.getLogger("gateway.config_sync")
+
+DEGRADED_AFTER_ATTEMPTS = 10
+DEGRADED_AFTER_S = 300.0
+
+
+class BootstrapError(Exception):
+    """The config service answered badly (HTTP status, unparsable body, invalid config)."""
+
+
+class ConfigServiceRegistry(CatalogRegistry):
+    """The gateway's registry fed by the config service (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        trusted_producers: list[str] | tuple[str, ...] = ("sie-config",),
+        poll_interval_s: float = 30.0,
+        http_timeout_s: float = 10.0,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+    ) -> None:
+        super().__init__(Catalog())
+        self.url = url.rstrip("/")
+        self.token = token or None
+        self.trusted_producers = [t for t in trusted_producers if t] or ["sie-config"]
+        self.poll_interval_s = poll_interval_s
+        self.http_timeout_s = http_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.epoch = 0
+        self.bootstrapped = False
+        self.exports = 0  # successful exports installed (tests and /v1/configs/epoch read it)
+        self.last_sync_at: float | None = None
+        self._raw_yaml: dict[str, str] = {}
+        self._sources: dict[str, str] = {}
+        self._remote_hashes: dict[str, str] = {}
+        self._last_poll: EpochInfo | None = None
+        self._lock = asyncio.Lock()
+        self._resync = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._sub: Any = None
+        self._session: aiohttp.ClientSession | None = None
+        self._metrics: Any = None
+
+    # ---- ModelRegistry --------------------------------------------------------------------
+    def ready(self) -> bool:
+        return self.bootstrapped
+
+    def resolve(self, spec: str, options: dict[str, Any] | None = None):
+        if not self.bootstrapped:
+            raise SIEError(
+                ErrorCode.QUEUE_UNAVAILABLE,
+                "The gateway has not loaded the model configuration from the config service yet; retry",
+                retry_after=2,
+            )
+        return super().resolve(spec, options)
+
+    def bundle_hash(self, bundle: str) -> str:
+        remote = self._remote_hashes.get(bundle)
+        if remote is not None:
+            return remote
+        return super().bundle_hash(bundle)
+
+    # ---- read-side config API (the gateway's mirror) --------------------------------------
+    def config_models(self) -> dict[str, Any]:
+        return {
+            "models": [
+                {"model_id": m.sie_id, "profiles": sorted(m.profiles), "source": self._sources.get(m.sie_id, "api")}
+                for m in sorted(self.catalog.models(), key=lambda m: m.sie_id)
+            ]
+        }
+
+    def config_model_yaml(self, model_id: str) -> str | None:
+        config = self.catalog.get(model_id)
+        if config is None:
+            return None
+        return self._raw_yaml.get(model_id) or yaml.safe_dump(
+            config.model_dump(mode="json", exclude_none=True), sort_keys=False
+        )
+
+    def config_epoch(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "bundles_hash": bundles_hash(self.catalog.bundles()),
+            "bootstrapped": self.bootstrapped,
+            "source": "config_service",
+            "last_sync_at": self.last_sync_at,
+        }
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def start(self, nc: Any, metrics: Any = None) -> None:
+        """Subscribe to deltas and start the bootstrap/poll task; returns at once."""
+        self._metrics = metrics
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.http_timeout_s),
+            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
+        )
+        if nc is not None:
+            self._sub = await nc.subscribe(CONFIG_ALL, cb=self._on_delta)
+        self._tasks.append(asyncio.create_task(self._run(), name="config-sync"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        self._tasks.clear()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        await self._bootstrap_until_done()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resync.wait(), self.poll_interval_s)
+            try:
+                if self._resync.is_set():
+                    self._resync.clear()
+                    await self.sync()
+                else:
+                    await self.poll_once()
+            except Exception as exc:  # noqa: BLE001 - the config service being down is normal
+                self._count_failure()
+                log.warning("config sync failed (keeping epoch %d): %s", self.epoch, exc)
+
+    async def _bootstrap_until_done(self) -> None:
+        delay = self.backoff_initial_s
+        attempts = 0
+        started = time.monotonic()
+        while True:
+            try:
+                await self.sync()
+                self._set_degraded(False)
+                return
+            except Exception as exc:  # noqa: BLE001
+                attempts += 1
+                self._count_failure()
+                if attempts >= DEGRADED_AFTER_ATTEMPTS or time.monotonic() - started >= DEGRADED_AFTER_S:
+                    self._set_degraded(True)
+                log.warning("config bootstrap attempt %d failed, retrying in %.0f s: %s", attempts, delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max_s)
+
+    # ---- poll and export -------------------------------------------------------------------
+    async def poll_once(self) -> bool:
+        """One epoch poll; re-exports on drift. True when an export ran."""
+        info = parse_epoch_info(await self._get_json("/v1/configs/epoch"))
+        previous, self._last_poll = self._last_poll, info
+        drift = info.epoch != self.epoch
+        if info.bundles_hash and info.bundles_hash != bundles_hash(self.catalog.bundles()):
+            drift = True
+        if (
+            previous is not None
+            and previous.epoch == info.epoch
+            and previous.bundle_config_hashes_hash
+            and info.bundle_config_hashes_hash
+            and previous.bundle_config_hashes_hash != info.bundle_config_hashes_hash
+        ):
+            drift = True  # configs changed without an epoch bump (a restarted service, new images)
+        if not drift:
+            return False
+        log.info("config drift: remote epoch %d, local %d; re-exporting", info.epoch, self.epoch)
+        await self.sync()
+        return True
+
+    async def sync(self) -> None:
+        """Epoch → bundles → export, parsed fully, then installed in one step."""
+        info = parse_epoch_info(await self._get_json("/v1/configs/epoch"))
+        listing = await self._get_json("/v1/configs/bundles")
+        bundles: list[Bundle] = []
+        for entry in (listing or {}).get("bundles", []):
+            bundle_id = entry.get("bundle_id") or entry.get("name")
+            doc = await self._get_doc(f"/v1/configs/bundles/{bundle_id}?format=json")
+            if not isinstance(doc, dict):
+                raise BootstrapError(f"bundle {bundle_id!r}: not a mapping")
+            bundles.append(
+                Bundle(
+                    name=doc.get("name") or bundle_id,
+                    priority=int(doc.get("priority", entry.get("priority", 100))),
+                    adapters=list(doc.get("adapters") or []),
+                    engine=doc.get("engine") or "pytorch",
+                )
+            )
+        export = parse_export(await self._get_json("/v1/configs/export"))
+        models: list[ModelConfig] = []
+        raw: dict[str, str] = {}
+        sources: dict[str, str] = {}
+        for m in export.models:
+            try:
+                config = parse_model_yaml(m.raw_yaml) if m.raw_yaml.strip() else ModelConfig.model_validate(m.config)
+            except Exception as exc:
+                raise BootstrapError(f"export model {m.model_id!r}: {exc}") from exc
+            models.append(config)
+            raw[config.sie_id] = m.raw_yaml
+            sources[config.sie_id] = m.source
+        async with self._lock:
+            self.catalog.replace(models, bundles)
+            self._raw_yaml = raw
+            self._sources = sources
+            self._remote_hashes = dict(export.bundle_config_hashes)
+            self._hashes.clear()
+            if export.epoch < self.epoch:
+                log.warning("config service epoch went back from %d to %d; reset", self.epoch, export.epoch)
+            self._set_epoch(export.epoch)
+            self._last_poll = info if info.epoch == export.epoch else None
+            self.bootstrapped = True
+            self.exports += 1
+            self.last_sync_at = time.time()
+        log.info("config export installed: epoch %d, %d models, %d bundles", export.epoch, len(models), len(bundles))
+
+    async def _get_doc(self, path: str) -> Any:
+        assert self._session is not None, "start() first"
+        async with self._session.get(self.url + path, headers={"Accept": "application/json"}) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise BootstrapError(f"GET {path}: HTTP {resp.status}: {text[:200]}")
+        try:
+            return yaml.safe_load(text)  # JSON is YAML; the reference answers bundles as YAML
+        except yaml.YAMLError as exc:
+            raise BootstrapError(f"GET {path}: unparsable body: {exc}") from exc
+
+    async def _get_json(self, path: str) -> Any:
+        return await self._get_doc(path)
+
+    # ---- deltas ----------------------------------------------------------------------------
+    async def _on_delta(self, msg: Any) -> None:
+        await self.apply_delta(msg.data)
+
+    async def apply_delta(self, data: bytes) -> str:
+        """Apply one ``_all`` delta; returns the result label counted in the metrics."""
+        kind = "unknown"
+        try:
+            delta = decode_config_delta(data)
+        except ConfigDeltaError as exc:
+            log.warning("undecodable config delta dropped: %s", exc)
+            return self._count(kind, "invalid")
+        kind = "epoch_bump" if delta.is_epoch_bump else "model"
+        if not is_trusted_producer(delta.router_id, self.trusted_producers):
+            log.warning("config delta from untrusted producer %r dropped", delta.router_id)
+            return self._count(kind, "untrusted")
+        async with self._lock:
+            if not self.bootstrapped:
+                return self._count(kind, "before_bootstrap")  # the first export will carry it
+            if delta.is_epoch_bump:
+                if delta.epoch > self.epoch:
+                    self._resync.set()
+                    return self._count(kind, "resync")
+                return self._count(kind, "stale")
+            if delta.epoch < self.epoch:
+                return self._count(kind, "stale")
+            if delta.epoch == self.epoch:
+                # another per-bundle copy of the write already applied: only its bundle's hash
+                if delta.bundle_id and delta.bundle_config_hash:
+                    self._remote_hashes[delta.bundle_id] = delta.bundle_config_hash
+                return self._count(kind, "duplicate")
+            try:
+                config = parse_model_yaml(delta.model_config_yaml)
+            except Exception as exc:  # noqa: BLE001 - leave the epoch behind; the poll repairs it
+                log.warning("config delta for %r (epoch %d) not applied: %s", delta.model_id, delta.epoch, exc)
+                self._resync.set()
+                return self._count(kind, "parse_error")
+            gap = delta.epoch > self.epoch + 1
+            self.catalog.put(config)
+            self._raw_yaml[config.sie_id] = delta.model_config_yaml
+            self._sources[config.sie_id] = "api"
+            self._hashes.clear()
+            for bundle in delta.affected_bundles:
+                self._remote_hashes.pop(bundle, None)  # recomputed until the service says otherwise
+            if delta.bundle_id and delta.bundle_config_hash:
+                self._remote_hashes[delta.bundle_id] = delta.bundle_config_hash
+            if gap:
+                self._resync.set()  # epochs in between were missed: the export fills them in
+                log.info("config delta epoch %d after local %d: applied, re-exporting", delta.epoch, self.epoch)
+            self._set_epoch(delta.epoch)
+            self.last_sync_at = time.time()
+            return self._count(kind, "applied_gap" if gap else "applied")
+
+    # ---- metrics ---------------------------------------------------------------------------
+    def _set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if self._metrics is not None:
+            self._metrics.config_epoch.set(epoch)
+
+    def _count(self, kind: str, result: str) -> str:
+        if self._metrics is not None:
+            self._metrics.config_deltas.labels(kind, result).inc()
+        return result
+
+    def _count_failure(self) -> None:
+        if self._metrics is not None:
+            self._metrics.config_bootstrap_failures.inc()
+
+    def _set_degraded(self, value: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.config_bootstrap_degraded.set(1 if value else 0)
