@@ -104,6 +104,9 @@ class Dispatcher:
         self._ensured: set[str] = set()
         self._ensure_locks: dict[str, asyncio.Lock] = {}
         self._pending_cache: dict[str, tuple[float, int]] = {}
+        # items admitted since the cached stream count was read: a burst inside one cache period
+        # cannot overshoot max_stream_pending
+        self._admitted_since: dict[str, int] = {}
         self._sub = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -177,10 +180,11 @@ class Dispatcher:
         now = time.monotonic()
         cached = self._pending_cache.get(pool)
         if cached and now - cached[0] < STREAM_INFO_TTL_S:
-            return cached[1]
+            return cached[1] + self._admitted_since.get(pool, 0)
         info = await self.js.stream_info(pool_stream_name(pool))
         pending = int(info.state.messages)
         self._pending_cache[pool] = (now, pending)
+        self._admitted_since[pool] = 0
         return pending
 
     # ---- requests --------------------------------------------------------------------------
@@ -200,6 +204,7 @@ class Dispatcher:
                 f"Queue for pool '{pool}' is full ({pending} items pending); retry later",
                 retry_after=self.queue_full_retry_after_s,
             )
+        self._admitted_since[pool] = self._admitted_since.get(pool, 0) + n_items
 
     async def cancel(self, request_id: str, reason: str) -> None:
         self.metrics.cancels.labels(reason).inc()

@@ -1,0 +1,127 @@
+"""A real cluster shape for contract checks: ``deploy.launcher.Cluster`` (nats-server, config
+service on SQLite, worker IPC server, sidecar, gateway — all subprocesses), plus extra gateway
+processes with their own settings (short deadline, tiny queue, auth) on the same NATS."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.launcher import Cluster
+from tests.support.nats_server import free_port
+from tests.support.sdk312 import sdk_unavailable
+
+ADMIN = "cluster-admin-token"
+FAKE = "sie-fake"
+
+
+class TestCluster(Cluster):
+    """The launcher's cluster with two configured machine profiles: ``cpu`` (a worker) and ``l4`` (none)."""
+
+    __test__ = False
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in super().env().items() if not k.startswith("SIE_AUTH")}
+        env.update(
+            {
+                "SIE_ADMIN_TOKEN": ADMIN,
+                "SIE_CONFIG_SERVICE_TOKEN": ADMIN,
+                "SIE_GATEWAY_CONFIGURED_GPUS": "cpu,l4",
+                "SIE_GATEWAY_PROVISIONING_RETRY_AFTER_S": "2",
+                "SIE_CONFIG_POLL_INTERVAL_S": "2",
+                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
+                "SIE_STREAM_STORAGE": "memory",
+            }
+        )
+        return env
+
+    def spawn_gateway(self, name: str, token: str | None = None, **env: str) -> str:
+        """Another gateway process on this cluster's NATS and config service, once it sees a
+        worker; returns its URL."""
+        port = free_port()
+        extra = {"SIE_GATEWAY_HOST": "127.0.0.1", "SIE_GATEWAY_PORT": str(port), **env}
+        self._spawn(name, [sys.executable, "-m", "gateway"], extra)
+        url = f"http://127.0.0.1:{port}"
+        self._wait(name, lambda: _ok(url + "/readyz"), 60)
+        wait_for_worker(url, headers={"Authorization": f"Bearer {token}"} if token else None)
+        return url
+
+    def log(self, name: str) -> str:
+        path = self.state_dir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for_worker(url: str, timeout: float = 60.0, headers: dict[str, str] | None = None) -> dict:
+    deadline = time.monotonic() + timeout
+    body: dict = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            body = httpx.get(url + "/health", timeout=2, headers=headers).json()
+            if body.get("cluster", {}).get("worker_count", 0) >= 1:
+                return body
+        time.sleep(0.2)
+    raise AssertionError(f"no healthy worker seen by {url}: {body}")
+
+
+@pytest.fixture(scope="session")
+def sdk():
+    reason = sdk_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state = Path(tmp_path_factory.mktemp("cluster"))
+    c = TestCluster(
+        state_dir=state,
+        gateway_port=free_port(),
+        config_port=free_port(),
+        nats_port=free_port(),
+        preload=FAKE,
+    )
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SIE_")}
+    try:
+        c.start(say=lambda *_: None)
+        wait_for_worker(c.gateway_url)
+        yield c
+    except Exception:
+        for name, _ in c.procs:
+            print(f"---- {name} ----\n{c.log(name)}")
+        raise
+    finally:
+        c.stop()
+        for _, proc in c.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        os.environ.update(saved)
+
+
+def spawn_pair(c: TestCluster, name: str, profile: str) -> list[subprocess.Popen]:
+    """A second worker + sidecar of machine profile ``profile`` (capacity arriving)."""
+    sock = c.state_dir / f"{name}.sock"
+    env = {
+        "SIE_IPC_SOCKET_PATH": str(sock),
+        "SIE_WORKER_ID": f"{name}-0",
+        "SIE_MACHINE_PROFILE": profile,
+        "SIE_PRELOAD_MODELS": FAKE,
+    }
+    worker = c._spawn(f"{name}-worker", [sys.executable, "-m", "worker.ipc_server"], env)
+    c._wait(f"{name}-worker", sock.exists, 120)
+    sidecar = c._spawn(f"{name}-sidecar", [sys.executable, "-m", "sidecar"], env)
+    return [worker, sidecar]
