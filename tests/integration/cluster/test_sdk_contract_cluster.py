@@ -19,6 +19,21 @@ def sdk_run(script: str, url: str, **kw) -> dict:
     return run_sdk(script.replace("__D__", repr(FAKE)), url, **kw)
 
 
+def warm(url: str, model: str, timeout: float = 60.0) -> None:
+    """Encode until one answer is 200 (loads the model's profile on the cpu worker)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = httpx.post(
+            url + f"/v1/encode/{model}", json={"items": [{"text": "warm"}]},
+            headers={**SDK_HEADERS, "X-SIE-MACHINE-PROFILE": "cpu"}, timeout=60,
+        )  # fmt: skip
+        if last.status_code == 200:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{model} never answered 200: {last.status_code if last else None} {last.text if last else ''}")
+
+
 def test_check_19_scale_from_zero(cluster, sdk):
     out = sdk_run(
         """
@@ -84,12 +99,7 @@ def test_check_19_capacity_arriving_within_budget_succeeds(cluster, sdk):
 
 
 def test_check_20_gateway_deadline(cluster, sdk):
-    # load the slow profile first, through the normal gateway
-    r = httpx.post(
-        cluster.gateway_url + f"/v1/encode/{FAKE}:slow-batch", json={"items": [{"text": "warm"}]},
-        headers={**SDK_HEADERS, "X-SIE-MACHINE-PROFILE": "cpu"}, timeout=60,
-    )  # fmt: skip
-    assert r.status_code in (200, 503), r.text
+    warm(cluster.gateway_url, f"{FAKE}:slow-batch")  # load the slow profile through the normal gateway
     url = cluster.spawn_gateway("gw-deadline", SIE_GATEWAY_REQUEST_TIMEOUT_S="0.15")
     r = httpx.post(
         url + f"/v1/encode/{FAKE}:slow-batch", json={"items": [{"text": "late"}]},
@@ -127,6 +137,7 @@ def test_check_21_queue_backpressure(cluster, sdk):
     url = cluster.spawn_gateway(
         "gw-tiny-queue", SIE_GATEWAY_MAX_STREAM_PENDING="2", SIE_GATEWAY_QUEUE_FULL_RETRY_AFTER_S="1"
     )
+    warm(url, f"{FAKE}:slow-batch")
     target = url + f"/v1/encode/{FAKE}:slow-batch"
     headers = {**SDK_HEADERS, "X-SIE-MACHINE-PROFILE": "cpu"}
 
