@@ -494,7 +494,8 @@ def test_rendered_nats_config_runs_with_role_permissions(render, tmp_path):
         sub = await gw.subscribe("sie.config.models._all")
         await gw.flush()
         await cfg.publish("sie.config.models._all", b"{}")
-        msg = await sub.next_msg(timeout=2)
+        await cfg.flush()
+        msg = await sub.next_msg(timeout=10)  # generous: CI machines are shared
         assert msg.data == b"{}"
         for c in (gw, side, cfg):
             await c.close()
