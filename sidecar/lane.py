@@ -198,9 +198,7 @@ class LaneConsumer:
         with contextlib.suppress(Exception):
             await self.publish_heartbeat(terminated=True)
             await self.nc.flush(timeout=2)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._cancel_all(self._tasks)
         # Queued items go back at once so another pod can take them.
         for sched in self.schedulers.values():
             for d in sched.take_all():
@@ -210,10 +208,7 @@ class LaneConsumer:
             await self.ipc.call(ipc.DRAIN, {"deadline_ms": int(budget * 1000)}, timeout_s=budget + 1)
         if self._batch_tasks:
             await asyncio.wait(list(self._batch_tasks), timeout=budget)
-        for sched in self.schedulers.values():
-            if sched.task:
-                sched.task.cancel()
-        await asyncio.gather(*(s.task for s in self.schedulers.values() if s.task), return_exceptions=True)
+        await self._cancel_all([sched.task for sched in self.schedulers.values() if sched.task])
         for d in list(self.held):
             await self._nak(d, self.settings.overflow_nak_delay_s)
         for sub in (self._sub, self._cancel_sub):
@@ -222,6 +217,15 @@ class LaneConsumer:
                     await sub.unsubscribe()
         with contextlib.suppress(Exception):
             await self.nc.flush(timeout=2)
+
+    @staticmethod
+    async def _cancel_all(tasks: list[asyncio.Task]) -> None:
+        """Cancel and wait, bounded: on Python 3.11 ``wait_for`` can swallow a cancel that races with
+        a result, so every loop also checks the stop flag and this wait never hangs shutdown."""
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
 
     # ------------------------------------------------------------------ pulling
     async def _pull_loop(self) -> None:
@@ -353,7 +357,7 @@ class LaneConsumer:
 
     # ------------------------------------------------------------------ scheduling
     async def _run_scheduler(self, sched: ModelScheduler) -> None:
-        while True:
+        while not (self._stop.is_set() and sched.pending_count() == 0):
             if sched.pending_count() == 0:
                 sched.wake.clear()
                 await sched.wake.wait()
@@ -620,7 +624,7 @@ class LaneConsumer:
         another pod after ack_wait.
         """
         interval = self.settings.progress_interval_s
-        while True:
+        while not self._stop.is_set():
             await asyncio.sleep(interval / 2)
             if not self.worker.fresh(self._worker_stale_after_s()):
                 continue
@@ -632,7 +636,7 @@ class LaneConsumer:
     async def _ping_loop(self) -> None:
         interval = self.settings.worker_ping_interval_ms / 1000.0
         failures = 0
-        while True:
+        while not self._stop.is_set():
             try:
                 body = await self.ipc.call(
                     ipc.PING, {"timestamp_ms": int(time.time() * 1000)}, timeout_s=max(1.0, interval)
@@ -693,7 +697,7 @@ class LaneConsumer:
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.health_publish_interval_ms / 1000.0
         failures = 0
-        while True:
+        while not self._stop.is_set():
             try:
                 await self.publish_heartbeat()
                 failures = 0
