@@ -392,9 +392,17 @@ def _build_runtime():
 
 
 async def _amain() -> None:
-    socket_path = os.environ.get("SIE_IPC_SOCKET_PATH", DEFAULT_SOCKET_PATH)
-    worker_id = os.environ.get("SIE_WORKER_ID") or socket.gethostname()
     runtime = _build_runtime()
+    # WorkerSettings may not carry these (yet): fall back to the same SIE_* variables the sidecar reads.
+    settings = getattr(runtime, "settings", None)
+    socket_path = (
+        getattr(settings, "ipc_socket_path", None)
+        or os.environ.get("SIE_IPC_SOCKET_PATH")
+        or DEFAULT_SOCKET_PATH
+    )
+    worker_id = (
+        getattr(settings, "worker_id", None) or os.environ.get("SIE_WORKER_ID") or socket.gethostname()
+    )
     await runtime.start()
     server = await serve_ipc(runtime, socket_path, worker_id=worker_id)
     stop = asyncio.Event()

@@ -312,3 +312,42 @@ async def test_client_fails_pending_calls_when_the_worker_goes_away(sock_path):
     finally:
         await client.close()
         await runtime.close()
+
+
+async def test_apply_and_replace_model_configs(sock_path):
+    runtime = fake_runtime()
+    await runtime.start()
+    server = await serve_ipc(runtime, sock_path)
+    client = IpcClient(sock_path)
+    try:
+        new_yaml = FAKE_YAML.format(loadtime="{}").replace("test/fake-embed", "test/added-later")
+        before = (await client.call(ipc.PING, {}))["bundle_config_hash"]
+        applied = await client.call(
+            ipc.APPLY_MODEL_CONFIG,
+            {"bundle_id": "default", "model_id": "test/added-later", "epoch": 2, "model_config": new_yaml},
+        )
+        assert applied["applied"] is True and applied["unsupported_models"] == []
+        assert "test/added-later" in runtime.catalog
+        assert applied["bundle_config_hash"] == (await client.call(ipc.PING, {}))["bundle_config_hash"]
+        assert isinstance(before, str)
+        resp = await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "test/added-later"})
+        assert resp["state"] in (ipc.STATE_LOADING_STARTED, ipc.STATE_READY)
+
+        replaced = await client.call(
+            ipc.REPLACE_MODEL_CONFIGS,
+            {
+                "bundle_id": "default",
+                "epoch": 3,
+                "models": [
+                    {"model_id": "test/added-later", "model_config": new_yaml},
+                    {"model_id": "test/broken", "model_config": "sie_id: test/broken\nprofiles: {}\n"},
+                ],
+            },
+        )
+        assert replaced["applied_models"] == ["test/added-later"]
+        assert replaced["unsupported_models"] == ["test/broken"]
+        assert replaced["config_version"] == 2
+    finally:
+        await client.close()
+        await server.close()
+        await runtime.close()
