@@ -28,10 +28,10 @@ from gateway.pools import DEFAULT_POOL, PoolStore, normalize_pool_name
 from gateway.registry import ModelRegistry, Route
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerRegistry, WorkerState
-from protocol import SERVER_VERSION
+from protocol import SERVER_VERSION, http
 from protocol.api import OVERFLOW_POLICIES, EncodeRequest, ExtractRequest, ScoreRequest, parse_request
 from protocol.catalog import supported_outputs
-from protocol.codec import CodecError, unpackb, wants_msgpack_body, wants_msgpack_response
+from protocol.codec import unpackb, wants_msgpack_response
 from protocol.errors import ErrorCode, SIEError, format_retry_after, invalid_input
 from protocol.model_config import OUTPUT_TYPES
 from protocol.streams import dlq_stream_config
@@ -70,28 +70,8 @@ def sdk_understands_503(request: web.Request) -> bool:
 
 
 def error_response(err: SIEError, *, openai: bool = False) -> web.Response:
-    if openai:
-        body = {
-            "error": {
-                "message": err.message,
-                "type": "invalid_request_error" if err.status < 500 else "server_error",
-                "param": err.param,
-                "code": _openai_code(err),
-                **err.extra,
-            }
-        }
-    else:
-        body = err.body()
-    return web.json_response(body, status=err.status, headers=err.headers())
-
-
-def _openai_code(err: SIEError) -> str:
-    return {
-        ErrorCode.MODEL_NOT_FOUND: "model_not_found",
-        ErrorCode.INVALID_INPUT: "invalid_request",
-        ErrorCode.QUEUE_FULL: "server_overloaded",
-        ErrorCode.INFERENCE_ERROR: "inference_error",
-    }.get(err.code, err.code)  # type: ignore[call-overload]
+    """The native ``{"detail": ...}`` envelope, or the OpenAI one on the embeddings route."""
+    return http.openai_error_response(err) if openai else http.error_response(err)
 
 
 class Gateway:
@@ -370,29 +350,9 @@ class Gateway:
 
 
 async def read_body(request: web.Request, max_bytes: int) -> Any:
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise SIEError(
-            ErrorCode.INPUT_TOO_LONG, f"Request body exceeds {max_bytes} bytes", status=413, param="body"
-        )
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise SIEError(
-            ErrorCode.INPUT_TOO_LONG, f"Request body exceeds {max_bytes} bytes", status=413, param="body"
-        ) from None
-    if len(raw) > max_bytes:
-        raise SIEError(ErrorCode.INPUT_TOO_LONG, f"Request body exceeds {max_bytes} bytes", status=413)
-    if not raw:
-        raise invalid_input("Request body is empty")
-    if wants_msgpack_body(request.headers.get("Content-Type")):
-        try:
-            return unpackb(raw)
-        except CodecError as exc:
-            raise invalid_input(str(exc)) from None
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid_input(f"invalid JSON body: {exc}") from None
+    """The decoded body (msgpack or JSON per Content-Type), refused with 413 beyond ``max_bytes``."""
+    raw = await http.read_body(request, max_bytes)
+    return http.decode_body(raw, request.headers.get("Content-Type"))
 
 
 def success_headers(request_id: str, results: list[WorkResult], wait_ms: float) -> dict[str, str]:

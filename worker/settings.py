@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,14 +19,18 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore")
 
     # front door
-    host: str = "0.0.0.0"
-    port: int = 8080
+    host: str = "0.0.0.0"  # bind address of sie serve
+    port: int = 8080  # port of sie serve
     # catalog
-    models_dir: str = str(DEFAULT_MODELS_DIR)
-    bundles_dir: str = str(DEFAULT_BUNDLES_DIR)
-    bundle: str = "default"
+    models_dir: str = str(DEFAULT_MODELS_DIR)  # directory of model YAML files
+    bundles_dir: str = str(DEFAULT_BUNDLES_DIR)  # directory of bundle YAML files
+    bundle: str = "default"  # the bundle this worker serves (its adapters and models)
     preload_models: str = ""  # comma-separated model specs loaded at start-up
     machine_profile: str = ""  # when set, requests naming another profile are refused
+    pool: str = "default"  # the pool this worker serves; scopes its bundle_config_hash (models of other pools do not count)
+    # queue mode (python -m worker.ipc_server)
+    ipc_socket_path: str = "/tmp/sie-ipc.sock"  # Unix socket of the IPC front door the sidecar connects to
+    worker_id: str = Field(default_factory=socket.gethostname)  # worker identity in Ping answers and results (default: hostname)
     # execution
     device: str = "auto"  # auto | cpu | cuda
     torch_threads: int = 0  # 0 = torch default
@@ -36,15 +41,15 @@ class WorkerSettings(BaseSettings):
     batch_coalesce_ms: float = 2.0  # flush early when nothing new arrived for this long
     max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share
     # limits
-    max_request_body_bytes: int = 34 * 1024 * 1024
-    max_items_per_request: int = 4096
-    max_score_items: int = 1000
-    max_item_text_bytes: int = 2 * 1024 * 1024
+    max_request_body_bytes: int = 34 * 1024 * 1024  # largest request body (413 INPUT_TOO_LONG above)
+    max_items_per_request: int = 4096  # most items in one encode/extract request (400 above)
+    max_score_items: int = 1000  # most items in one score request (400 above)
+    max_item_text_bytes: int = 2 * 1024 * 1024  # largest UTF-8 text of one item (400 above)
     # lifecycle
-    model_loading_retry_after_s: float = 5.0
+    model_loading_retry_after_s: float = 5.0  # Retry-After of 503 MODEL_LOADING
     load_failure_cooldown_s: float = 30.0  # a transient load failure is answered 502 this long
-    resource_exhausted_retry_after_s: float = 5.0
-    disable_oom_recovery: bool = False
+    resource_exhausted_retry_after_s: float = 5.0  # Retry-After of 503 RESOURCE_EXHAUSTED
+    disable_oom_recovery: bool = False  # answer OOM at once instead of clearing caches, evicting and splitting
     # memory manager (worker/memory.py)
     memory_pressure_threshold_percent: float = Field(default=85.0, gt=0, le=100)  # evict LRU models above this
     memory_budget_bytes: int = Field(default=0, ge=0)  # >0: synthetic device, usage = loaded models' memory_bytes()
@@ -59,7 +64,7 @@ class WorkerSettings(BaseSettings):
     disk_budget_bytes: int = Field(default=0, ge=0)  # >0: synthetic disk, usage = size of the cache's entries
     cluster_cache_url: str = ""  # shared directory, file://, s3:// or gs:// (fsspec); "" = none
     download_progress_interval_s: float = Field(default=10.0, gt=0)  # progress log period while downloading
-    log_level: str = "INFO"
+    log_level: str = "INFO"  # logging level
 
     def preload_list(self) -> list[str]:
         return [m.strip() for m in self.preload_models.split(",") if m.strip()]
