@@ -6,7 +6,7 @@ connection multiplexes concurrent calls (a slow batch never delays a Ping); resp
 request's ``request_id``.
 
 ``python -m worker.ipc_server`` builds the worker settings and runtime like ``sie serve`` does and
-serves ``SIE_IPC_SOCKET_PATH`` (default ``/tmp/sie-ipc.sock``) until SIGTERM/SIGINT.
+serves ``WorkerSettings.ipc_socket_path`` (``SIE_IPC_SOCKET_PATH``, default ``/tmp/sie-ipc.sock``) until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ class IpcHandler:
         if method == ipc.DRAIN:
             return await self.drain(body)
         if method == ipc.APPLY_MODEL_CONFIG:
-            return self.apply_model_config(body)
+            return await self.apply_model_config(body)
         if method == ipc.REPLACE_MODEL_CONFIGS:
-            return self.replace_model_configs(body)
+            return await self.replace_model_configs(body)
         raise IpcMethodError(f"unknown method {method!r}")
 
     async def _tracked(self, coro):
@@ -184,60 +184,94 @@ class IpcHandler:
             await asyncio.wait_for(self._idle.wait(), budget)
         return {"acknowledged": True, "inflight": len(self._inflight)}
 
-    def _bundle_hash(self) -> str:
+    def _bundle_hash(self, body: dict[str, Any] | None = None) -> str:
+        """The runtime's hash; a config call's body may scope it (``pool_scoped``, ``bundle_adapters``)."""
         fn = getattr(self.runtime, "bundle_config_hash", None)
+        if not callable(fn):
+            return ""
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            if body.get("pool_scoped") is False:
+                kwargs["pool"] = None  # the control plane sent only the unscoped hash
+            adapters = body.get("bundle_adapters")
+            if isinstance(adapters, list) and all(isinstance(a, str) for a in adapters):
+                kwargs["adapters"] = adapters
         try:
-            return str(fn()) if callable(fn) else ""
+            try:
+                return str(fn(**kwargs))
+            except TypeError:
+                return str(fn())  # a runtime without scoping
         except Exception:  # noqa: BLE001 - a hash problem must not fail Ping
             log.exception("bundle_config_hash failed")
             return ""
 
-    def _put_config(self, model_id: str | None, yaml_text: Any) -> str | None:
-        """Add one model config to the runtime's catalog; the model id if it was rejected."""
-        if not isinstance(yaml_text, str) or not yaml_text.strip():
-            return None  # a pure epoch bump
-        try:
-            config = parse_model_yaml(yaml_text)
-        except Exception as exc:  # noqa: BLE001 - schema rejection → unsupported
-            log.warning("model config for %s rejected: %s", model_id, exc)
-            return model_id or "?"
-        apply = getattr(self.runtime, "apply_model_config", None)
-        if callable(apply):
-            apply(config)
-        else:
-            self.runtime.catalog.put(config)
+    @staticmethod
+    def _adapters(body: dict[str, Any]) -> list[str] | None:
+        adapters = body.get("bundle_adapters")
+        if isinstance(adapters, list) and adapters and all(isinstance(a, str) for a in adapters):
+            return list(adapters)
         return None
 
-    def apply_model_config(self, body: dict[str, Any]) -> dict[str, Any]:
-        rejected = self._put_config(body.get("model_id"), body.get("model_config"))
+    def _parse(self, model_id: Any, yaml_text: Any) -> tuple[Any, str | None]:
+        """(config or None, rejected model id or None); an empty config is a pure epoch bump."""
+        if not isinstance(yaml_text, str) or not yaml_text.strip():
+            return None, None
+        try:
+            return parse_model_yaml(yaml_text), None
+        except Exception as exc:  # noqa: BLE001 - schema rejection → unsupported
+            log.warning("model config for %s rejected: %s", model_id, exc)
+            return None, str(model_id or "?")
+
+    def _unsupported(self, rejected: list[str]) -> list[str]:
+        known = getattr(self.runtime, "unsupported_models", None) or set()
+        return sorted(set(known) | set(rejected))
+
+    async def apply_model_config(self, body: dict[str, Any]) -> dict[str, Any]:
+        config, rejected = self._parse(body.get("model_id"), body.get("model_config"))
+        if config is not None:
+            apply = getattr(self.runtime, "apply_model_config", None)
+            if callable(apply):
+                result = apply(config, bundle_adapters=self._adapters(body))
+                if asyncio.iscoroutine(result):
+                    await result
+            else:
+                self.runtime.catalog.put(config)
         self.config_version += 1
         return {
             "applied": rejected is None,
-            "bundle_config_hash": self._bundle_hash(),
+            "bundle_config_hash": self._bundle_hash(body),
             "config_version": self.config_version,
-            "unsupported_models": [rejected] if rejected else [],
+            "unsupported_models": self._unsupported([rejected] if rejected else []),
         }
 
-    def replace_model_configs(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def replace_model_configs(self, body: dict[str, Any]) -> dict[str, Any]:
         models = body.get("models") or []
-        unsupported: list[str] = []
-        applied: list[str] = []
+        rejected: list[str] = []
+        configs = []
         for entry in models if isinstance(models, list) else []:
             if not isinstance(entry, dict):
                 continue
-            model_id = entry.get("model_id")
-            rejected = self._put_config(model_id, entry.get("model_config"))
-            if rejected:
-                unsupported.append(rejected)
-            elif model_id:
-                applied.append(str(model_id))
+            config, bad = self._parse(entry.get("model_id"), entry.get("model_config"))
+            if bad:
+                rejected.append(bad)
+            elif config is not None:
+                configs.append(config)
+        replace = getattr(self.runtime, "replace_model_configs", None)
+        if callable(replace):
+            result = replace(configs, bundle_adapters=self._adapters(body))
+            if asyncio.iscoroutine(result):
+                await result
+        else:
+            for config in configs:
+                self.runtime.catalog.put(config)
         self.config_version += 1
         return {
-            "applied": not unsupported,
-            "bundle_config_hash": self._bundle_hash(),
+            "applied": not rejected,
+            "bundle_config_hash": self._bundle_hash(body),
             "config_version": self.config_version,
-            "applied_models": applied,
-            "unsupported_models": unsupported,
+            "applied_models": [c.sie_id for c in configs],
+            "applied_profiles": sum(len(c.profiles) for c in configs),
+            "unsupported_models": self._unsupported(rejected),
         }
 
 
@@ -384,25 +418,18 @@ async def serve_ipc(runtime: Any, socket_path: str, *, worker_id: str | None = N
 # --------------------------------------------------------------------------- process entry point
 
 
-def _build_runtime():
-    """Settings and runtime exactly as ``sie serve`` builds them."""
+def _build_runtime(settings=None):
+    """The runtime exactly as ``sie serve`` builds it."""
     from worker.serve.main import build_runtime
 
-    return build_runtime()
+    return build_runtime(settings)
 
 
-async def _amain() -> None:
-    runtime = _build_runtime()
-    # WorkerSettings may not carry these (yet): fall back to the same SIE_* variables the sidecar reads.
-    settings = getattr(runtime, "settings", None)
-    socket_path = (
-        getattr(settings, "ipc_socket_path", None)
-        or os.environ.get("SIE_IPC_SOCKET_PATH")
-        or DEFAULT_SOCKET_PATH
-    )
-    worker_id = (
-        getattr(settings, "worker_id", None) or os.environ.get("SIE_WORKER_ID") or socket.gethostname()
-    )
+async def _amain(settings=None) -> None:
+    runtime = _build_runtime(settings)
+    settings = runtime.settings  # the worker's one settings object (SIE_IPC_SOCKET_PATH, SIE_WORKER_ID)
+    socket_path = settings.ipc_socket_path or DEFAULT_SOCKET_PATH
+    worker_id = settings.worker_id
     await runtime.start()
     server = await serve_ipc(runtime, socket_path, worker_id=worker_id)
     stop = asyncio.Event()
@@ -420,11 +447,14 @@ async def _amain() -> None:
 
 
 def main() -> None:
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings()
     logging.basicConfig(
-        level=os.environ.get("SIE_LOG_LEVEL", "INFO").upper(),
+        level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    asyncio.run(_amain())
+    asyncio.run(_amain(settings))
 
 
 if __name__ == "__main__":
