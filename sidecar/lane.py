@@ -48,6 +48,7 @@ from protocol.subjects import (
     lane_token,
 )
 from protocol.work import OPERATIONS, Heartbeat, WorkItem, WorkResult
+from sidecar.barrier import ExecutionBarrier
 from sidecar.batcher import Batcher, BatchLimits, item_cost, next_due, oldest_ready
 from sidecar.ipc_client import IpcClient, IpcRemoteError, IpcTransportError
 from sidecar.settings import SidecarSettings
@@ -134,8 +135,18 @@ class WorkerState:
 
 
 class LaneConsumer:
-    def __init__(self, nc: NATS, ipc_client: IpcClient, settings: SidecarSettings) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        ipc_client: IpcClient,
+        settings: SidecarSettings,
+        *,
+        barrier: ExecutionBarrier | None = None,
+    ) -> None:
         self.nc = nc
+        # Batches hold it shared on the worker; config applies hold it exclusively.
+        self.barrier = barrier or ExecutionBarrier()
+        self.config: Any = None  # sidecar.config_sync.ConfigApplier once wired (start_sidecar)
         self.js = nc.jetstream()
         self.ipc = ipc_client
         self.settings = settings
@@ -195,6 +206,9 @@ class LaneConsumer:
         budget = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self.draining = True
         self._stop.set()
+        if self.config is not None:
+            with contextlib.suppress(Exception):
+                await self.config.stop()
         with contextlib.suppress(Exception):
             await self.publish_heartbeat(terminated=True)
             await self.nc.flush(timeout=2)
@@ -476,7 +490,8 @@ class LaneConsumer:
             if deadlines:
                 timeout = min(180.0, max(timeout, max(deadlines) - time.time()))
             try:
-                body = await self.ipc.call(ipc.RUN_BATCH, request.to_map(), timeout_s=timeout)
+                async with self.barrier.shared():
+                    body = await self.ipc.call(ipc.RUN_BATCH, request.to_map(), timeout_s=timeout)
             except IpcTransportError as exc:
                 log.warning("RunBatch of %d items for %s failed: %s", len(live), sched.spec, exc)
                 sched.ready = False
@@ -671,6 +686,12 @@ class LaneConsumer:
         elif self.inflight_batches < 0.7 * cap:
             self.saturated = False
 
+    def advertised_hash(self) -> str:
+        """The last verified bundle_config_hash when config deltas are applied, else the worker's."""
+        if self.config is not None:
+            return self.config.advertised_hash()
+        return self.worker.ping.bundle_config_hash or ""
+
     def heartbeat(self, *, terminated: bool = False) -> Heartbeat:
         s = self.settings
         return Heartbeat(
@@ -680,12 +701,13 @@ class LaneConsumer:
             machine_profile=s.machine_profile,
             pool_name=s.pool,
             bundle=s.bundle,
-            bundle_config_hash=self.worker.ping.bundle_config_hash or "",
+            bundle_config_hash=self.advertised_hash(),
             loaded_models=list(self.worker.ping.loaded_models or []),
             queue_depth=self.queue_depth(),
             pending_cost=self.pending_cost(),
             inflight_batches=self.inflight_batches,
             saturated=self.saturated,
+            unsupported_models=list(self.config.unsupported_models) if self.config is not None else [],
             timestamp=time.time(),
         )
 

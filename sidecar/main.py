@@ -1,4 +1,4 @@
-"""Sidecar process wiring: settings → NATS (inbox ``_INBOX_WORKER``) → IPC client → LaneConsumer."""
+"""Sidecar process wiring: settings → NATS (inbox ``_INBOX_WORKER``) → IPC client → LaneConsumer + ConfigApplier."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import signal
 import nats
 
 from protocol.subjects import WORKER_INBOX_PREFIX
+from sidecar.barrier import ExecutionBarrier
+from sidecar.config_sync import ConfigApplier
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
 from sidecar.settings import SidecarSettings
@@ -31,10 +33,17 @@ async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, object
     """Connect and start a lane consumer; returns (consumer, nats client, ipc client)."""
     nc = await connect_nats(settings)
     client = IpcClient(settings.ipc_socket_path, timeout_s=settings.ipc_request_timeout_s)
-    lane = LaneConsumer(nc, client, settings)
+    barrier = ExecutionBarrier()
+    lane = LaneConsumer(nc, client, settings, barrier=barrier)
+    lane.config = ConfigApplier(
+        nc, client, settings, barrier, current_hash=lambda: lane.worker.ping.bundle_config_hash or ""
+    )
     try:
         await lane.start()
+        await lane.config.start()
     except BaseException:
+        with contextlib.suppress(Exception):
+            await lane.config.stop()
         await client.close()
         with contextlib.suppress(Exception):
             await nc.close()

@@ -22,45 +22,51 @@ class SidecarSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore")
 
     # identity / lane
-    nats_url: str = "nats://127.0.0.1:4222"
-    pool: str = "default"
-    machine_profile: str = "cpu"
-    bundle: str = "default"
-    worker_id: str = Field(default_factory=socket.gethostname)
+    nats_url: str = "nats://127.0.0.1:4222"  # NATS server (JetStream work stream, results, heartbeats, config deltas)
+    pool: str = "default"  # pool of this worker pod: its lane and the pool its bundle_config_hash is scoped to
+    machine_profile: str = "cpu"  # machine profile of this pod (lane subject token, heartbeat)
+    bundle: str = "default"  # bundle the worker serves: lane subject token and config deltas subscribed to
+    worker_id: str = Field(default_factory=socket.gethostname)  # identity in heartbeats (sie.health.<id>) and results; default hostname
     # worker IPC
-    ipc_socket_path: str = "/tmp/sie-ipc.sock"
-    ipc_request_timeout_s: float = 60.0
-    model_ready_timeout_s: float = 900.0
-    worker_ping_interval_ms: int = 2000
-    worker_readyz_stale_mult: int = 3
+    ipc_socket_path: str = "/tmp/sie-ipc.sock"  # Unix socket of the worker's IPC server
+    ipc_request_timeout_s: float = 60.0  # limit of an ordinary IPC call (RunBatch: up to the items' deadlines)
+    model_ready_timeout_s: float = 900.0  # limit of one EnsureModelReady call
+    worker_ping_interval_ms: int = 2000  # IPC Ping period
+    worker_readyz_stale_mult: int = 3  # worker counts as gone after this many ping intervals without an answer
     # settlement
-    nak_delay_s: float = 5.0
-    oom_nak_delay_s: float = 10.0
-    overflow_nak_delay_s: float = 0.1
-    model_loading_recheck_s: float = 5.0
+    nak_delay_s: float = 5.0  # NAK delay for retryable failures (transport error, retry_later, no outcome)
+    oom_nak_delay_s: float = 10.0  # NAK delay after RESOURCE_EXHAUSTED
+    overflow_nak_delay_s: float = 0.1  # NAK delay when over the held budget, draining or shutting down
+    model_loading_recheck_s: float = 5.0  # recheck a loading model this often (doubled while in progress)
     # JetStream
-    max_deliver: int = DEFAULT_MAX_DELIVER
-    ack_wait_s: float = DEFAULT_ACK_WAIT_S
-    max_ack_pending: int = DEFAULT_MAX_ACK_PENDING
-    nats_fetch_budget: int = 64
-    nats_fetch_timeout_s: float = 1.0
-    max_held_messages: int = 256
-    stream_max_age_s: float = DEFAULT_STREAM_MAX_AGE_S
-    stream_storage: str = DEFAULT_STREAM_STORAGE
-    stream_replicas: int = DEFAULT_STREAM_REPLICAS
+    max_deliver: int = DEFAULT_MAX_DELIVER  # deliveries per work item before JetStream gives up (DLQ)
+    ack_wait_s: float = DEFAULT_ACK_WAIT_S  # JetStream ack wait of the lane consumer
+    max_ack_pending: int = DEFAULT_MAX_ACK_PENDING  # unacknowledged messages the lane consumer may have out
+    nats_fetch_budget: int = 64  # most messages per pull request
+    nats_fetch_timeout_s: float = 1.0  # how long one pull request waits for messages
+    max_held_messages: int = 256  # most deliveries held (queued or in flight) at once
+    stream_max_age_s: float = DEFAULT_STREAM_MAX_AGE_S  # max age of work in the stream when the sidecar creates it
+    stream_storage: str = DEFAULT_STREAM_STORAGE  # file | memory storage of the stream when the sidecar creates it
+    stream_replicas: int = DEFAULT_STREAM_REPLICAS  # replicas of the stream when the sidecar creates it
     # heartbeats
-    health_publish_interval_ms: int = 5000
+    health_publish_interval_ms: int = 5000  # heartbeat period on sie.health.<worker_id>
     # batching
-    max_concurrent_batches: int = 4
-    batcher_max_batch_requests: int = 64
-    batcher_max_batch_wait_ms: float = 15.0
+    max_concurrent_batches: int = 4  # batches on the worker at once (saturation = 90 % of this)
+    batcher_max_batch_requests: int = 64  # most items per batch (capped by the model's batch budget)
+    batcher_max_batch_wait_ms: float = 15.0  # longest wait for a batch to fill
     batcher_max_batch_cost: int = 0  # 0 = the model's max_batch_tokens from EnsureModelReady
-    batcher_default_batch_cost: int = 16384
+    batcher_default_batch_cost: int = 16384  # batch cost cap when neither the setting nor the model gives one
     # cancellation
-    cancel_tombstone_ttl_s: float = 600.0
+    cancel_tombstone_ttl_s: float = 600.0  # how long a cancelled request id is remembered
+    # config deltas and reconciliation (internals 3.7)
+    config_service_url: str | None = None  # config service base URL; set: start-up export, epoch poll, periodic export
+    config_service_token: str | None = None  # bearer token for the config service's read routes (export needs read or admin)
+    nats_config_trusted_producers: str = "sie-config"  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
+    worker_config_poll_interval_ms: int = Field(default=30000, gt=0)  # config service epoch poll period
+    worker_config_full_export_interval_ms: int = Field(default=300000, gt=0)  # full export period (also at start-up)
     # shutdown
-    drain_timeout_s: float = 25.0
-    log_level: str = "INFO"
+    drain_timeout_s: float = 25.0  # how long shutdown waits for in-flight batches
+    log_level: str = "INFO"  # logging level
 
     @field_validator("pool", "machine_profile", "bundle")
     @classmethod
@@ -87,6 +93,10 @@ class SidecarSettings(BaseSettings):
     def progress_interval_s(self) -> float:
         """Progress-ACK held messages this often (a third of ack_wait, at most 10 s)."""
         return max(0.5, min(10.0, self.ack_wait_s / 3))
+
+    @property
+    def trusted_producers(self) -> list[str]:
+        return [p.strip() for p in self.nats_config_trusted_producers.split(",") if p.strip()]
 
     @property
     def loading_recheck_cap_s(self) -> float:
