@@ -113,6 +113,8 @@ class BatchFormer:
         max_pad_share: float = 0.2,
         name: str = "",
     ) -> None:
+        #: requests announced with ``expect()`` that have not submitted yet (still tokenising)
+        self.preparing = 0
         self._run = run
         self.max_cost = max_cost
         self.max_requests = max_requests
@@ -133,7 +135,19 @@ class BatchFormer:
     def pending_cost(self) -> int:
         return sum(q.cost for q in self._queues.values())
 
-    def submit(self, ctx: RequestContext, units: list[Prepared]) -> list[asyncio.Future]:
+    def expect(self) -> None:
+        """A request will submit soon (it is tokenising): worth waiting for it to join a batch."""
+        self.preparing += 1
+
+    def unexpect(self) -> None:
+        """An announced request will not submit after all (its preparation failed)."""
+        self.preparing -= 1
+        self._wakeup.set()
+
+    def submit(self, ctx: RequestContext, units: list[Prepared], *, expected: bool = False) -> list[asyncio.Future]:
+        """Queue ``units``; ``expected`` when the request was announced with ``expect()``."""
+        if expected:
+            self.preparing -= 1
         if self._closed:
             raise RuntimeError("batch former is closed")
         loop = asyncio.get_running_loop()
@@ -167,8 +181,13 @@ class BatchFormer:
         self._queues.clear()
 
     def _due(self, queue: _Queue, now: float) -> float:
-        """Seconds until ``queue`` should flush (0 = now)."""
-        if len(queue.items) >= self.max_requests or queue.cost >= self.max_cost:
+        """Seconds until ``queue`` should flush (0 = now).
+
+        Full queues flush at once, and so does everything when no announced request is still
+        tokenising: nothing could join, so waiting would only add latency. Otherwise a queue
+        waits for its coalesce window or its oldest unit's deadline.
+        """
+        if len(queue.items) >= self.max_requests or queue.cost >= self.max_cost or self.preparing <= 0:
             return 0.0
         oldest = queue.items[0].enqueued
         return max(0.0, min(oldest + self.max_wait, queue.last_arrival + self.coalesce) - now)
@@ -181,7 +200,6 @@ class BatchFormer:
                 await self._wakeup.wait()
                 continue
             now = time.monotonic()
-            key, queue = min(self._queues.items(), key=lambda kv: kv[1].items[0].enqueued)
             wait = min(self._due(q, now) for q in self._queues.values())
             if wait > 0:
                 self._wakeup.clear()
@@ -189,9 +207,8 @@ class BatchFormer:
                     await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
                 continue
             # flush the due queue whose head is oldest
-            due = [(k, q) for k, q in self._queues.items() if self._due(q, now) == 0.0]
-            key, queue = min(due, key=lambda kv: kv[1].items[0].enqueued)
-            await self._flush(queue)
+            due = [q for q in self._queues.values() if self._due(q, now) == 0.0]
+            await self._flush(min(due, key=lambda q: q.items[0].enqueued))
 
     async def _flush(self, queue: _Queue) -> None:
         live = [p for p in queue.items if not p.future.done()]  # cancelled requests drop out here

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 RUNTIME = web.AppKey("runtime", Runtime)
 SETTINGS = web.AppKey("settings", WorkerSettings)
 METRICS = web.AppKey("metrics", ServeMetrics)
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
 def _timing_headers(result: Result) -> dict[str, str]:
@@ -95,7 +96,7 @@ async def encode(request: web.Request) -> web.Response:
     result = await request.app[RUNTIME].encode(model, data["items"], params)
     body = {"model": model, "items": result.items, "timing": _timing_body(result),
             "usage": {"input_tokens": result.input_tokens}}
-    return respond(request, body, {**base_headers(request["request_id"]), **_timing_headers(result)})
+    return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
 
 
 async def score(request: web.Request) -> web.Response:
@@ -109,7 +110,7 @@ async def score(request: web.Request) -> web.Response:
     )
     body = {"model": model, "query_id": result.query_id, "scores": result.items,
             "timing": _timing_body(result), "usage": {"input_tokens": result.input_tokens}}
-    return respond(request, body, {**base_headers(request["request_id"]), **_timing_headers(result)})
+    return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
 
 
 async def extract(request: web.Request) -> web.Response:
@@ -122,7 +123,7 @@ async def extract(request: web.Request) -> web.Response:
     result = await request.app[RUNTIME].extract(model, data["items"], data.get("params") or {})
     body = {"model": model, "items": result.items, "timing": _timing_body(result),
             "usage": {"input_tokens": result.input_tokens}}
-    return respond(request, body, {**base_headers(request["request_id"]), **_timing_headers(result)})
+    return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
 
 
 def _entries(runtime: Runtime) -> list[dict[str, Any]]:
@@ -226,19 +227,19 @@ async def openai_embeddings(request: web.Request) -> web.Response:
         "data": rows,
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "sie_token_source": "worker"},
-    }, headers=base_headers(request["request_id"]))
+    }, headers=base_headers(request[REQUEST_ID]))
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    request["request_id"] = new_request_id()
+    request[REQUEST_ID] = new_request_id()
     endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource else "?"
     metrics_ = request.app[METRICS]
     started = time.monotonic()
     try:
         response = await handler(request)
     except SIEError as exc:
-        response = error_response(exc, request["request_id"])
+        response = error_response(exc, request[REQUEST_ID])
     except web.HTTPException as exc:
         if exc.status == 413:
             response = error_response(SIEError(ErrorCode.INPUT_TOO_LONG, "request body too large", status=413))
@@ -249,7 +250,7 @@ async def error_middleware(request: web.Request, handler):
             raise
     except Exception:
         log.exception("unhandled error on %s", request.path)
-        response = error_response(SIEError(ErrorCode.INTERNAL_ERROR, "internal server error"), request["request_id"])
+        response = error_response(SIEError(ErrorCode.INTERNAL_ERROR, "internal server error"), request[REQUEST_ID])
     metrics_.requests.labels(endpoint, str(response.status)).inc()
     metrics_.latency.labels(endpoint).observe(time.monotonic() - started)
     return response

@@ -72,9 +72,35 @@ async def test_different_keys_never_share_a_batch():
     await bf.close()
 
 
+async def test_announced_requests_are_waited_for_and_idle_flushes_at_once():
+    rec = Recorder()
+    bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=5_000, coalesce_ms=5_000)
+    ctx = RequestContext(op="encode")
+    bf.expect()
+    bf.expect()
+    first = bf.submit(ctx, units(3), expected=True)
+    await asyncio.sleep(0.05)
+    assert not first[0].done() and rec.batches == []  # one announced request is still tokenising
+    second = bf.submit(ctx, units(4), expected=True)
+    await asyncio.wait_for(asyncio.gather(*first, *second), timeout=2)
+    assert rec.batches == [[3, 4]]
+    # nobody announced: a lone unit runs at once, long before its 5 s deadline
+    (lone,) = bf.submit(ctx, units(9))
+    await asyncio.wait_for(lone, timeout=1)
+    # an announced request that fails to prepare releases the wait
+    bf.expect()
+    (waiting,) = bf.submit(ctx, units(2))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    bf.unexpect()
+    await asyncio.wait_for(waiting, timeout=1)
+    await bf.close()
+
+
 async def test_count_cap_flushes_without_waiting():
     rec = Recorder()
     bf = BatchFormer(rec, max_cost=10_000, max_requests=2, max_wait_ms=10_000, coalesce_ms=10_000, max_pad_share=1.0)
+    bf.expect()  # another request is still tokenising, so only the count cap can flush
     futs = bf.submit(RequestContext(op="encode"), units(1, 2, 3, 4))
     await asyncio.wait_for(asyncio.gather(*futs[:2]), timeout=2)
     assert rec.batches[0] == [1, 2]
@@ -84,6 +110,7 @@ async def test_count_cap_flushes_without_waiting():
 async def test_wait_deadline_flushes_a_lone_item():
     rec = Recorder()
     bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=30, coalesce_ms=10_000)
+    bf.expect()  # a request that never arrives: only the 30 ms deadline can flush
     (fut,) = bf.submit(RequestContext(op="encode"), units(7))
     out, info = await asyncio.wait_for(fut, timeout=2)
     assert out == 14 and info.size == 1
