@@ -21,7 +21,9 @@ class ServeProcess:
         self.env = {**os.environ, "SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
         self.env.setdefault("SIE_TORCH_THREADS", "1")
         self.proc: subprocess.Popen | None = None
-        self.log = tempfile.NamedTemporaryFile(prefix="sie-serve-", suffix=".log", delete=False)
+        fd, self.log_path = tempfile.mkstemp(prefix="sie-serve-", suffix=".log")
+        os.close(fd)
+        self._log = None
 
     @property
     def url(self) -> str:
@@ -29,7 +31,8 @@ class ServeProcess:
 
     def start(self, timeout: float = 60.0) -> ServeProcess:
         cmd = [sys.executable, "-m", "deploy.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until stop()
+        self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -44,7 +47,7 @@ class ServeProcess:
         raise RuntimeError(f"sie serve did not become ready:\n{self.output()}")
 
     def output(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-5000:]
+        return Path(self.log_path).read_text(errors="replace")[-5000:]
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -54,6 +57,9 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> ServeProcess:
         return self.start()
