@@ -252,9 +252,16 @@ class Runtime:
     def loading_models(self) -> list[str]:
         return sorted({e.model_id for e in self._entries.values() if e.state == "loading"})
 
-    def model_state(self, model_id: str) -> tuple[str, dict[str, Any] | None]:
-        """(state, last_error) for /v1/models: loaded > loading > failed > available."""
-        states = [e for e in self._entries.values() if e.model_id == model_id]
+    def model_state(self, model_id: str, profile: str | None = None) -> tuple[str, dict[str, Any] | None]:
+        """(state, last_error) of a model, or of one profile's loaded instance, for /v1/models.
+
+        For a whole model: loaded > loading > failed > available over its instances.
+        """
+        if profile is not None and (config := self.catalog.get(model_id)) is not None and profile in config.profiles:
+            key = load_signature(Resolved(config, profile, config.resolved_profile(profile)))
+            states = [e for e in (self._entries.get(key),) if e is not None]
+        else:
+            states = [e for e in self._entries.values() if e.model_id == model_id]
         for wanted in ("loaded", "loading", "failed"):
             for e in states:
                 if e.state == wanted:
@@ -538,9 +545,33 @@ class Runtime:
         )
         return [u for part in parts for u in part]
 
+    async def _infer(self, lm: LoadedModel, ctx: RequestContext, inputs: list[Any], direct: bool,
+                     timing: Timing) -> tuple[list[Prepared], list[Any]]:
+        """Tokenise ``inputs`` (CPU pool) and run them (batcher, or at once when ``direct``).
+
+        On the batched path the request is announced to the model's BatchFormer before it
+        tokenises, so a batch about to run waits for it briefly instead of running without it.
+        """
+        await self._ensure_lora(lm, ctx.lora)
+        if not direct:
+            lm.former.expect()
+        t = time.monotonic()
+        try:
+            units = await self._prepare(lm, ctx, inputs)
+        except BaseException:
+            if not direct:
+                lm.former.unexpect()
+            raise
+        timing.tokenization_ms = (time.monotonic() - t) * 1000
+        with lm.loras.use(ctx.lora):
+            outputs = await self._execute(lm, ctx, units, direct, timing)
+        return units, outputs
+
     async def _execute(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], direct: bool,
                        timing: Timing) -> list[Any]:
         if ctx.op not in lm.adapter.operations:
+            if not direct:
+                lm.former.unexpect()
             raise invalid_input(f"Model '{lm.model_id}' does not support {ctx.op}")
         submitted = time.monotonic()
         if direct:
@@ -553,7 +584,7 @@ class Runtime:
                 for i, out in zip(chunk, outs, strict=True):
                     outputs[i] = out
             return outputs
-        futures = lm.former.submit(ctx, units)
+        futures = lm.former.submit(ctx, units, expected=True)
         try:
             results = await asyncio.gather(*futures)
         except BaseException:
@@ -603,13 +634,8 @@ class Runtime:
     async def encode_plan(self, plan: Plan, items: list[dict[str, Any]], *, direct: bool, t0: float) -> Result:
         self._check_items(plan.resolved, items)
         lm = await self._ready_model(plan.resolved)
-        await self._ensure_lora(lm, plan.ctx.lora)
         timing = Timing()
-        t = time.monotonic()
-        units = await self._prepare(lm, plan.ctx, items)
-        timing.tokenization_ms = (time.monotonic() - t) * 1000
-        with lm.loras.use(plan.ctx.lora):
-            raws = await self._execute(lm, plan.ctx, units, direct, timing)
+        units, raws = await self._infer(lm, plan.ctx, items, direct, timing)
         t = time.monotonic()
         out = await self._postprocess(self._encode_outputs, plan, raws, items)
         timing.postprocessing_ms = (time.monotonic() - t) * 1000
@@ -635,10 +661,7 @@ class Runtime:
         self._check_items(resolved, [query, *items])
         lm = await self._ready_model(resolved)
         timing = Timing()
-        t = time.monotonic()
-        units = await self._prepare(lm, plan.ctx, [(query, item) for item in items])
-        timing.tokenization_ms = (time.monotonic() - t) * 1000
-        scores = await self._execute(lm, plan.ctx, units, direct, timing)
+        units, scores = await self._infer(lm, plan.ctx, [(query, item) for item in items], direct, timing)
         t = time.monotonic()
         entries = rank_scores(scores, items)
         timing.postprocessing_ms = (time.monotonic() - t) * 1000
@@ -654,13 +677,8 @@ class Runtime:
         plan = plan_extract(resolved, params)
         self._check_items(resolved, items)
         lm = await self._ready_model(resolved)
-        await self._ensure_lora(lm, plan.ctx.lora)
         timing = Timing()
-        t = time.monotonic()
-        units = await self._prepare(lm, plan.ctx, items)
-        timing.tokenization_ms = (time.monotonic() - t) * 1000
-        with lm.loras.use(plan.ctx.lora):
-            raws = await self._execute(lm, plan.ctx, units, direct, timing)
+        units, raws = await self._infer(lm, plan.ctx, items, direct, timing)
         out = [extract_item(raw, item, i) for i, (raw, item) in enumerate(zip(raws, items, strict=True))]
         timing.total_ms = (time.monotonic() - t0) * 1000
         return Result(out, timing, sum(u.input_tokens for u in units))

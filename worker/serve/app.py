@@ -129,7 +129,7 @@ async def extract(request: web.Request) -> web.Response:
 def _entries(runtime: Runtime) -> list[dict[str, Any]]:
     out = []
     for config, profile in runtime.catalog.routable_names():
-        state, err = runtime.model_state(config.sie_id)
+        state, err = runtime.model_state(config.sie_id, profile)
         out.append(runtime.catalog.model_entry(config, profile, loaded=state == "loaded", state=state,
                                                last_error=err))
     return out
@@ -143,7 +143,7 @@ async def get_model(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     spec = request.match_info["model"]
     config, profile = runtime.catalog.split_spec(spec)
-    state, err = runtime.model_state(config.sie_id)
+    state, err = runtime.model_state(config.sie_id, profile or "default")
     entry = runtime.catalog.model_entry(config, profile, loaded=state == "loaded", state=state, last_error=err)
     return json_response(entry, headers=base_headers())
 
