@@ -117,6 +117,7 @@ class Gateway:
         js = self.nc.jetstream()
         await self.dispatcher.start()
         self._subs.append(await self.nc.subscribe(HEALTH_PREFIX + ".>", cb=self._on_heartbeat))
+        self.heartbeats_since = time.monotonic()
         try:
             await js.add_stream(StreamConfig(**dlq_stream_config(storage=self.settings.stream_storage)))
         except Exception as exc:  # exists with other settings, or JetStream busy: forwarding still works
@@ -768,6 +769,10 @@ async def handle_readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "not ready", "reason": "config bootstrap pending"}, status=503)
     if not gw.nc.is_connected:
         return web.json_response({"status": "not ready", "reason": "NATS disconnected"}, status=503)
+    # a new replica has heard no heartbeat yet and would answer PROVISIONING for live lanes
+    since = getattr(gw, "heartbeats_since", None)
+    if since is None or time.monotonic() - since < gw.settings.gateway_worker_warmup_s:
+        return web.json_response({"status": "not ready", "reason": "worker registry warming up"}, status=503)
     return web.json_response({"status": "ready", "healthy_workers": len(gw.workers.healthy())})
 
 

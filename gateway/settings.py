@@ -40,6 +40,7 @@ class GatewaySettings(BaseSettings):
     gateway_queue_full_retry_after_s: float = Field(default=1.0, ge=0)  # Retry-After of QUEUE_FULL answers
     gateway_configured_gpus: Annotated[list[str], NoDecode] = Field(default_factory=list)  # CSV of machine profiles this cluster can provision (empty: any)
     gateway_worker_stale_s: float = Field(default=15.0, gt=0)  # a worker silent this long is unhealthy
+    gateway_worker_warmup_s: float = Field(default=6.0, ge=0)  # /readyz waits this long after subscribing to heartbeats (one heartbeat interval), so a new replica knows the live workers
     gateway_demand_expiry_s: float = Field(default=120.0, gt=0)  # pending demand of a lane is forgotten after this
 
     # Auth

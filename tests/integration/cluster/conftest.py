@@ -4,18 +4,17 @@ processes with their own settings (short deadline, tiny queue, auth) on the same
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from deploy.launcher import Cluster
+from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
 from tests.support.sdk312 import sdk_unavailable
 
@@ -64,18 +63,6 @@ def _ok(url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def wait_for_worker(url: str, timeout: float = 60.0, headers: dict[str, str] | None = None) -> dict:
-    deadline = time.monotonic() + timeout
-    body: dict = {}
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            body = httpx.get(url + "/health", timeout=2, headers=headers).json()
-            if body.get("cluster", {}).get("worker_count", 0) >= 1:
-                return body
-        time.sleep(0.2)
-    raise AssertionError(f"no healthy worker seen by {url}: {body}")
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ import pytest
 from deploy.launcher import Cluster
 from protocol.codec import unpackb
 from protocol.work import Heartbeat
+from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
 
 ADMIN = "live-add-admin-token"
@@ -115,18 +116,6 @@ def cluster(tmp_path_factory):
                 with contextlib.suppress(Exception):
                     proc.wait(10)
         os.environ.update(saved)
-
-
-def wait_for_worker(url: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    body: dict = {}
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            body = httpx.get(url + "/health", timeout=2).json()
-            if body.get("cluster", {}).get("worker_count", 0) >= 1:
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"no healthy worker seen by {url}: {body}")
 
 
 def admin() -> dict[str, str]:

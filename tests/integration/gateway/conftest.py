@@ -87,6 +87,7 @@ def make_settings(nats_server, catalog_dirs):
             gateway_configured_gpus=["cpu", "l4"],
             gateway_request_timeout_s=8.0,
             gateway_provisioning_retry_after_s=3,
+            gateway_worker_warmup_s=0,  # tests that need the warm-up set it themselves
         )
         base.update(overrides)
         return GatewaySettings(**base)

@@ -207,6 +207,7 @@ async def start_gateway(nats_server, config_settings, tmp_path):
             config_poll_interval_s=poll_s,
             gateway_configured_gpus=["cpu"],
             stream_storage="memory",
+            gateway_worker_warmup_s=0,
         )
         nc = await nats.connect(settings.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
         registry = ConfigServiceRegistry(

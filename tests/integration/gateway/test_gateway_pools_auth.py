@@ -85,6 +85,15 @@ async def test_pool_validation_and_expiry(start_gateway):
         assert r.status == 404
 
 
+async def test_readyz_waits_one_heartbeat_interval_for_the_worker_registry(nats_server, start_gateway):
+    g = await start_gateway(gateway_worker_warmup_s=1.0)
+    async with g.session.get(g.url("/readyz")) as r:
+        assert r.status == 503 and (await r.json())["reason"] == "worker registry warming up"
+    await asyncio.sleep(1.1)
+    async with g.session.get(g.url("/readyz")) as r:
+        assert r.status == 200
+
+
 async def test_auth_tokens_admin_and_probes(nats_server, start_gateway):
     g = await start_gateway(auth_mode="token", auth_tokens=["inf-1"], admin_token="adm-1")
     async with g.session.get(g.url("/healthz")) as r:
