@@ -29,18 +29,17 @@ from gateway.registry import ModelRegistry, Route
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerRegistry, WorkerState
 from protocol import SERVER_VERSION, http
-from protocol.api import OVERFLOW_POLICIES, EncodeRequest, ExtractRequest, ScoreRequest, parse_request
+from protocol import params as rp
+from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
 from protocol.catalog import supported_outputs
 from protocol.codec import unpackb, wants_msgpack_response
 from protocol.errors import ErrorCode, SIEError, format_retry_after, invalid_input
-from protocol.model_config import OUTPUT_TYPES
 from protocol.streams import dlq_stream_config
 from protocol.subjects import HEALTH_PREFIX
 from protocol.work import WorkItem, WorkResult
 
 log = logging.getLogger(__name__)
 
-OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 REQUEST_ID_KEY = web.RequestKey("sie_request_id", str)
 
@@ -413,41 +412,6 @@ def provisioning_response(
     return web.json_response(body, status=202, headers={"Retry-After": format_retry_after(retry_after)})
 
 
-def _check_output_types(route: Route, value: Any) -> list[str]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise invalid_input("'output_types' must be a non-empty list", param="output_types")
-    bad = [v for v in value if v not in OUTPUT_TYPES]
-    if bad:
-        raise invalid_input(f"Unknown output types: {bad}; valid: {list(OUTPUT_TYPES)}", param="output_types")
-    supported = supported_outputs(route.resolved)
-    if not supported:
-        raise invalid_input(f"Model '{route.model_id}' does not support encoding", param="model")
-    unsupported = [v for v in value if v not in supported]
-    if unsupported:
-        raise invalid_input(
-            f"Model '{route.resolved.routable_id}' does not support output types: {unsupported} (supported: {supported})",
-            param="output_types",
-        )
-    return list(value)
-
-
-def _common_options(options: Any) -> dict[str, Any]:
-    if options is None:
-        return {}
-    if not isinstance(options, dict):
-        raise invalid_input("'options' must be a map", param="options")
-    options = dict(options)
-    policy = options.get("overflow_policy")
-    if policy is not None and policy not in OVERFLOW_POLICIES:
-        raise invalid_input(
-            f"options.overflow_policy must be one of {list(OVERFLOW_POLICIES)}", param="overflow_policy"
-        )
-    instruction = options.get("instruction")
-    if instruction is not None and not isinstance(instruction, str):
-        raise invalid_input("options.instruction must be a string", param="instruction")
-    return options
-
-
 # ---- handlers -----------------------------------------------------------------------------------
 
 
@@ -463,17 +427,14 @@ async def handle_encode(request: web.Request) -> web.Response:
     if len(req.items) > gw.settings.gateway_max_items:
         raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
     params = req.params
-    options = _common_options(params.options if params else None)
+    options = rp.request_options(params.options if params else None)
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
-    merged = {**route.resolved.runtime_options, **options}
-    output_types = _check_output_types(
-        route, merged.get("output_types") or (params.output_types if params else None) or ["dense"]
-    )
-    output_dtype = (params.output_dtype if params else None) or options.get("output_dtype")
-    if output_dtype is not None and output_dtype not in OUTPUT_DTYPES:
-        raise invalid_input(f"output_dtype must be one of {list(OUTPUT_DTYPES)}", param="output_dtype")
-    instruction = (params.instruction if params else None) or options.get("instruction")
+    merged = rp.merged_options(route.resolved, options)
+    rp.truncates(merged)
+    output_types = rp.output_types(route.resolved, merged, params.output_types if params else None)
+    output_dtype = rp.output_dtype(params.output_dtype if params else None, options)
+    instruction = rp.instruction(params.instruction if params else None, options)
     is_query = bool(options.get("is_query", False))
     raw_items = data["items"]
 
@@ -507,12 +468,13 @@ async def handle_score(request: web.Request) -> web.Response:
         raise invalid_input(
             f"At most {gw.settings.gateway_max_score_items} items per score request", param="items"
         )
-    options = _common_options(req.options)
+    options = rp.request_options(req.options)
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
     if route.resolved.config.tasks.score is None:
         raise invalid_input(f"Model '{route.model_id}' does not support scoring", param="model")
-    instruction = req.instruction or options.get("instruction")
+    rp.truncates(rp.merged_options(route.resolved, options))
+    instruction = rp.instruction(req.instruction, options)
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
         return [
@@ -542,12 +504,13 @@ async def handle_extract(request: web.Request) -> web.Response:
     if len(req.items) > gw.settings.gateway_max_items:
         raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
     params = req.params
-    options = _common_options(params.options if params else None)
+    options = rp.request_options(params.options if params else None)
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
     if route.resolved.config.tasks.extract is None:
         raise invalid_input(f"Model '{route.model_id}' does not support extraction", param="model")
-    instruction = (params.instruction if params else None) or options.get("instruction")
+    rp.truncates(rp.merged_options(route.resolved, options))
+    instruction = rp.instruction(params.instruction if params else None, options)
     labels = params.labels if params else None
     output_schema = params.output_schema if params else None
     raw_items = data["items"]

@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.api import OVERFLOW_POLICIES
-from protocol.catalog import Resolved, model_dims, supported_outputs
+from protocol import params as rp
+from protocol.catalog import Resolved, model_dims
 from protocol.errors import invalid_input
-from protocol.model_config import OUTPUT_TYPES
 from worker.adapters.base import RequestContext
-from worker.postprocess import check_dtype
 
 
 @dataclass
@@ -26,30 +24,6 @@ class Plan:
     options: dict[str, Any] = field(default_factory=dict)
     #: outputs the client asked for; ctx.output_types is what the forward pass computes
     requested_outputs: tuple[str, ...] = ()
-
-
-def merged_options(resolved: Resolved, request_options: dict[str, Any] | None) -> dict[str, Any]:
-    if request_options is not None and not isinstance(request_options, dict):
-        raise invalid_input("options must be a map", param="options")
-    options = {**resolved.runtime_options, **(request_options or {})}
-    options.pop("profile", None)
-    return options
-
-
-def _instruction(explicit: Any, options: dict[str, Any]) -> str | None:
-    value = explicit if explicit is not None else options.get("instruction")
-    if value is not None and not isinstance(value, str):
-        raise invalid_input("instruction must be a string", param="instruction")
-    return value or None
-
-
-def _overflow(options: dict[str, Any]) -> bool:
-    policy = options.get("overflow_policy", "default")
-    if policy not in OVERFLOW_POLICIES:
-        raise invalid_input(
-            f"overflow_policy must be one of {list(OVERFLOW_POLICIES)}, got {policy!r}", param="overflow_policy"
-        )
-    return policy != "error"
 
 
 def _max_length(options: dict[str, Any], is_query: bool) -> int | None:
@@ -68,30 +42,10 @@ def _lora(options: dict[str, Any]) -> str | None:
 
 
 def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
-    if resolved.config.tasks.encode is None:
-        raise invalid_input(f"Model '{resolved.routable_id}' does not support encoding")
-    options = merged_options(resolved, params.get("options"))
-    output_types = options.get("output_types") or params.get("output_types") or ["dense"]
-    if (
-        not isinstance(output_types, list)
-        or not output_types
-        or any(t not in OUTPUT_TYPES for t in output_types)
-    ):
-        raise invalid_input(
-            f"output_types must be a non-empty list of {list(OUTPUT_TYPES)}", param="output_types"
-        )
-    supported = supported_outputs(resolved)
-    unsupported = [t for t in output_types if t not in supported]
-    if unsupported:
-        raise invalid_input(
-            f"Model '{resolved.routable_id}' does not support output types: {unsupported} "
-            f"(supported: {supported})",
-            param="output_types",
-        )
-    dtype = params.get("output_dtype") or options.get("output_dtype") or "float32"
-    check_dtype(dtype)
+    options = rp.merged_options(resolved, params.get("options"))
+    requested = tuple(rp.output_types(resolved, options, params.get("output_types")))
+    dtype = rp.output_dtype(params.get("output_dtype"), options)
     is_query = bool(options.get("is_query", False))
-    requested = tuple(dict.fromkeys(output_types))
     if "muvera" in options and "dense" in requested:
         from worker.muvera import MuveraConfig
 
@@ -101,11 +55,11 @@ def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
         op="encode",
         output_types=forward_outputs(requested, options),
         is_query=is_query,
-        instruction=_instruction(params.get("instruction"), options),
+        instruction=rp.instruction(params.get("instruction"), options),
         lora=_lora(options),
         options_json=RequestContext.canonical_options(options),
         max_length=_max_length(options, is_query),
-        truncate=_overflow(options),
+        truncate=rp.truncates(options),
     )
     return Plan(resolved, ctx, dtype, model_dims(resolved.config), options, requested)
 
@@ -120,15 +74,15 @@ def forward_outputs(requested: tuple[str, ...], options: dict[str, Any]) -> tupl
 def plan_score(resolved: Resolved, instruction: Any, request_options: dict[str, Any] | None) -> Plan:
     if resolved.config.tasks.score is None:
         raise invalid_input(f"Model '{resolved.routable_id}' does not support scoring")
-    options = merged_options(resolved, request_options)
+    options = rp.merged_options(resolved, request_options)
     ctx = RequestContext(
         op="score",
         output_types=(),
-        instruction=_instruction(instruction, options),
+        instruction=rp.instruction(instruction, options),
         lora=None,  # scoring runs on the base model
         options_json=RequestContext.canonical_options(options),
         max_length=_max_length(options, False),
-        truncate=_overflow(options),
+        truncate=rp.truncates(options),
     )
     return Plan(resolved, ctx, options=options)
 
@@ -136,20 +90,20 @@ def plan_score(resolved: Resolved, instruction: Any, request_options: dict[str, 
 def plan_extract(resolved: Resolved, params: dict[str, Any]) -> Plan:
     if resolved.config.tasks.extract is None:
         raise invalid_input(f"Model '{resolved.routable_id}' does not support extraction")
-    options = merged_options(resolved, params.get("options"))
+    options = rp.merged_options(resolved, params.get("options"))
     labels = params.get("labels") or options.get("labels") or []
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise invalid_input("labels must be a list of strings", param="labels")
     ctx = RequestContext(
         op="extract",
         output_types=(),
-        instruction=_instruction(params.get("instruction"), options),
+        instruction=rp.instruction(params.get("instruction"), options),
         lora=_lora(options),
         options_json=RequestContext.canonical_options(
             {**options, "output_schema": params.get("output_schema")} if params.get("output_schema") else options
         ),
         labels=tuple(labels),
         max_length=_max_length(options, False),
-        truncate=_overflow(options),
+        truncate=rp.truncates(options),
     )
     return Plan(resolved, ctx, options=options)
