@@ -419,17 +419,23 @@ def _gw(request: web.Request) -> Gateway:
     return request.app[GATEWAY_KEY]
 
 
-async def handle_encode(request: web.Request) -> web.Response:
+async def _itemised_request(request: web.Request, model_cls: type) -> tuple[Gateway, str, Any, Any, dict[str, Any], Route]:
+    """The common start of encode and extract: body within limits, item count, options, route."""
     gw = _gw(request)
     model = request.match_info["model"]
     data = await read_body(request, gw.settings.gateway_max_body_bytes)
-    req = parse_request(EncodeRequest, data)
+    req = parse_request(model_cls, data)
     if len(req.items) > gw.settings.gateway_max_items:
         raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
     params = req.params
     options = rp.request_options(params.options if params else None)
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
+    return gw, model, data, params, options, route
+
+
+async def handle_encode(request: web.Request) -> web.Response:
+    gw, model, data, params, options, route = await _itemised_request(request, EncodeRequest)
     merged = rp.merged_options(route.resolved, options)
     rp.truncates(merged)
     output_types = rp.output_types(route.resolved, merged, params.output_types if params else None)
@@ -497,16 +503,7 @@ async def handle_score(request: web.Request) -> web.Response:
 
 
 async def handle_extract(request: web.Request) -> web.Response:
-    gw = _gw(request)
-    model = request.match_info["model"]
-    data = await read_body(request, gw.settings.gateway_max_body_bytes)
-    req = parse_request(ExtractRequest, data)
-    if len(req.items) > gw.settings.gateway_max_items:
-        raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
-    params = req.params
-    options = rp.request_options(params.options if params else None)
-    route = gw.registry.resolve(model, options)
-    options.pop("profile", None)
+    gw, model, data, params, options, route = await _itemised_request(request, ExtractRequest)
     if route.resolved.config.tasks.extract is None:
         raise invalid_input(f"Model '{route.model_id}' does not support extraction", param="model")
     rp.truncates(rp.merged_options(route.resolved, options))
