@@ -16,7 +16,6 @@ import itertools
 import json
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Hashable
@@ -24,8 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from protocol.catalog import Catalog, Resolved
 from protocol.codec import packb
@@ -907,4 +904,4 @@ def extract_item(raw: dict[str, Any], item: dict[str, Any], index: int) -> dict[
     return out
 
 
-__all__ = ["EnsureResult", "LoadedModel", "Result", "Runtime", "Timing", "np", "threading"]
+__all__ = ["EnsureResult", "LoadedModel", "Result", "Runtime", "Timing"]
