@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Hashable
@@ -124,6 +125,7 @@ class LoadedModel:
             max_wait_ms=s.max_batch_wait_ms,
             coalesce_ms=s.batch_coalesce_ms,
             max_pad_share=s.max_padding_share,
+            in_flight=s.forwards_in_flight or (2 if runtime.on_cuda else 1),
             name=resolved.model_id,
         )
 
@@ -175,6 +177,17 @@ def import_adapter(path: str) -> type[Adapter]:
     return cls
 
 
+def tune_process_for_cuda() -> None:
+    """Process-wide CUDA choices for serving: no attention backend that compiles per shape.
+
+    PyTorch's SDPA picks cuDNN attention for half precision, and cuDNN builds a plan for every new
+    (batch, width) shape: tens to hundreds of milliseconds on the hot path of mixed traffic.
+    """
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 class Runtime:
     def __init__(self, settings: WorkerSettings | None = None, catalog: Catalog | None = None) -> None:
         self.settings = settings or WorkerSettings()
@@ -203,6 +216,14 @@ class Runtime:
             import torch
 
             torch.set_num_threads(self.settings.torch_threads)
+        self.on_cuda = self.device.startswith("cuda")
+        if self.on_cuda:
+            tune_process_for_cuda()
+        switch_ms = self.settings.gil_switch_interval_ms or (0.5 if self.on_cuda else 0.0)
+        if switch_ms:
+            # the inference thread launches kernels one Python call at a time; each time it gives
+            # up the GIL, a busy tokenising thread keeps it for up to this interval
+            sys.setswitchinterval(switch_ms / 1000.0)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:

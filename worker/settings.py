@@ -40,6 +40,8 @@ class WorkerSettings(BaseSettings):
     max_batch_wait_ms: float = 10.0  # longest wait for a batch to fill
     batch_coalesce_ms: float = 2.0  # flush early when nothing new arrived for this long
     max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share
+    forwards_in_flight: int = Field(default=0, ge=0)  # batches queued per model's inference thread; 0 = 2 on CUDA, 1 on CPU
+    gil_switch_interval_ms: float = Field(default=0.0, ge=0)  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
     # limits
     max_request_body_bytes: int = 34 * 1024 * 1024  # largest request body (413 INPUT_TOO_LONG above)
     max_items_per_request: int = 4096  # most items in one encode/extract request (400 above)
