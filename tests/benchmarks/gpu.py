@@ -301,7 +301,7 @@ def served_min_cosine(url: str, root: Path, model: str) -> float:
     r = httpx.post(f"{url}/v1/encode/bench/{model}", content=packb({"items": [{"text": t} for t in texts]}),
                    headers={"Content-Type": "application/msgpack"}, timeout=120)
     r.raise_for_status()
-    got = np.stack([np.asarray(item["dense"], dtype=np.float32) for item in unpackb(r.content)["items"]])
+    got = np.stack([np.asarray(item["dense"]["values"], dtype=np.float32) for item in unpackb(r.content)["items"]])
     path = str(root / model)
     tok = AutoTokenizer.from_pretrained(path)
     ref_model = AutoModel.from_pretrained(path, dtype=torch.float32).cuda().eval()
