@@ -122,6 +122,7 @@ class BatchFormer:
         self.max_wait = max_wait_ms / 1000.0
         self.coalesce = coalesce_ms / 1000.0
         self.max_pad_share = max_pad_share
+        self.window = 8 * max_requests
         self.name = name
         self._queues: dict[tuple, _Queue] = {}
         self._wakeup = asyncio.Event()
@@ -231,7 +232,10 @@ class BatchFormer:
         if not live:
             queue.items = []
             return None
-        chunks = chunk_by_cost([p.unit for p in live], self.max_cost, self.max_requests, self.max_pad_share)
+        # bands are cut among the oldest units only: sorting a deep queue on every flush would
+        # cost the event loop time quadratic in its depth
+        window = live[: self.window]
+        chunks = chunk_by_cost([p.unit for p in window], self.max_cost, self.max_requests, self.max_pad_share)
         chunk = next(c for c in chunks if 0 in c)  # live[0] is the oldest pending unit
         taken = set(chunk)
         queue.items = [p for i, p in enumerate(live) if i not in taken]

@@ -16,6 +16,7 @@ weight, so memory stays the same.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,12 +90,12 @@ class PackedBatch:
         np.cumsum(lengths, out=offsets[1:])
         rows = 4 if token_types is not None else 3
         host = np.empty((rows, total), dtype=np.int64)
-        host[0] = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=total)
+        host[0] = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=total)
         segments = np.repeat(np.arange(len(seqs), dtype=np.int64), lengths)
         host[1] = np.arange(total, dtype=np.int64) - offsets[:-1][segments] + position_offset
         host[2] = segments
         if token_types is not None:
-            host[3] = np.fromiter((t for s in token_types for t in s), dtype=np.int64, count=total)
+            host[3] = np.fromiter(itertools.chain.from_iterable(token_types), dtype=np.int64, count=total)
         dev = torch.device(device)
         packed = torch.from_numpy(host)
         small = torch.from_numpy(offsets)

@@ -341,10 +341,19 @@ def measure(target: str, url: str, ws: list[Workload], load: Load, rounds: int, 
                   f"p99 {p99:8.1f} ms  GPU busy {busy.mean:5.1f}%", flush=True)
 
 
-def start_serve(models_dir: Path, device: str = "cuda") -> ServeProcess:
+def start_serve(models_dir: Path, processes: int, device: str = "cuda") -> ServeProcess:
+    import httpx
+
     server = ServeProcess(env={"SIE_MODELS_DIR": str(models_dir), "SIE_DEVICE": device, "SIE_TORCH_THREADS": "0",
-                               "SIE_PRELOAD_MODELS": "bench/bge-base,bench/minilm"})
-    return server.start(timeout=300)
+                               "SIE_PRELOAD_MODELS": "bench/bge-base,bench/minilm",
+                               "SIE_SERVE_PROCESSES": str(processes)})
+    server.start(timeout=300)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # every sibling preloads on its own: wait until all answer ready
+        if all(httpx.get(server.url + "/readyz").status_code == 200 for _ in range(8 * processes)):
+            break
+        time.sleep(0.5)
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="measuring time per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--client-procs", type=int, default=6, help="client processes generating load")
+    ap.add_argument("--serve-processes", type=int, default=4, help="SIE_SERVE_PROCESSES of sie serve")
     ap.add_argument("--only", default="", help="comma-separated substrings of workload names to run")
     ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-path rows")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process baselines")
@@ -379,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                     base[w.name] = inprocess(root, w, args.seconds)
                     print(f"in-process {w.name:40} transformers {base[w.name]['transformers']:9.1f}/s  "
                           f"packed {base[w.name]['packed']:9.1f}/s", flush=True)
-        server = start_serve(models_dir)
+        server = start_serve(models_dir, args.serve_processes)
         try:
             cosines = {m: served_min_cosine(server.url, root, m) for m in SHAPES}
             measure("serve", server.url, ws, load, args.rounds, args.seconds, rows, peak)
@@ -408,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     load.close()
     print()
     print(f"GPU benchmark: {torch.cuda.get_device_name()}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
-          f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s")
+          f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s; sie serve with "
+          f"SIE_SERVE_PROCESSES={args.serve_processes}")
     head = (f"{'target':8} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "
             f"{'HF in-proc':>10} {'packed in-proc':>14} {'vs serve':>8}")
     print(head)
