@@ -21,7 +21,7 @@ class WorkerSettings(BaseSettings):
     # front door
     host: str = "0.0.0.0"  # bind address of sie serve
     port: int = 8080  # port of sie serve
-    serve_processes: int = Field(default=1, ge=1)  # sie serve processes sharing the port (SO_REUSEPORT), each with its own runtime on the same device; metrics are per process
+    serve_processes: int = Field(default=0, ge=0)  # sie serve processes sharing the port (SO_REUSEPORT), each a whole worker on the same device; 0 = 4 on CUDA, 1 on CPU; metrics are per process
     serve_process_index: int = Field(default=0, ge=0)  # set by sie serve for the sibling processes it starts (0 = the first, which starts the others)
     # catalog
     models_dir: str = str(DEFAULT_MODELS_DIR)  # directory of model YAML files

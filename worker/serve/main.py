@@ -1,6 +1,6 @@
 """Wiring of ``sie serve``: settings → runtime → aiohttp app on host:port.
 
-With ``SIE_SERVE_PROCESSES=N`` the first process starts N-1 siblings and all N bind the same port
+With ``SIE_SERVE_PROCESSES=N`` (default: 4 on CUDA, 1 on CPU) the first process starts N-1 siblings and all N bind the same port
 (SO_REUSEPORT; the kernel spreads connections over them). Each sibling is a whole worker — its own
 runtime, batcher and inference thread on the same device — so HTTP parsing, tokenisation and
 response encoding of one never hold the GIL that another's inference thread needs. Siblings exit
@@ -18,11 +18,15 @@ import sys
 
 from aiohttp import web
 
-from worker.runtime import Runtime
+from worker.runtime import Runtime, pick_device
 from worker.serve.app import create_app
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+#: processes by default on a GPU: one Python process cannot keep an H100 busy with small encoders
+#: (measured: 512-token texts, bge-base shape, 1 process 57% GPU busy, 4 processes 90-95%)
+CUDA_PROCESSES = 4
 
 
 def build_runtime(settings: WorkerSettings | None = None) -> Runtime:
@@ -71,6 +75,9 @@ def stop_siblings(procs: list[subprocess.Popen]) -> None:
 def main(settings: WorkerSettings | None = None) -> None:
     settings = settings or WorkerSettings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not settings.serve_processes:
+        on_cuda = pick_device(settings.device).startswith("cuda")
+        settings = settings.model_copy(update={"serve_processes": CUDA_PROCESSES if on_cuda else 1})
     shared = settings.serve_processes > 1
     siblings = start_siblings(settings) if shared and settings.serve_process_index == 0 else []
     if siblings:
