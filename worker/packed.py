@@ -293,9 +293,11 @@ def classify_cls(model: Any, cls_hidden: torch.Tensor) -> torch.Tensor | None:
 
 # ---- per-sequence reductions over packed rows ------------------------------------------------
 def pool_packed(hidden: torch.Tensor, batch: PackedBatch, mode: str) -> torch.Tensor:
-    """``[T, H]`` → ``[B, H]`` float32: CLS (first token), max or mean over each sequence."""
+    """``[T, H]`` → ``[B, H]`` float32: CLS (first token), last token, max or mean over each sequence."""
     if mode == "cls":
         return hidden[batch.starts].float()
+    if mode == "last":
+        return hidden[batch.starts + torch.tensor(batch.lengths, device=hidden.device) - 1].float()
     if mode == "max":
         return segment_max(hidden.float(), batch, fill=float("-inf"))
     sums = torch.zeros((batch.size, hidden.shape[1]), dtype=torch.float32, device=hidden.device)

@@ -61,7 +61,21 @@ def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
         max_length=_max_length(options, is_query),
         truncate=rp.truncates(options),
     )
-    return Plan(resolved, ctx, dtype, model_dims(resolved.config), options, requested)
+    dims = model_dims(resolved.config)
+    if options.get("output_dim") is not None:
+        dims = {**dims, "dense": _output_dim(options["output_dim"], dims.get("dense"))}
+    return Plan(resolved, ctx, dtype, dims, options, requested)
+
+
+def _output_dim(value: Any, native: int | None) -> int:
+    """Matryoshka truncation: 1 ≤ output_dim ≤ the model's dense dimension."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise invalid_input("output_dim must be a positive integer", param="output_dim")
+    if native is None:
+        raise invalid_input("output_dim needs a model with dense output", param="output_dim")
+    if value > native:
+        raise invalid_input(f"output_dim={value} is larger than the model's dimension {native}", param="output_dim")
+    return value
 
 
 def forward_outputs(requested: tuple[str, ...], options: dict[str, Any]) -> tuple[str, ...]:

@@ -8,6 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+
+def matryoshka(raws: list[dict[str, Any]], dim: int, normalize: bool) -> list[dict[str, Any]]:
+    """Keep the first ``dim`` dense components (Matryoshka-trained models put the most
+    information first) and re-normalise, so cosine and dot product stay what they were."""
+    out = []
+    for raw in raws:
+        dense = raw.get("dense")
+        if dense is not None:
+            dense = np.asarray(dense, dtype=np.float32)[..., :dim]
+            if normalize:
+                dense = dense / max(float(np.linalg.norm(dense)), 1e-12)
+            raw = {**raw, "dense": dense}
+        out.append(raw)
+    return out
+
 
 def apply_postprocessors(plan, raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     requested = plan.requested_outputs
@@ -15,5 +32,7 @@ def apply_postprocessors(plan, raws: list[dict[str, Any]]) -> list[dict[str, Any
         from worker.muvera import muvera_outputs
 
         raws = muvera_outputs(plan, raws)
+    if plan.options.get("output_dim") is not None and "dense" in requested:
+        raws = matryoshka(raws, int(plan.options["output_dim"]), bool(plan.options.get("normalize", True)))
     # drop intermediate outputs the client did not ask for
     return [{k: v for k, v in raw.items() if k in requested} for raw in raws]

@@ -16,7 +16,8 @@ from protocol.model_config import ModelConfig
 
 # per-request option keys that change only postprocessing or routing, never the forward pass
 POSTPROCESS_OPTION_KEYS = frozenset(
-    {"profile", "output_dtype", "overflow_policy", "is_query", "instruction", "output_types", "lora", "lora_id"}
+    {"profile", "output_dtype", "overflow_policy", "is_query", "instruction", "output_types", "lora", "lora_id",
+     "output_dim"}
 )
 
 
@@ -134,7 +135,7 @@ class Adapter:
 def apply_template(text: str, ctx: RequestContext) -> str:
     """Query/document templates and instructions (``{text}``, ``{instruction}`` placeholders)."""
     template = ctx.options.get("query_template" if ctx.is_query else "doc_template")
-    instruction = ctx.instruction or ""
+    instruction = ctx.instruction or (ctx.options.get("default_instruction") if ctx.is_query else None) or ""
     if template:
         return str(template).replace("{instruction}", instruction).replace("{text}", text)
     if instruction:

