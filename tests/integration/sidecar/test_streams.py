@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import nats
-import pytest
 
 from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
@@ -12,7 +11,6 @@ from sidecar.streams import ensure_stream
 from tests.integration.sidecar.support import sidecar_settings
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the sidecar reconciles max_msgs to its default 100,000")
 async def test_a_sidecar_keeps_the_operators_stream_limits(nats_server):
     """SIE_STREAM_MAX_MSGS is a gateway setting: a sidecar (re-)ensuring the stream must not reset it."""
     nc = await nats.connect(nats_server.url)
