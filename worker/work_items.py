@@ -29,7 +29,7 @@ class WorkItemRunner(Operations):
 
     async def _run_group(self, group: list[WorkItem], idx: list[int], results: list[WorkResult | None]) -> None:
         first = group[0]
-        spec = first.model_id if first.profile_id in (None, "", "default") else f"{first.model_id}:{first.profile_id}"
+        spec = first.model_spec
         options = dict(first.options or {})
         if first.is_query:
             options["is_query"] = True
