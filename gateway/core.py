@@ -38,15 +38,27 @@ GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 REQUEST_ID_KEY = web.RequestKey("sie_request_id", str)
 
 
-class Provisioning(Exception):
-    """No healthy worker can serve the lane yet (scale from zero, or a pool still pending)."""
+class Provisioning(SIEError):
+    """No healthy worker can serve the lane yet (scale from zero, or a pool still pending).
 
-    def __init__(self, machine_profile: str | None, bundle: str, pool: str, message: str) -> None:
-        super().__init__(message)
+    A PROVISIONING error; how it is answered (202 or 503) depends on the client, see
+    :func:`gateway.http_common.provisioning_response`.
+    """
+
+    def __init__(
+        self, machine_profile: str | None, bundle: str, pool: str, message: str, *, retry_after: float
+    ) -> None:
+        super().__init__(
+            ErrorCode.PROVISIONING,
+            message,
+            retry_after=retry_after,
+            gpu=machine_profile,
+            bundle=bundle,
+            pool=pool,
+        )
         self.machine_profile = machine_profile
         self.bundle = bundle
         self.pool = pool
-        self.message = message
 
 
 class Gateway:
@@ -197,7 +209,11 @@ class Gateway:
             bundle = route.bundles[0]
             self.demand.record(profile or "any", bundle)
             raise Provisioning(
-                profile, bundle, queue_pool, routing.provisioning_message(route.model_id, profile, pool_name)
+                profile,
+                bundle,
+                queue_pool,
+                routing.provisioning_message(route.model_id, profile, pool_name),
+                retry_after=self.settings.gateway_provisioning_retry_after_s,
             )
         return routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
 

@@ -12,7 +12,7 @@ from gateway import responses
 from gateway.core import GATEWAY_KEY, Gateway, Provisioning
 from protocol import SERVER_VERSION, http
 from protocol.codec import wants_msgpack_response
-from protocol.errors import ErrorCode, SIEError, format_retry_after
+from protocol.errors import SIEError, format_retry_after
 from protocol.work import WorkResult
 
 
@@ -71,19 +71,8 @@ def provisioning_response(
     gw: Gateway, request: web.Request, p: Provisioning, *, force_503: bool = False
 ) -> web.Response:
     gw.metrics.provisioning.labels(p.machine_profile or "any").inc()
-    retry_after = gw.settings.gateway_provisioning_retry_after_s
     if force_503 or sdk_understands_503(request):
-        return error_response(
-            SIEError(
-                ErrorCode.PROVISIONING,
-                p.message,
-                retry_after=retry_after,
-                gpu=p.machine_profile,
-                bundle=p.bundle,
-                pool=p.pool,
-            ),
-            openai=force_503,
-        )
+        return error_response(p, openai=force_503)
     body = {
         "status": "provisioning",
         "gpu": p.machine_profile,
@@ -92,7 +81,9 @@ def provisioning_response(
         "estimated_wait_s": 180,
         "message": p.message,
     }
-    return web.json_response(body, status=202, headers={"Retry-After": format_retry_after(retry_after)})
+    return web.json_response(
+        body, status=202, headers={"Retry-After": format_retry_after(p.retry_after or 0)}
+    )
 
 
 def gateway_of(request: web.Request) -> Gateway:

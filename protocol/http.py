@@ -98,3 +98,18 @@ def openai_error_response(exc: SIEError) -> web.Response:
     return json_response({"error": body}, status=exc.status, headers=headers)
 
 
+def error_for_http_exception(exc: web.HTTPException) -> SIEError:
+    """The contract error for an aiohttp HTTP error (unknown route, body over aiohttp's limit, ...)."""
+    if exc.status == 413:
+        code = ErrorCode.INPUT_TOO_LONG
+    elif exc.status == 404:
+        code = ErrorCode.NOT_FOUND
+    else:
+        code = ErrorCode.INVALID_INPUT
+    return SIEError(code, exc.reason or f"HTTP {exc.status}", status=exc.status)
+
+
+def unexpected_error(exc: BaseException) -> SIEError:
+    """What a request that failed with an unforeseen exception answers: no traceback, only its type."""
+    return SIEError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+

@@ -12,16 +12,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol import SERVER_VERSION
 from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
-from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.errors import SIEError, invalid_input
 from protocol.http import (
     base_headers,
     decode_body,
+    error_for_http_exception,
     error_response,
     json_response,
     new_request_id,
     openai_error_response,
     read_body,
     respond,
+    unexpected_error,
 )
 from protocol.openai import (
     check_dimensions,
@@ -215,16 +217,12 @@ async def error_middleware(request: web.Request, handler):
     except SIEError as exc:
         response = error_response(exc, request[REQUEST_ID])
     except web.HTTPException as exc:
-        if exc.status == 413:
-            response = error_response(SIEError(ErrorCode.INPUT_TOO_LONG, "request body too large", status=413))
-        elif exc.status >= 400:
-            response = error_response(SIEError(ErrorCode.NOT_FOUND if exc.status == 404 else ErrorCode.INVALID_INPUT,
-                                               exc.reason or "error", status=exc.status))
-        else:
+        if exc.status < 400:
             raise
-    except Exception:
+        response = error_response(error_for_http_exception(exc), request[REQUEST_ID])
+    except Exception as exc:
         log.exception("unhandled error on %s", request.path)
-        response = error_response(SIEError(ErrorCode.INTERNAL_ERROR, "internal server error"), request[REQUEST_ID])
+        response = error_response(unexpected_error(exc), request[REQUEST_ID])
     metrics_.requests.labels(endpoint, str(response.status)).inc()
     metrics_.latency.labels(endpoint).observe(time.monotonic() - started)
     return response
