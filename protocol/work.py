@@ -102,6 +102,30 @@ class WorkResult:
             raise ValueError("work result must be a map")
         return _from_map(cls, decoded)
 
+    @classmethod
+    def failure(
+        cls,
+        item: WorkItem,
+        code: str,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+        worker_id: str = "",
+    ) -> WorkResult:
+        """The error result of ``item``: every producer of one (worker, sidecar) builds it here."""
+        return cls(
+            work_item_id=item.work_item_id,
+            request_id=item.request_id,
+            item_index=item.item_index,
+            success=False,
+            error=message,
+            error_code=str(code),
+            retry_after_s=retry_after_s,
+            error_extra=dict(extra) if extra else None,
+            worker_id=worker_id,
+        )
+
 
 @dataclass
 class Heartbeat:

@@ -119,7 +119,7 @@ class Scheduling(Liveness):
                     await self._nak(d, s.nak_delay_s)
                 return
             except IpcRemoteError as exc:
-                delay = s.overflow_nak_delay_s if ipc.DRAINING_ERROR in str(exc) else s.nak_delay_s
+                delay = s.overflow_nak_delay_s if exc.code == ipc.IPC_DRAINING else s.nak_delay_s
                 log.warning("worker refused RunBatch for %s: %s", sched.spec, exc)
                 for d in live:
                     await self._nak(d, delay)

@@ -90,16 +90,7 @@ class WorkItemRunner(Operations):
 
     @staticmethod
     def _error_result(wi: WorkItem, exc: SIEError) -> WorkResult:
-        return WorkResult(
-            work_item_id=wi.work_item_id,
-            request_id=wi.request_id,
-            item_index=wi.item_index,
-            success=False,
-            error=exc.message,
-            error_code=exc.code,
-            retry_after_s=exc.retry_after,
-            error_extra=dict(exc.extra) or None,
-        )
+        return WorkResult.failure(wi, exc.code, exc.message, retry_after_s=exc.retry_after, extra=exc.extra)
 
 
 def _group_key(wi: WorkItem) -> str:
