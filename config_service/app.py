@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from config_service.registry import ConfigError
 from config_service.service import ConfigService
 from config_service.settings import MAX_BODY_BYTES
+from protocol.http import config_error_detail
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
                     resp = json_error(exc.status, exc.reason)
             except Exception:
                 log.exception("unhandled error on %s %s", request.method, request.path)
-                resp = json_error(500, {"error": "internal_error", "message": "internal error"})
+                resp = json_error(500, config_error_detail("internal_error", "internal error"))
         status = resp.status
         return resp
     finally:

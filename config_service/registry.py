@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from protocol.http import config_error_detail
 from protocol.model_config import (
     MODEL_ID_RE,
     PROFILE_NAME_RE,
@@ -44,7 +45,7 @@ class ConfigError(Exception):
         self.extra = extra
 
     def detail(self) -> dict[str, Any]:
-        return {"error": self.code, "message": self.message, **self.extra}
+        return config_error_detail(self.code, self.message, **self.extra)
 
 
 class CatalogLoadError(RuntimeError):

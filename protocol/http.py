@@ -17,14 +17,19 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     """The request body, refused with 413 INPUT_TOO_LONG beyond ``limit`` (before buffering it all)."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise SIEError(ErrorCode.INPUT_TOO_LONG, f"Request body of {declared} bytes exceeds the limit of {limit}",
-                       status=413)
+        raise SIEError(
+            ErrorCode.INPUT_TOO_LONG,
+            f"Request body of {declared} bytes exceeds the limit of {limit}",
+            status=413,
+        )
     chunks = []
     size = 0
     async for chunk in request.content.iter_chunked(1 << 16):
         size += len(chunk)
         if size > limit:
-            raise SIEError(ErrorCode.INPUT_TOO_LONG, f"Request body exceeds the limit of {limit} bytes", status=413)
+            raise SIEError(
+                ErrorCode.INPUT_TOO_LONG, f"Request body exceeds the limit of {limit} bytes", status=413
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -54,11 +59,14 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def respond(request: web.Request, body: dict[str, Any], headers: dict[str, str] | None = None,
-            status: int = 200) -> web.Response:
+def respond(
+    request: web.Request, body: dict[str, Any], headers: dict[str, str] | None = None, status: int = 200
+) -> web.Response:
     """msgpack or JSON per the Accept header (contract 1.3)."""
     if wants_msgpack_response(request.headers.get("Accept")):
-        return web.Response(body=packb(body), status=status, content_type="application/msgpack", headers=headers)
+        return web.Response(
+            body=packb(body), status=status, content_type="application/msgpack", headers=headers
+        )
     return json_response(to_jsonable(body), status=status, headers=headers)
 
 
@@ -113,3 +121,16 @@ def unexpected_error(exc: BaseException) -> SIEError:
     """What a request that failed with an unforeseen exception answers: no traceback, only its type."""
     return SIEError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
 
+
+def config_error_detail(error: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The config API's error object (its contract names the code ``error``, not ``code``):
+    ``{"detail": <this>}`` is what the config service and the gateway's config mirror answer."""
+    return {"error": error, "message": message, **extra}
+
+
+def config_error_response(
+    status: int, error: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
+    return json_response(
+        {"detail": config_error_detail(error, message, **extra)}, status=status, headers=headers
+    )
