@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 REQUEST_ID_KEY = web.RequestKey("sie_request_id", str)
 
+
+# Builds a request's work items once its lane is chosen: (lane, request_id, reply_subject, deadline_ts).
+ItemBuilder = Callable[[Lane, str, str, float], list[WorkItem]]
 
 class Provisioning(SIEError):
     """No healthy worker can serve the lane yet (scale from zero, or a pool still pending).
@@ -223,7 +227,7 @@ class Gateway:
         request: web.Request,
         route: Route,
         operation: str,
-        build: Any,
+        build: ItemBuilder,
         n_items: int,
     ) -> tuple[str, list[WorkResult], float, Lane]:
         """Route, publish and collect. ``build(lane, request_id, reply, deadline_ts)`` → list[WorkItem]."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Any
+from typing import Protocol
 
 from nats.aio.client import Client as NATS
 
@@ -34,6 +34,16 @@ class WorkerState:
         return self.last_ok is not None and time.monotonic() - self.last_ok <= stale_after_s
 
 
+class ConfigView(Protocol):
+    """What the lane needs of the config-delta applier (:class:`sidecar.config_sync.ConfigApplier`)."""
+
+    unsupported_models: list[str]
+
+    def advertised_hash(self) -> str: ...
+
+    async def stop(self) -> None: ...
+
+
 class LaneState:
     def __init__(
         self,
@@ -42,15 +52,17 @@ class LaneState:
         settings: SidecarSettings,
         *,
         barrier: ExecutionBarrier | None = None,
+        worker: WorkerState | None = None,
+        config: ConfigView | None = None,
     ) -> None:
         self.nc = nc
         # Batches hold it shared on the worker; config applies hold it exclusively.
         self.barrier = barrier or ExecutionBarrier()
-        self.config: Any = None  # sidecar.config_sync.ConfigApplier once wired (start_sidecar)
+        self.config = config  # None: no config deltas applied (the worker's own hash is advertised)
         self.js = nc.jetstream()
         self.ipc = ipc_client
         self.settings = settings
-        self.worker = WorkerState()
+        self.worker = worker or WorkerState()
         self.tombstones = Tombstones(settings.cancel_tombstone_ttl_s)
         self.schedulers: dict[str, ModelScheduler] = {}
         self.held: set[Delivery] = set()

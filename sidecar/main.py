@@ -14,6 +14,7 @@ from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
+from sidecar.lane_state import WorkerState
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sie.sidecar")
@@ -34,16 +35,17 @@ async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, object
     nc = await connect_nats(settings)
     client = IpcClient(settings.ipc_socket_path, timeout_s=settings.ipc_request_timeout_s)
     barrier = ExecutionBarrier()
-    lane = LaneConsumer(nc, client, settings, barrier=barrier)
-    lane.config = ConfigApplier(
-        nc, client, settings, barrier, current_hash=lambda: lane.worker.ping.bundle_config_hash or ""
+    worker = WorkerState()
+    config = ConfigApplier(
+        nc, client, settings, barrier, current_hash=lambda: worker.ping.bundle_config_hash or ""
     )
+    lane = LaneConsumer(nc, client, settings, barrier=barrier, worker=worker, config=config)
     try:
         await lane.start()
-        await lane.config.start()
+        await config.start()
     except BaseException:
         with contextlib.suppress(Exception):
-            await lane.config.stop()
+            await config.stop()
         await client.close()
         with contextlib.suppress(Exception):
             await nc.close()
