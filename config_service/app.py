@@ -1,4 +1,4 @@
-"""The config API over aiohttp (contract section 8): routes, auth, body limit, errors, metrics."""
+"""The config API over aiohttp: routes, auth, body limit, errors, metrics."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ PUBLIC, READ, EXPORT, WRITE = "public", "read", "export", "write"
 
 @dataclass(frozen=True)
 class Auth:
-    """Tokens of contract 8.1. Empty strings count as unset."""
+    """The config API's tokens: read, inference (reads except export) and admin (writes). Empty strings count as unset."""
 
     admin_token: str | None = None
     read_token: str | None = None

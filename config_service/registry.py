@@ -1,7 +1,7 @@
 """Pure config logic: bundles, the effective model set, validation and append-only merging.
 
 Nothing here does I/O except the directory loaders; the service feeds a ConfigState built from
-a store snapshot and gets back a Plan (what a write would change) or a ConfigError.
+a store snapshot and gets back a WritePlan (what a write would change) or a ConfigError.
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ class ConfigState:
 
 
 @dataclass(frozen=True)
-class Plan:
+class WritePlan:
     """What an accepted POST changes. ``changed`` False = an identical replay."""
 
     model_id: str
@@ -372,7 +372,7 @@ def _canon_field(key: str, value: Any) -> str:
     return json.dumps(dumped, sort_keys=True)
 
 
-def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool = False) -> Plan:
+def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool = False) -> WritePlan:
     """Validate a POST body against the current state and work out the append-only merge."""
     data = parse_body(body)
     _structural_check(data)
@@ -478,7 +478,7 @@ def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool
         )
 
     entry = ModelEntry(config=config, data=merged, raw_yaml=dump_yaml(merged), source="api")
-    return Plan(
+    return WritePlan(
         model_id=model_id,
         entry=entry,
         created_profiles=created,

@@ -1,4 +1,4 @@
-"""Bearer-token auth (contract 1.6): inference tokens, a separate admin token for pool/config writes."""
+"""Bearer-token auth: inference tokens, a separate admin token for pool/config writes."""
 
 from __future__ import annotations
 

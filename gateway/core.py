@@ -20,13 +20,15 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
 from gateway import routing
-from gateway.dispatch import Dispatcher, Lane, new_request_id
+from gateway.dispatch import Dispatcher
 from gateway.dlq import DLQForwarder
 from gateway.metrics import DemandTracker, GatewayMetrics
 from gateway.pools import DEFAULT_POOL, PoolStore, normalize_pool_name
 from gateway.registry import ModelRegistry, Route
+from gateway.routing import Lane
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerRegistry
+from protocol import http
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.streams import dlq_stream_config
 from protocol.subjects import HEALTH_PREFIX
@@ -246,7 +248,7 @@ class Gateway:
                 f"Work queue unavailable ({type(exc).__name__}); retry later",
                 retry_after=2,
             ) from None
-        request_id = new_request_id()
+        request_id = http.new_request_id()
         request[REQUEST_ID_KEY] = request_id
         timeout = self.settings.gateway_request_timeout_s
         items = build(lane, request_id, self.dispatcher.reply_subject(request_id), time.time() + timeout)

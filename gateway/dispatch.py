@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
 from gateway.metrics import GatewayMetrics
+from gateway.routing import Lane
 from protocol.errors import ErrorCode, SIEError
 from protocol.streams import reconcile_stream, stream_config, stream_fields
 from protocol.subjects import (
@@ -34,21 +34,6 @@ from protocol.work import WorkItem, WorkResult
 log = logging.getLogger(__name__)
 
 STREAM_INFO_TTL_S = 0.25
-
-
-def new_request_id() -> str:
-    """A UUIDv7 (time-ordered) request id."""
-    ms = int(time.time() * 1000) & ((1 << 48) - 1)
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
-    return str(uuid.UUID(int=value))
-
-
-@dataclass(frozen=True)
-class Lane:
-    pool: str
-    machine_profile: str
-    bundle: str
 
 
 @dataclass

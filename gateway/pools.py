@@ -1,4 +1,4 @@
-"""Resource pools (contract section 6): leases with a TTL, kept in a JetStream key-value bucket.
+"""Resource pools: leases with a TTL, kept in a JetStream key-value bucket.
 
 Several gateway replicas share the bucket, so every read goes to the bucket (no local copy to go
 stale). A pool's assignment and state are derived from the live worker registry at read time.
@@ -17,7 +17,7 @@ from typing import Any
 import nats.js.errors
 from nats.js.api import KeyValueConfig, StorageType
 
-from gateway.workers import WorkerRegistry, WorkerState
+from gateway.workers import WorkerRecord, WorkerRegistry
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ class PoolStore:
         return removed
 
     # ---- assignment ------------------------------------------------------------------------
-    def assigned(self, spec: dict[str, Any]) -> list[WorkerState]:
+    def assigned(self, spec: dict[str, Any]) -> list[WorkerRecord]:
         queue_pool = spec.get("queue_pool") or DEFAULT_POOL
         bundle = spec.get("bundle")
         gpus: dict[str, int] = spec.get("gpus") or {}
@@ -265,7 +265,7 @@ class PoolStore:
             out.append(w)
         return out
 
-    def state(self, spec: dict[str, Any], assigned: list[WorkerState]) -> str:
+    def state(self, spec: dict[str, Any], assigned: list[WorkerRecord]) -> str:
         if not assigned or len(assigned) < spec.get("minimum_worker_count", 0):
             return "pending"
         for prof, count in (spec.get("gpus") or {}).items():

@@ -139,13 +139,13 @@ MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
 
 
 def wants_msgpack_body(content_type: str | None) -> bool:
-    """Request bodies are msgpack when Content-Type names msgpack, else JSON (contract 1.3)."""
+    """Request bodies are msgpack when Content-Type names msgpack, else JSON."""
     ct = (content_type or "").lower()
     return any(t in ct for t in MSGPACK_TYPES)
 
 
 def wants_msgpack_response(accept: str | None) -> bool:
-    """Responses are msgpack unless Accept asks for JSON without mentioning msgpack (contract 1.3)."""
+    """Responses are msgpack unless Accept asks for JSON without mentioning msgpack."""
     if not accept:
         return True
     acc = accept.lower()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
 from typing import Any
 
@@ -56,13 +58,17 @@ def base_headers(request_id: str | None = None) -> dict[str, str]:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """A UUIDv7 (time-ordered) request id, as every front door hands out."""
+    ms = int(time.time() * 1000) & ((1 << 48) - 1)
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
 
 
 def respond(
     request: web.Request, body: dict[str, Any], headers: dict[str, str] | None = None, status: int = 200
 ) -> web.Response:
-    """msgpack or JSON per the Accept header (contract 1.3)."""
+    """msgpack or JSON per the Accept header."""
     if wants_msgpack_response(request.headers.get("Accept")):
         return web.Response(
             body=packb(body), status=status, content_type="application/msgpack", headers=headers
@@ -85,7 +91,7 @@ def error_response(exc: SIEError, request_id: str | None = None) -> web.Response
 
 
 def openai_error_response(exc: SIEError) -> web.Response:
-    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}`` (contract 7)."""
+    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}``."""
     code = exc.code
     if code == ErrorCode.MODEL_NOT_FOUND:
         code = "model_not_found"

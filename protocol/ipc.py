@@ -1,4 +1,4 @@
-"""IPC between the sidecar and the worker over a Unix domain socket (internals 3.4).
+"""IPC between the sidecar and the worker over a Unix domain socket.
 
 Framing: ``[4-byte big-endian unsigned length][msgpack map]``, at most ``MAX_FRAME_BYTES`` per frame;
 a clean EOF between frames ends the connection. Envelopes:
@@ -201,11 +201,10 @@ class EnsureModelReadyResponse:
 
 @dataclass
 class RunBatchRequest:
+    """One batch for the worker: the items (one model spec, operation and LoRA, formed by the
+    sidecar) carry everything the worker runs them with; ``model_id`` names the batch in logs."""
+
     model_id: str  # model spec: "M" or "M:profile"
-    batch_id: int
-    lora_key: str
-    op: str
-    total_cost: int
     items: list[dict[str, Any]]  # WorkItem maps
 
     def to_map(self) -> dict[str, Any]:

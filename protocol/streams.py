@@ -1,4 +1,4 @@
-"""JetStream stream and consumer settings shared by the gateway and the sidecar (internals 1.2, 1.3, 8.1).
+"""JetStream stream and consumer settings shared by the gateway and the sidecar.
 
 Both the gateway and the sidecar ensure the pool work stream; they must ask for identical settings,
 so both build them here. Returned as plain dicts of nats-py keyword arguments (protocol stays free of

@@ -1,4 +1,4 @@
-"""Work item, work result and heartbeat schemas (internals 1.7).
+"""Work item, work result and heartbeat schemas.
 
 On the wire each is a msgpack map (heartbeats: JSON) with named keys; unknown keys are ignored and
 missing optional keys take their defaults, so either side can add fields without breaking the other.

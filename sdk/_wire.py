@@ -272,7 +272,7 @@ def version_skew(server_version: str | None) -> str | None:
 
 
 class ErrorInfo:
-    """The readable parts of an error answer (contract 2.1)."""
+    """The readable parts of an error answer."""
 
     def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         self.status = status

@@ -1,4 +1,4 @@
-"""Batch formation, free of I/O: one Batcher per (operation, LoRA) inside a model's scheduler (internals 3.3).
+"""Batch formation, free of I/O: one Batcher per (operation, LoRA) inside a model's scheduler.
 
 Flush rules: total cost >= max_batch_cost, count >= max_batch_requests, or the oldest pending item has
 waited max_batch_wait_ms (and always when draining). Packing sorts the pending items by cost and takes

@@ -8,7 +8,6 @@ intake → :class:`sidecar.lane.LaneConsumer` (lifecycle).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from typing import Protocol
 
@@ -23,7 +22,7 @@ from sidecar.settings import SidecarSettings
 from sidecar.tombstones import Tombstones
 
 
-class WorkerState:
+class WorkerHealth:
     """What the last Pings said about the worker."""
 
     def __init__(self) -> None:
@@ -52,7 +51,7 @@ class LaneState:
         settings: SidecarSettings,
         *,
         barrier: ExecutionBarrier | None = None,
-        worker: WorkerState | None = None,
+        worker: WorkerHealth | None = None,
         config: ConfigView | None = None,
     ) -> None:
         self.nc = nc
@@ -62,7 +61,7 @@ class LaneState:
         self.js = nc.jetstream()
         self.ipc = ipc_client
         self.settings = settings
-        self.worker = worker or WorkerState()
+        self.worker = worker or WorkerHealth()
         self.tombstones = Tombstones(settings.cancel_tombstone_ttl_s)
         self.schedulers: dict[str, ModelScheduler] = {}
         self.held: set[Delivery] = set()
@@ -77,7 +76,6 @@ class LaneState:
         self.draining = False
         self._tasks: list[asyncio.Task] = []
         self._batch_tasks: set[asyncio.Task] = set()
-        self._batch_ids = itertools.count(1)
         self._sub = None
         self._cancel_sub = None
         self._lane_prefix = lane_prefix(settings.pool, settings.machine_profile, settings.bundle)

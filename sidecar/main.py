@@ -14,7 +14,7 @@ from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
-from sidecar.lane_state import WorkerState
+from sidecar.lane_state import WorkerHealth
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sie.sidecar")
@@ -35,7 +35,7 @@ async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, object
     nc = await connect_nats(settings)
     client = IpcClient(settings.ipc_socket_path, timeout_s=settings.ipc_request_timeout_s)
     barrier = ExecutionBarrier()
-    worker = WorkerState()
+    worker = WorkerHealth()
     config = ConfigApplier(
         nc, client, settings, barrier, current_hash=lambda: worker.ping.bundle_config_hash or ""
     )

@@ -1,4 +1,4 @@
-"""The worker's queue-mode front door: an IPC server on a Unix domain socket (internals 3.4).
+"""The worker's queue-mode front door: an IPC server on a Unix domain socket.
 
 The sidecar forms batches and calls ``RunBatch``; this module turns IPC requests into calls on the
 worker Runtime and its answers into ItemOutcomes. Every request runs as its own task, so one
@@ -165,7 +165,7 @@ class IpcHandler:
         except SIEError as exc:
             results = [self._error_result(it, exc.code, exc.message, exc.retry_after) for it in items]
         except Exception as exc:  # a runtime bug must not take down the connection
-            log.exception("run_work_items failed for a batch of %d", len(items))
+            log.exception("run_work_items failed for a batch of %d items of %s", len(items), req.model_id)
             results = [self._error_result(it, ErrorCode.INTERNAL_ERROR, str(exc), None) for it in items]
         if len(results) != len(items):
             log.error("runtime returned %d results for %d items", len(results), len(items))

@@ -261,14 +261,6 @@ class ModelStates:
         self._clear_device_cache()
         log.info("unloaded %s", lm.model_id)
 
-    async def unload_model(self, model_id: str) -> bool:
-        done = False
-        for entry in list(self._entries.values()):
-            if entry.model_id == model_id and entry.loaded:
-                await self._unload(entry)
-                done = True
-        return done
-
     def _clear_device_cache(self) -> None:
         gc.collect()
         if self.device.startswith("cuda"):

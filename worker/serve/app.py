@@ -1,4 +1,4 @@
-"""``sie serve``: the standalone HTTP API over the model runtime (contract sections 1–5, 7)."""
+"""``sie serve``: the standalone HTTP API over the model runtime."""
 
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openai_embeddings(request: web.Request) -> web.Response:
-    """OpenAI-compatible embeddings (contract 7); errors use the OpenAI envelope."""
+    """OpenAI-compatible embeddings; errors use the OpenAI envelope."""
     runtime = request.app[RUNTIME]
     try:
         req = parse_embeddings_request(

@@ -1,4 +1,4 @@
-"""protocol.config_delta encode/decode and the config API's token rules (contract 8.1)."""
+"""protocol.config_delta encode/decode and the config API's token rules."""
 
 from __future__ import annotations
 

@@ -242,10 +242,6 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
         items = [work_item(i, f"text number {i}") for i in range(3)]
         request = ipc.RunBatchRequest(
             model_id="test/fake-embed",
-            batch_id=1,
-            lora_key="",
-            op="encode",
-            total_cost=9,
             items=[ipc.RunBatchRequest.item_map(it) for it in items],
         )
         batch = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
@@ -279,9 +275,7 @@ async def test_drain_refuses_new_batches(sock_path):
     try:
         ack = await client.call(ipc.DRAIN, {"deadline_ms": 1000})
         assert ack["acknowledged"] is True
-        request = ipc.RunBatchRequest(
-            "test/fake-embed", 1, "", "encode", 3, [ipc.RunBatchRequest.item_map(work_item(0))]
-        )
+        request = ipc.RunBatchRequest("test/fake-embed", [ipc.RunBatchRequest.item_map(work_item(0))])
         with pytest.raises(IpcRemoteError, match=ipc.DRAINING_ERROR) as refused:
             await client.call(ipc.RUN_BATCH, request.to_map())
         assert refused.value.code == ipc.IPC_DRAINING
@@ -307,9 +301,7 @@ async def test_client_fails_pending_calls_when_the_worker_goes_away(sock_path):
             if body["state"] == ipc.STATE_READY:
                 break
             await asyncio.sleep(0.05)
-        request = ipc.RunBatchRequest(
-            "test/fake-embed", 1, "", "encode", 3, [ipc.RunBatchRequest.item_map(work_item(0))]
-        )
+        request = ipc.RunBatchRequest("test/fake-embed", [ipc.RunBatchRequest.item_map(work_item(0))])
         pending = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
         await asyncio.sleep(0.3)
         await server.close()
