@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE_KEY = web.AppKey("config_service", ConfigService)
-AUTH_KEY = web.AppKey("config_auth", object)
+AUTH_KEY: web.AppKey[Auth] = web.AppKey("config_auth")
 LIMIT_KEY = web.AppKey("config_body_limit", int)
 
 PUBLIC, READ, EXPORT, WRITE = "public", "read", "export", "write"
@@ -51,7 +51,7 @@ def parse_token(header: str) -> str:
 
 
 def _eq(a: str, b: str | None) -> bool:
-    return bool(b) and hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+    return b is not None and bool(b) and hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
 
 
 def json_error(status: int, detail: Any, headers: dict[str, str] | None = None) -> web.Response:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -293,7 +294,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _loc(err: dict[str, Any]) -> list[Any]:
+def _loc(err: Mapping[str, Any]) -> list[Any]:
     return [p for p in err.get("loc", ())]
 
 
@@ -363,10 +364,11 @@ def _canon_profile(value: Any) -> str:
 
 def _canon_field(key: str, value: Any) -> str:
     info = ModelConfig.model_fields.get(key)
-    if info is None:
+    if info is None or info.annotation is None:
         return json.dumps(value, sort_keys=True, default=str)
-    normalized = TypeAdapter(info.annotation).validate_python(value)
-    dumped = TypeAdapter(info.annotation).dump_python(normalized, mode="json", exclude_none=True)
+    adapter: TypeAdapter[Any] = TypeAdapter(info.annotation)
+    normalized = adapter.validate_python(value)
+    dumped = adapter.dump_python(normalized, mode="json", exclude_none=True)
     if key == "pool" and isinstance(dumped, str):
         dumped = dumped.lower()
     return json.dumps(dumped, sort_keys=True)

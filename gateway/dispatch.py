@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
 from gateway.metrics import GatewayMetrics
@@ -92,7 +93,7 @@ class Dispatcher:
         # items admitted since the cached stream count was read: a burst inside one cache period
         # cannot overshoot max_stream_pending
         self._admitted_since: dict[str, int] = {}
-        self._sub = None
+        self._sub: Subscription | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -231,7 +232,7 @@ class Dispatcher:
                 ) from None
             self.metrics.result_wait_seconds.labels(operation).observe(time.monotonic() - t1)
             finished = True
-            return results  # type: ignore[return-value]
+            return results
         finally:
             self._collectors.pop(request_id, None)
             if not finished:

@@ -61,13 +61,13 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
             return error_response(http.error_for_http_exception(exc), openai=openai_route)
         raise
     except (nats.errors.Error, nats.js.errors.Error) as exc:
-        err = SIEError(
+        unavailable = SIEError(
             ErrorCode.QUEUE_UNAVAILABLE,
             f"NATS unavailable ({type(exc).__name__}); retry later",
             retry_after=2,
         )
-        status = err.status
-        return error_response(err, openai=openai_route)
+        status = unavailable.status
+        return error_response(unavailable, openai=openai_route)
     except asyncio.CancelledError:
         status = 499
         raise

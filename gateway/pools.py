@@ -6,6 +6,7 @@ stale). A pool's assignment and state are derived from the live worker registry 
 
 from __future__ import annotations
 
+import builtins  # PoolStore.list shadows list inside the class
 import contextlib
 import json
 import logging
@@ -244,7 +245,7 @@ class PoolStore:
         return removed
 
     # ---- assignment ------------------------------------------------------------------------
-    def assigned(self, spec: dict[str, Any]) -> list[WorkerRecord]:
+    def assigned(self, spec: dict[str, Any]) -> builtins.list[WorkerRecord]:
         queue_pool = spec.get("queue_pool") or DEFAULT_POOL
         bundle = spec.get("bundle")
         gpus: dict[str, int] = spec.get("gpus") or {}
@@ -265,7 +266,7 @@ class PoolStore:
             out.append(w)
         return out
 
-    def state(self, spec: dict[str, Any], assigned: list[WorkerRecord]) -> str:
+    def state(self, spec: dict[str, Any], assigned: builtins.list[WorkerRecord]) -> str:
         if not assigned or len(assigned) < spec.get("minimum_worker_count", 0):
             return "pending"
         for prof, count in (spec.get("gpus") or {}).items():

@@ -59,7 +59,7 @@ def _encode_numpy(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def _decode_numpy(obj: dict) -> Any:
+def _decode_numpy(obj: dict[Any, Any]) -> Any:
     if _K_ND not in obj:
         if b"complex" in obj:
             raise CodecError("complex values are not supported")
@@ -96,7 +96,8 @@ def _decode_numpy(obj: dict) -> Any:
 
 def packb(obj: Any) -> bytes:
     """Serialise ``obj`` (dicts, lists, scalars, bytes, numpy arrays) to msgpack."""
-    return msgpack.packb(obj, use_bin_type=True, default=_encode_numpy)
+    data: bytes = msgpack.packb(obj, use_bin_type=True, default=_encode_numpy)
+    return data
 
 
 def unpackb(data: bytes, *, max_bin_len: int = -1) -> Any:

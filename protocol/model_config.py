@@ -249,7 +249,7 @@ def bundles_hash(bundles: list[Bundle]) -> str:
             {"name": b.name, "priority": b.priority, "adapters": sorted(b.adapters), "engine": b.engine}
             for b in bundles
         ),
-        key=lambda d: d["name"],
+        key=lambda d: str(d["name"]),
     )
     blob = json.dumps(items, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()

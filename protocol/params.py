@@ -47,7 +47,7 @@ def truncates(options: dict[str, Any]) -> bool:
         raise invalid_input(
             f"overflow_policy must be one of {list(OVERFLOW_POLICIES)}, got {policy!r}", param="overflow_policy"
         )
-    return policy != "error"
+    return bool(policy != "error")
 
 
 def output_types(resolved: Resolved, options: dict[str, Any], requested: Any) -> list[str]:

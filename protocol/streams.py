@@ -97,8 +97,10 @@ def _plain(value: Any) -> Any:
 
 def stream_fields(config: Any) -> dict[str, Any]:
     """The storage and reconciled fields of a stream config (an object with attributes, or a map)."""
-    get = config.get if isinstance(config, Mapping) else (lambda name: getattr(config, name, None))
-    return {name: _plain(get(name)) for name in ("storage", *RECONCILED_STREAM_FIELDS)}
+    names = ("storage", *RECONCILED_STREAM_FIELDS)
+    if isinstance(config, Mapping):
+        return {name: _plain(config.get(name)) for name in names}
+    return {name: _plain(getattr(config, name, None)) for name in names}
 
 
 def reconcile_stream(

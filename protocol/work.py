@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol.codec import packb, unpackb
 from protocol.model_config import model_spec
 
 OPERATIONS = ("encode", "score", "extract")
 
+T = TypeVar("T")
 
-def _from_map(cls, data: dict[str, Any]):
-    names = {f.name for f in fields(cls)}
+
+def _from_map(cls: type[T], data: dict[str, Any]) -> T:
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # cls is always a dataclass
     return cls(**{k: v for k, v in data.items() if k in names})
 
 

@@ -247,7 +247,7 @@ class ConfigApplier:
 
     # ------------------------------------------------------------------ reconciliation
     async def _get_json(self, path: str) -> Any:
-        assert self._session is not None
+        assert self._session is not None and self.settings.config_service_url
         url = self.settings.config_service_url.rstrip("/") + path
         async with self._session.get(url) as resp:
             if resp.status != 200:

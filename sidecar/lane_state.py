@@ -12,6 +12,8 @@ import time
 from typing import Protocol
 
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
 
 from protocol import ipc
 from protocol.subjects import lane_prefix
@@ -76,8 +78,8 @@ class LaneState:
         self.draining = False
         self._tasks: list[asyncio.Task] = []
         self._batch_tasks: set[asyncio.Task] = set()
-        self._sub = None
-        self._cancel_sub = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._cancel_sub: Subscription | None = None
         self._lane_prefix = lane_prefix(settings.pool, settings.machine_profile, settings.bundle)
         # counters (observability and tests)
         self.stats: dict[str, int] = {

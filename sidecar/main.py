@@ -8,6 +8,7 @@ import logging
 import signal
 
 import nats
+from nats.aio.client import Client as NatsClient
 
 from protocol.subjects import WORKER_INBOX_PREFIX
 from sidecar.barrier import ExecutionBarrier
@@ -20,7 +21,7 @@ from sidecar.settings import SidecarSettings
 log = logging.getLogger("sie.sidecar")
 
 
-async def connect_nats(settings: SidecarSettings):
+async def connect_nats(settings: SidecarSettings) -> NatsClient:
     return await nats.connect(
         settings.nats_url,
         name=f"sie-sidecar-{settings.worker_id}",
@@ -30,7 +31,7 @@ async def connect_nats(settings: SidecarSettings):
     )
 
 
-async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, object, IpcClient]:
+async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, NatsClient, IpcClient]:
     """Connect and start a lane consumer; returns (consumer, nats client, ipc client)."""
     nc = await connect_nats(settings)
     client = IpcClient(settings.ipc_socket_path, timeout_s=settings.ipc_request_timeout_s)

@@ -94,6 +94,7 @@ class IpcHandler:
             coro.close()
             raise IpcMethodError(ipc.DRAINING_ERROR, code=ipc.IPC_DRAINING)
         task = asyncio.current_task()
+        assert task is not None
         self._inflight.add(task)
         self._idle.clear()
         try:
@@ -323,7 +324,9 @@ class IpcServer:
         await self._server.serve_forever()
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._conn_tasks.add(asyncio.current_task())
+        conn_task = asyncio.current_task()
+        assert conn_task is not None
+        self._conn_tasks.add(conn_task)
         write_lock = asyncio.Lock()
         calls: set[asyncio.Task] = set()
 

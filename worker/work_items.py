@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError, invalid_input
@@ -46,7 +47,7 @@ class WorkItemRunner(Operations):
                 for wi, i in zip(group, idx, strict=True):
                     res = await self.score(spec, wi.query_item or {}, wi.score_items or [], wi.instruction,
                                            options, direct=True)
-                    body = {"scores": res.items}
+                    body: dict[str, Any] = {"scores": res.items}
                     if res.query_id is not None:
                         body["query_id"] = res.query_id
                     results[i] = self._work_result(wi, True, packb(body), res.timing, started, res.input_tokens)

@@ -23,13 +23,13 @@ from protocol.work import WorkItem
 
 
 async def _itemised_request(
-    request: web.Request, model_cls: type
+    request: web.Request, model_cls: type[EncodeRequest] | type[ExtractRequest]
 ) -> tuple[Gateway, str, Any, Any, dict[str, Any], Route]:
     """The common start of encode and extract: body within limits, item count, options, route."""
     gw = gateway_of(request)
     model = request.match_info["model"]
     data = await read_body(request, gw.settings.gateway_max_body_bytes)
-    req = parse_request(model_cls, data)
+    req: EncodeRequest | ExtractRequest = parse_request(model_cls, data)
     if len(req.items) > gw.settings.gateway_max_items:
         raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
     params = req.params
