@@ -49,15 +49,15 @@ def success_headers(request_id: str, results: list[WorkResult], wait_ms: float) 
         "X-Queue-Wait-Time": f"{wait_ms:.1f}",
     }
     t = responses.timing(results, wait_ms)
-    h["X-Queue-Time"] = f"{t['queue_ms']:.2f}"
-    h["X-Inference-Time"] = f"{t['inference_ms']:.2f}"
-    if t["tokenization_ms"] > 0:
-        h["X-Tokenization-Time"] = f"{t['tokenization_ms']:.2f}"
-    if t.get("postprocessing_ms"):
-        h["X-Postprocessing-Time"] = f"{t['postprocessing_ms']:.2f}"
-    tokens = responses.input_tokens(results)
-    if tokens is not None:
-        h["X-SIE-Units-Input-Tokens"] = str(tokens)
+    h.update(
+        http.timing_headers(
+            queue_ms=t["queue_ms"],
+            tokenization_ms=t["tokenization_ms"],
+            inference_ms=t["inference_ms"],
+            postprocessing_ms=t.get("postprocessing_ms", 0.0),
+            input_tokens=responses.input_tokens(results),
+        )
+    )
     return h
 
 

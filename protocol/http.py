@@ -65,6 +65,29 @@ def new_request_id() -> str:
     return str(uuid.UUID(int=value))
 
 
+def timing_headers(
+    *,
+    queue_ms: float,
+    tokenization_ms: float,
+    inference_ms: float,
+    postprocessing_ms: float = 0.0,
+    total_ms: float | None = None,
+    input_tokens: int | None = None,
+) -> dict[str, str]:
+    """The timing and usage headers of a successful inference answer (milliseconds, 2 decimals);
+    tokenisation and postprocessing only when they took time, usage only when it was counted."""
+    headers = {"X-Queue-Time": f"{queue_ms:.2f}", "X-Inference-Time": f"{inference_ms:.2f}"}
+    if tokenization_ms > 0:
+        headers["X-Tokenization-Time"] = f"{tokenization_ms:.2f}"
+    if postprocessing_ms > 0:
+        headers["X-Postprocessing-Time"] = f"{postprocessing_ms:.2f}"
+    if total_ms is not None:
+        headers["X-Total-Time"] = f"{total_ms:.2f}"
+    if input_tokens is not None:
+        headers["X-SIE-Units-Input-Tokens"] = str(int(input_tokens))
+    return headers
+
+
 def respond(
     request: web.Request, body: dict[str, Any], headers: dict[str, str] | None = None, status: int = 200
 ) -> web.Response:

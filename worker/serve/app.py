@@ -23,6 +23,7 @@ from protocol.http import (
     openai_error_response,
     read_body,
     respond,
+    timing_headers,
     unexpected_error,
 )
 from protocol.openai import (
@@ -47,16 +48,15 @@ REQUEST_ID = web.RequestKey("request_id", str)
 
 def _timing_headers(result: Result) -> dict[str, str]:
     t = result.timing
-    headers = {
-        "X-Queue-Time": f"{t.queue_ms:.2f}",
-        "X-Tokenization-Time": f"{t.tokenization_ms:.2f}",
-        "X-Inference-Time": f"{t.inference_ms:.2f}",
-        "X-Total-Time": f"{t.total_ms:.2f}",
-        "X-SIE-Units-Input-Tokens": str(int(result.input_tokens)),
-        "X-SIE-Served-By": "local",
-    }
-    if t.postprocessing_ms > 0:
-        headers["X-Postprocessing-Time"] = f"{t.postprocessing_ms:.2f}"
+    headers = timing_headers(
+        queue_ms=t.queue_ms,
+        tokenization_ms=t.tokenization_ms,
+        inference_ms=t.inference_ms,
+        postprocessing_ms=t.postprocessing_ms,
+        total_ms=t.total_ms,
+        input_tokens=result.input_tokens,
+    )
+    headers["X-SIE-Served-By"] = "local"
     return headers
 
 

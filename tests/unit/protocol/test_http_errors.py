@@ -1,4 +1,4 @@
-"""HTTP errors every front door renders the same way (protocol/http.py)."""
+"""HTTP plumbing every front door shares (protocol/http.py): error mapping, timing headers."""
 
 from __future__ import annotations
 
@@ -33,3 +33,23 @@ def test_an_unexpected_exception_says_only_its_type():
     err = unexpected_error(KeyError("secret"))
     assert (err.status, err.code) == (500, ErrorCode.INTERNAL_ERROR)
     assert err.message == "internal error: KeyError"
+
+
+def test_timing_headers_leave_out_what_took_no_time_or_was_not_counted():
+    from protocol.http import timing_headers
+
+    assert timing_headers(queue_ms=1.234, tokenization_ms=0.0, inference_ms=5.0) == {
+        "X-Queue-Time": "1.23",
+        "X-Inference-Time": "5.00",
+    }
+    full = timing_headers(
+        queue_ms=1, tokenization_ms=2, inference_ms=3, postprocessing_ms=4, total_ms=10, input_tokens=7
+    )
+    assert full == {
+        "X-Queue-Time": "1.00",
+        "X-Inference-Time": "3.00",
+        "X-Tokenization-Time": "2.00",
+        "X-Postprocessing-Time": "4.00",
+        "X-Total-Time": "10.00",
+        "X-SIE-Units-Input-Tokens": "7",
+    }
