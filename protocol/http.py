@@ -13,7 +13,14 @@ from typing import Any
 from aiohttp import web
 
 from protocol import SERVER_VERSION
-from protocol.codec import CodecError, packb, to_jsonable, unpackb, wants_msgpack_body, wants_msgpack_response
+from protocol.codec import (
+    CodecError,
+    dumps_json,
+    packb,
+    unpackb,
+    wants_msgpack_body,
+    wants_msgpack_response,
+)
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
 
@@ -107,7 +114,7 @@ def respond(
         return web.Response(
             body=packb(body), status=status, content_type="application/msgpack", headers=headers
         )
-    return json_response(to_jsonable(body), status=status, headers=headers)
+    return web.Response(body=dumps_json(body), status=status, content_type="application/json", headers=headers)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
