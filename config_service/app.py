@@ -1,8 +1,7 @@
-"""The config API over aiohttp (contract section 8): routes, auth, body limit, errors, metrics."""
+"""The config API over aiohttp: routes, auth, body limit, errors, metrics."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -17,12 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from config_service.registry import ConfigError
 from config_service.service import ConfigService
 from config_service.settings import MAX_BODY_BYTES
+from protocol.http import bearer_token, config_error_detail, read_body, token_matches
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE_KEY = web.AppKey("config_service", ConfigService)
-AUTH_KEY = web.AppKey("config_auth", object)
+AUTH_KEY: web.AppKey[Auth] = web.AppKey("config_auth")
 LIMIT_KEY = web.AppKey("config_body_limit", int)
 
 PUBLIC, READ, EXPORT, WRITE = "public", "read", "export", "write"
@@ -30,7 +30,7 @@ PUBLIC, READ, EXPORT, WRITE = "public", "read", "export", "write"
 
 @dataclass(frozen=True)
 class Auth:
-    """Tokens of contract 8.1. Empty strings count as unset."""
+    """The config API's tokens: read, inference (reads except export) and admin (writes). Empty strings count as unset."""
 
     admin_token: str | None = None
     read_token: str | None = None
@@ -40,17 +40,6 @@ class Auth:
     @property
     def any_configured(self) -> bool:
         return bool(self.admin_token or self.read_token or self.inference_token)
-
-
-def parse_token(header: str) -> str:
-    token = header.strip()
-    if token[:7].lower() == "bearer ":
-        token = token[7:].strip()
-    return token
-
-
-def _eq(a: str, b: str | None) -> bool:
-    return bool(b) and hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
 
 
 def json_error(status: int, detail: Any, headers: dict[str, str] | None = None) -> web.Response:
@@ -72,17 +61,17 @@ def check_auth(auth: Auth, kind: str, header: str | None) -> web.Response | None
         return json_error(403, "Write operations require SIE_ADMIN_TOKEN, which is not configured")
     if header is None or not header.strip():
         return json_error(401, "Missing Authorization header")
-    token = parse_token(header)
+    token = bearer_token(header) or ""
     if kind == WRITE:
         return (
             None
-            if _eq(token, auth.admin_token)
+            if token_matches(token, [auth.admin_token])
             else json_error(403, "Admin token required for config mutations")
         )
     allowed = [auth.admin_token, auth.read_token]
     if kind == READ:
         allowed.append(auth.inference_token)
-    if any(_eq(token, t) for t in allowed):
+    if token_matches(token, allowed):
         return None
     return json_error(403, "Invalid token")
 
@@ -123,7 +112,7 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
                     resp = json_error(exc.status, exc.reason)
             except Exception:
                 log.exception("unhandled error on %s %s", request.method, request.path)
-                resp = json_error(500, {"error": "internal_error", "message": "internal error"})
+                resp = json_error(500, config_error_detail("internal_error", "internal error"))
         status = resp.status
         return resp
     finally:
@@ -132,18 +121,12 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
             service.metrics.latency.labels(request.method, route_name).observe(time.perf_counter() - start)
 
 
+def _payload_too_large(limit: int, declared: int | None) -> Exception:
+    return ConfigError(413, "payload_too_large", f"request body exceeds {limit} bytes")
+
+
 async def read_body_limited(request: web.Request, limit: int) -> bytes:
-    too_big = ConfigError(413, "payload_too_large", f"request body exceeds {limit} bytes")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_big
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_body(request, limit, too_large=_payload_too_large)
 
 
 # ---- handlers ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""ModelRegistry mirrored from the config service (internals 2.7): bootstrap, deltas, epoch poll.
+"""ModelRegistry mirrored from the config service : bootstrap, deltas, epoch poll.
 
 :class:`ConfigServiceRegistry` is the gateway's registry when ``SIE_CONFIG_SERVICE_URL`` is set.
 It starts empty and not ready (``/readyz`` 503) and never blocks the gateway's start-up:
@@ -38,7 +38,10 @@ from protocol.catalog import Catalog
 from protocol.config_delta import (
     ConfigDeltaError,
     EpochInfo,
+    EpochOrder,
     decode_config_delta,
+    epoch_bump_is_news,
+    epoch_order,
     is_trusted_producer,
     parse_epoch_info,
     parse_export,
@@ -300,13 +303,14 @@ class ConfigServiceRegistry(CatalogRegistry):
             if not self.bootstrapped:
                 return self._count(kind, "before_bootstrap")  # the first export will carry it
             if delta.is_epoch_bump:
-                if delta.epoch > self.epoch:
+                if epoch_bump_is_news(delta.epoch, self.epoch):
                     self._resync.set()
                     return self._count(kind, "resync")
                 return self._count(kind, "stale")
-            if delta.epoch < self.epoch:
+            order = epoch_order(delta.epoch, self.epoch)
+            if order == EpochOrder.STALE:
                 return self._count(kind, "stale")
-            if delta.epoch == self.epoch:
+            if order == EpochOrder.DUPLICATE:
                 # another per-bundle copy of the write already applied: only its bundle's hash
                 if delta.bundle_id and delta.bundle_config_hash:
                     self._remote_hashes[delta.bundle_id] = delta.bundle_config_hash
@@ -317,7 +321,7 @@ class ConfigServiceRegistry(CatalogRegistry):
                 log.warning("config delta for %r (epoch %d) not applied: %s", delta.model_id, delta.epoch, exc)
                 self._resync.set()
                 return self._count(kind, "parse_error")
-            gap = delta.epoch > self.epoch + 1
+            gap = order == EpochOrder.GAP
             self.catalog.put(config)
             self._raw_yaml[config.sie_id] = delta.model_config_yaml
             self._sources[config.sie_id] = "api"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,11 +16,13 @@ from dataclasses import dataclass, field
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
 from gateway.metrics import GatewayMetrics
+from gateway.routing import Lane
 from protocol.errors import ErrorCode, SIEError
-from protocol.streams import RECONCILED_STREAM_FIELDS, stream_config
+from protocol.streams import reconcile_stream, stream_config, stream_fields
 from protocol.subjects import (
     inbox_prefix,
     pool_stream_name,
@@ -29,26 +30,11 @@ from protocol.subjects import (
     work_cancel_subject,
     work_subject,
 )
-from protocol.work import WorkItem, WorkResult
+from protocol.work import ItemRef, WorkItem, WorkResult
 
 log = logging.getLogger(__name__)
 
 STREAM_INFO_TTL_S = 0.25
-
-
-def new_request_id() -> str:
-    """A UUIDv7 (time-ordered) request id."""
-    ms = int(time.time() * 1000) & ((1 << 48) - 1)
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
-    return str(uuid.UUID(int=value))
-
-
-@dataclass(frozen=True)
-class Lane:
-    pool: str
-    machine_profile: str
-    bundle: str
 
 
 @dataclass
@@ -107,7 +93,7 @@ class Dispatcher:
         # items admitted since the cached stream count was read: a burst inside one cache period
         # cannot overshoot max_stream_pending
         self._admitted_since: dict[str, int] = {}
-        self._sub = None
+        self._sub: Subscription | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -158,19 +144,12 @@ class Dispatcher:
                 except nats.js.errors.BadRequestError:
                     await self.js.stream_info(name)  # created concurrently by someone else
             else:
-                current = info.config.as_dict()
-                wanted = StreamConfig(**desired).as_dict()
-                if any(current.get(k) != wanted.get(k) for k in RECONCILED_STREAM_FIELDS):
-                    if current.get("storage") != wanted.get("storage"):
-                        log.warning(
-                            "stream %s uses %s storage, wanted %s",
-                            name,
-                            current.get("storage"),
-                            wanted["storage"],
-                        )
-                    desired["storage"] = current.get("storage")
+                plan = reconcile_stream(stream_fields(info.config), desired)
+                if plan.action == "update":
+                    if plan.storage_mismatch:
+                        log.warning("stream %s uses %s storage, wanted %s", name, *plan.storage_mismatch)
                     try:
-                        await self.js.update_stream(StreamConfig(**desired))
+                        await self.js.update_stream(StreamConfig(**plan.config))
                     except nats.js.errors.APIError as exc:
                         log.warning("could not reconcile stream %s: %s", name, exc)
             self._ensured.add(pool)
@@ -253,7 +232,7 @@ class Dispatcher:
                 ) from None
             self.metrics.result_wait_seconds.labels(operation).observe(time.monotonic() - t1)
             finished = True
-            return results  # type: ignore[return-value]
+            return results
         finally:
             self._collectors.pop(request_id, None)
             if not finished:
@@ -340,14 +319,7 @@ class Dispatcher:
         if col is None:
             return False
         col.put(
-            WorkResult(
-                work_item_id=f"{request_id}.{item_index}",
-                request_id=request_id,
-                item_index=item_index,
-                success=False,
-                error=message,
-                error_code=code,
-            )
+            WorkResult.failure(ItemRef(f"{request_id}.{item_index}", request_id, item_index), code, message)
         )
         return True
 

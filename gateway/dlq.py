@@ -11,6 +11,7 @@ import json
 import logging
 
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode
@@ -26,7 +27,7 @@ class DLQForwarder:
         self.js = nc.jetstream()
         self.dispatcher = dispatcher
         self.metrics = metrics
-        self._sub = None
+        self._sub: Subscription | None = None
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(MAX_DELIVERIES_ADVISORY, cb=self._on_advisory)
@@ -56,7 +57,7 @@ class DLQForwarder:
             if len(parts) >= 6:
                 token = parts[5]
             try:
-                item = WorkItem.from_msgpack(stored.data)
+                item = WorkItem.from_msgpack(stored.data or b"")
                 if item.router_id == self.dispatcher.router_id:
                     self.dispatcher.fail_item(
                         item.request_id,

@@ -31,14 +31,9 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.routing import Lane
+
 log = logging.getLogger("gateway.k8s_scaler")
-
-
-@dataclass(frozen=True)
-class Lane:
-    pool: str
-    machine_profile: str
-    bundle: str
 
 
 def parse_targets(spec: str | Iterable[str]) -> dict[Lane, str]:

@@ -13,7 +13,9 @@ def _csv(value: object) -> list[str]:
         return []
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v).strip() for v in value if str(v).strip()]  # type: ignore[union-attr]
+    if not isinstance(value, (list, tuple, set)):
+        raise ValueError(f"expected a comma-separated string or a list, got {type(value).__name__}")
+    return [str(v).strip() for v in value if str(v).strip()]
 
 
 class GatewaySettings(BaseSettings):

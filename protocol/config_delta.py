@@ -1,4 +1,4 @@
-"""ConfigNotification: the config delta the config service publishes on NATS (internals 1.7),
+"""ConfigNotification: the config delta the config service publishes on NATS,
 plus the shapes of the config service's epoch and export answers that gateways and sidecars read.
 
 Published as JSON to ``sie.config.models.{bundle}`` (one message per affected bundle) and the
@@ -13,11 +13,12 @@ re-exports when it wants the full state).
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-# Receivers refuse bigger deltas (internals 3.7); the config service never publishes one.
+# Receivers refuse bigger deltas; the config service never publishes one.
 MAX_CONFIG_DELTA_BYTES = 1024 * 1024
 
 
@@ -98,6 +99,33 @@ def decode_config_delta(data: bytes | str) -> ConfigDelta:
         raise ConfigDeltaError(f"invalid config delta: {exc.errors(include_url=False)}") from exc
 
 
+class EpochOrder(StrEnum):
+    """Where a delta's epoch stands against the epoch a consumer has applied."""
+
+    STALE = "stale"  # older than what is applied: drop it
+    DUPLICATE = "duplicate"  # the same epoch: another per-bundle copy of a write already applied
+    NEXT = "next"  # the very next epoch (or an unversioned delta): apply it
+    GAP = "gap"  # newer, with epochs missed in between: apply it and re-export for the rest
+
+
+def epoch_order(delta_epoch: int, applied_epoch: int) -> EpochOrder:
+    """The one rule every consumer of config deltas (gateway, sidecar) follows.
+
+    Epoch 0 is unversioned (a config service without a store never bumps it), so a delta at epoch 0
+    while 0 is applied is applied, never taken for a duplicate.
+    """
+    if delta_epoch < applied_epoch:
+        return EpochOrder.STALE
+    if delta_epoch == applied_epoch:
+        return EpochOrder.NEXT if delta_epoch == 0 else EpochOrder.DUPLICATE
+    return EpochOrder.NEXT if delta_epoch == applied_epoch + 1 else EpochOrder.GAP
+
+
+def epoch_bump_is_news(delta_epoch: int, applied_epoch: int) -> bool:
+    """An epoch bump (no model attached) matters only when it is ahead of what is applied."""
+    return delta_epoch > applied_epoch
+
+
 class EpochInfo(BaseModel):
     """``GET /v1/configs/epoch``: poll it; re-export when the epoch or either hash changes."""
 
@@ -164,7 +192,7 @@ def parse_export(data: bytes | str | dict[str, Any]) -> ConfigExport:
 
 
 def is_trusted_producer(router_id: str, trusted: str | list[str] | tuple[str, ...] = "sie-config") -> bool:
-    """Trusted-producer rule of internals 2.7: exact match or ``{trusted}-…`` pod-name prefix."""
+    """Who may publish config deltas: an exact match of a trusted producer id or ``{trusted}-…`` pod-name prefix."""
     names = [trusted] if isinstance(trusted, str) else list(trusted)
     return any(router_id == t or router_id.startswith(t + "-") for t in names if t)
 

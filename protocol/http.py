@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
+import time
 import uuid
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -20,18 +24,32 @@ from protocol.codec import (
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refused with 413 INPUT_TOO_LONG beyond ``limit`` (before buffering it all)."""
+def _input_too_long(limit: int, declared: int | None) -> Exception:
+    if declared is not None:
+        message = f"Request body of {declared} bytes exceeds the limit of {limit}"
+    else:
+        message = f"Request body exceeds the limit of {limit} bytes"
+    return SIEError(ErrorCode.INPUT_TOO_LONG, message, status=413)
+
+
+async def read_body(
+    request: web.Request,
+    limit: int,
+    *,
+    too_large: Callable[[int, int | None], Exception] = _input_too_long,
+) -> bytes:
+    """The request body, refused beyond ``limit`` bytes before buffering it all: the declared
+    Content-Length is checked first, then the bytes as they arrive. ``too_large(limit, declared)``
+    builds the error (default: 413 INPUT_TOO_LONG)."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise SIEError(ErrorCode.INPUT_TOO_LONG, f"Request body of {declared} bytes exceeds the limit of {limit}",
-                       status=413)
+        raise too_large(limit, declared)
     chunks = []
     size = 0
     async for chunk in request.content.iter_chunked(1 << 16):
         size += len(chunk)
         if size > limit:
-            raise SIEError(ErrorCode.INPUT_TOO_LONG, f"Request body exceeds the limit of {limit} bytes", status=413)
+            raise too_large(limit, None)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -58,14 +76,44 @@ def base_headers(request_id: str | None = None) -> dict[str, str]:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """A UUIDv7 (time-ordered) request id, as every front door hands out."""
+    ms = int(time.time() * 1000) & ((1 << 48) - 1)
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
 
 
-def respond(request: web.Request, body: dict[str, Any], headers: dict[str, str] | None = None,
-            status: int = 200) -> web.Response:
-    """msgpack or JSON per the Accept header (contract 1.3)."""
+def timing_headers(
+    *,
+    queue_ms: float,
+    tokenization_ms: float,
+    inference_ms: float,
+    postprocessing_ms: float = 0.0,
+    total_ms: float | None = None,
+    input_tokens: int | None = None,
+) -> dict[str, str]:
+    """The timing and usage headers of a successful inference answer (milliseconds, 2 decimals);
+    tokenisation and postprocessing only when they took time, usage only when it was counted."""
+    headers = {"X-Queue-Time": f"{queue_ms:.2f}", "X-Inference-Time": f"{inference_ms:.2f}"}
+    if tokenization_ms > 0:
+        headers["X-Tokenization-Time"] = f"{tokenization_ms:.2f}"
+    if postprocessing_ms > 0:
+        headers["X-Postprocessing-Time"] = f"{postprocessing_ms:.2f}"
+    if total_ms is not None:
+        headers["X-Total-Time"] = f"{total_ms:.2f}"
+    if input_tokens is not None:
+        headers["X-SIE-Units-Input-Tokens"] = str(int(input_tokens))
+    return headers
+
+
+def respond(
+    request: web.Request, body: dict[str, Any], headers: dict[str, str] | None = None, status: int = 200
+) -> web.Response:
+    """msgpack or JSON per the Accept header."""
     if wants_msgpack_response(request.headers.get("Accept")):
-        return web.Response(body=packb(body), status=status, content_type="application/msgpack", headers=headers)
+        return web.Response(
+            body=packb(body), status=status, content_type="application/msgpack", headers=headers
+        )
     return web.Response(body=dumps_json(body), status=status, content_type="application/json", headers=headers)
 
 
@@ -84,7 +132,7 @@ def error_response(exc: SIEError, request_id: str | None = None) -> web.Response
 
 
 def openai_error_response(exc: SIEError) -> web.Response:
-    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}`` (contract 7)."""
+    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}``."""
     code = exc.code
     if code == ErrorCode.MODEL_NOT_FOUND:
         code = "model_not_found"
@@ -104,4 +152,54 @@ def openai_error_response(exc: SIEError) -> web.Response:
     headers = {**base_headers(), **exc.headers()}
     return json_response({"error": body}, status=exc.status, headers=headers)
 
+
+def error_for_http_exception(exc: web.HTTPException) -> SIEError:
+    """The contract error for an aiohttp HTTP error (unknown route, body over aiohttp's limit, ...)."""
+    if exc.status == 413:
+        code = ErrorCode.INPUT_TOO_LONG
+    elif exc.status == 404:
+        code = ErrorCode.NOT_FOUND
+    else:
+        code = ErrorCode.INVALID_INPUT
+    return SIEError(code, exc.reason or f"HTTP {exc.status}", status=exc.status)
+
+
+def unexpected_error(exc: BaseException) -> SIEError:
+    """What a request that failed with an unforeseen exception answers: no traceback, only its type."""
+    return SIEError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+
+
+def config_error_detail(error: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The config API's error object (its contract names the code ``error``, not ``code``):
+    ``{"detail": <this>}`` is what the config service and the gateway's config mirror answer."""
+    return {"error": error, "message": message, **extra}
+
+
+def config_error_response(
+    status: int, error: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
+    return json_response(
+        {"detail": config_error_detail(error, message, **extra)}, status=status, headers=headers
+    )
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization`` header: trimmed, a case-insensitive ``Bearer `` prefix
+    dropped (a raw token is accepted too); None when there is none."""
+    if not header:
+        return None
+    value = header.strip()
+    if value[:7].lower() == "bearer ":
+        value = value[7:].strip()
+    return value or None
+
+
+def token_matches(token: str, candidates: Iterable[str | None]) -> bool:
+    """Whether ``token`` equals one of the configured (non-empty) ``candidates``, in constant time
+    per candidate (every candidate is compared)."""
+    found = False
+    for candidate in candidates:
+        if candidate:
+            found |= hmac.compare_digest(token.encode("utf-8"), candidate.encode("utf-8"))
+    return found
 

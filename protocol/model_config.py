@@ -1,4 +1,4 @@
-"""Model and bundle configuration schema (contract section 9), shared by worker, gateway and config service.
+"""Model and bundle configuration schema, shared by worker, gateway and config service.
 
 One YAML document per model. Unknown keys are rejected everywhere except the free-form
 ``adapter_options.loadtime`` / ``adapter_options.runtime`` maps and ``chat_template_kwargs``.
@@ -17,6 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 OUTPUT_TYPES = ("dense", "sparse", "multivector")
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+
+DEFAULT_PROFILE = "default"
+
+
+def model_spec(model_id: str, profile: str | None) -> str:
+    """The routable id of a model's profile: ``model_id`` for the default profile, else ``model_id:profile``."""
+    name = (profile or "").strip()
+    return model_id if name in ("", DEFAULT_PROFILE) else f"{model_id}:{name}"
 
 
 class _Strict(BaseModel):
@@ -152,13 +162,10 @@ class ModelConfig(_Strict):
         merged["extends"] = None
         return Profile.model_validate(merged)
 
-    def default_profile_name(self) -> str | None:
-        return "default" if "default" in self.profiles else None
-
     def routable_ids(self) -> list[str]:
         """Model ids that route to this config: ``sie_id`` (with a default profile) and ``sie_id:P``."""
-        ids = [self.sie_id] if "default" in self.profiles else []
-        ids += [f"{self.sie_id}:{p}" for p in self.profiles if p != "default"]
+        ids = [self.sie_id] if DEFAULT_PROFILE in self.profiles else []
+        ids += [model_spec(self.sie_id, p) for p in self.profiles if p != DEFAULT_PROFILE]
         return ids
 
     def adapter_modules(self) -> set[str]:
@@ -198,7 +205,7 @@ def _adapter_options_for_hash(opts: AdapterOptions | None) -> Any:
 
 
 def bundle_config_hash(bundle: Bundle, models: list[ModelConfig], *, pool: str | None = None) -> str:
-    """SHA-256 over the configs of every model routable to ``bundle`` (internals section 4.8).
+    """SHA-256 over the configs of every model routable to ``bundle``.
 
     Byte-identical wherever it is computed: sorted keys, compact separators, models sorted by id,
     profiles by name, only profiles whose adapter module the bundle lists. ``""`` when the bundle
@@ -242,7 +249,7 @@ def bundles_hash(bundles: list[Bundle]) -> str:
             {"name": b.name, "priority": b.priority, "adapters": sorted(b.adapters), "engine": b.engine}
             for b in bundles
         ),
-        key=lambda d: d["name"],
+        key=lambda d: str(d["name"]),
     )
     blob = json.dumps(items, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()

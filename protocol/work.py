@@ -1,4 +1,4 @@
-"""Work item, work result and heartbeat schemas (internals 1.7).
+"""Work item, work result and heartbeat schemas.
 
 On the wire each is a msgpack map (heartbeats: JSON) with named keys; unknown keys are ignored and
 missing optional keys take their defaults, so either side can add fields without breaking the other.
@@ -8,16 +8,41 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from protocol.codec import packb, unpackb
+from protocol.model_config import model_spec
 
 OPERATIONS = ("encode", "score", "extract")
 
+T = TypeVar("T")
 
-def _from_map(cls, data: dict[str, Any]):
-    names = {f.name for f in fields(cls)}
+
+def _from_map(cls: type[T], data: dict[str, Any]) -> T:
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # cls is always a dataclass
     return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class ItemIds(Protocol):
+    """What names one item of a request: a :class:`WorkItem`, or an :class:`ItemRef`."""
+
+    @property
+    def work_item_id(self) -> str: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def item_index(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ItemRef:
+    """The ids of an item whose WorkItem is not at hand (the gateway failing it on a dead letter)."""
+
+    work_item_id: str
+    request_id: str
+    item_index: int
 
 
 @dataclass
@@ -61,6 +86,11 @@ class WorkItem:
         return _from_map(cls, decoded)
 
     @property
+    def model_spec(self) -> str:
+        """The worker's model spec of this item: ``model_id``, or ``model_id:profile``."""
+        return model_spec(self.model_id, self.profile_id)
+
+    @property
     def lora(self) -> str | None:
         value = self.options.get("lora") or self.options.get("lora_id")
         return str(value) if value else None
@@ -95,6 +125,30 @@ class WorkResult:
         if not isinstance(decoded, dict):
             raise ValueError("work result must be a map")
         return _from_map(cls, decoded)
+
+    @classmethod
+    def failure(
+        cls,
+        item: ItemIds,
+        code: str,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+        worker_id: str = "",
+    ) -> WorkResult:
+        """The error result of ``item``: every producer of one (worker, sidecar) builds it here."""
+        return cls(
+            work_item_id=item.work_item_id,
+            request_id=item.request_id,
+            item_index=item.item_index,
+            success=False,
+            error=message,
+            error_code=str(code),
+            retry_after_s=retry_after_s,
+            error_extra=dict(extra) if extra else None,
+            worker_id=worker_id,
+        )
 
 
 @dataclass

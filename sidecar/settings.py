@@ -58,7 +58,7 @@ class SidecarSettings(BaseSettings):
     batcher_default_batch_cost: int = 16384  # batch cost cap when neither the setting nor the model gives one
     # cancellation
     cancel_tombstone_ttl_s: float = 600.0  # how long a cancelled request id is remembered
-    # config deltas and reconciliation (internals 3.7)
+    # config deltas and reconciliation
     config_service_url: str | None = None  # config service base URL; set: start-up export, epoch poll, periodic export
     config_service_token: str | None = None  # bearer token for the config service's read routes (export needs read or admin)
     nats_config_trusted_producers: str = "sie-config"  # CSV of delta publishers accepted (exact or NAME-… pod prefix)

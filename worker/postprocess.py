@@ -1,4 +1,4 @@
-"""Postprocessing of raw float32 outputs: quantisation and the per-item wire shape (contract 3.1)."""
+"""Postprocessing of raw float32 outputs: quantisation and the per-item wire shape."""
 
 from __future__ import annotations
 
@@ -34,6 +34,21 @@ def quantize_rows(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def wire_dtype(dtype: str) -> str:
     return "binary" if dtype == "ubinary" else dtype
+
+
+def matryoshka(raws: list[dict[str, Any]], dim: int, normalize: bool) -> list[dict[str, Any]]:
+    """Keep the first ``dim`` dense components (Matryoshka-trained models put the most
+    information first) and re-normalise, so cosine and dot product stay what they were."""
+    out = []
+    for raw in raws:
+        dense = raw.get("dense")
+        if dense is not None:
+            dense = np.asarray(dense, dtype=np.float32)[..., :dim]
+            if normalize:
+                dense = dense / max(float(np.linalg.norm(dense)), 1e-12)
+            raw = {**raw, "dense": dense}
+        out.append(raw)
+    return out
 
 
 def encode_item(raw: dict[str, Any], dtype: str, dims: dict[str, int], item_id: str | None) -> dict[str, Any]:

@@ -1,0 +1,63 @@
+"""The OpenAI-compatible ``POST /v1/embeddings`` route."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway import responses
+from gateway.core import Gateway, Provisioning
+from gateway.http_common import (
+    error_response,
+    gateway_of,
+    provisioning_response,
+    read_body,
+    success_headers,
+)
+from gateway.routing import Lane
+from protocol import openai
+from protocol.codec import unpackb
+from protocol.errors import SIEError
+from protocol.work import WorkItem
+
+
+async def handle_embeddings(request: web.Request) -> web.Response:
+    """OpenAI-compatible ``POST /v1/embeddings``: JSON in, JSON out, OpenAI errors."""
+    gw = gateway_of(request)
+    try:
+        return await _embeddings(gw, request)
+    except Provisioning as p:
+        return provisioning_response(gw, request, p, force_503=True)
+    except SIEError as err:
+        return error_response(err, openai=True)
+
+
+async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
+    data = await read_body(request, gw.settings.gateway_max_body_bytes)
+    req = openai.parse_embeddings_request(data, max_inputs=gw.settings.gateway_max_items)
+    model, inputs = req.model, req.inputs
+    route = openai.resolve_model(gw.registry.resolve, model)
+    openai.check_dimensions(req.dimensions, openai.dense_dimension(route.resolved, model))
+    runtime = route.resolved.runtime_options
+    instruction = runtime.get("instruction")
+    is_query = bool(runtime.get("is_query", False))
+
+    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
+        return [
+            gw.work_item(
+                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
+                total=len(inputs), operation="encode", item={"text": inputs[i]}, output_types=["dense"],
+                output_dtype="float32", instruction=instruction, is_query=is_query, options={},
+            )
+            for i in range(len(inputs))
+        ]  # fmt: skip
+
+    rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build, len(inputs))
+    responses.check_failures(results)
+    rows = []
+    for r in results:
+        item = unpackb(r.result_msgpack) if r.result_msgpack else {}
+        rows.append(
+            openai.embedding_row((item.get("dense") or {}).get("values"), r.item_index, req.encoding_format)
+        )
+    body = openai.embeddings_response(model, rows, inputs, responses.input_tokens(results))
+    return web.json_response(body, headers=success_headers(rid, results, wait_ms))
