@@ -18,7 +18,8 @@ import sys
 
 from aiohttp import web
 
-from worker.runtime import Runtime, pick_device
+from worker.loaded import pick_device
+from worker.runtime import Runtime
 from worker.serve.app import create_app
 from worker.settings import WorkerSettings
 
