@@ -93,7 +93,7 @@ def plan_score(resolved: Resolved, instruction: Any, request_options: dict[str, 
         op="score",
         output_types=(),
         instruction=request_params.instruction(instruction, options),
-        lora=None,  # scoring runs on the base model
+        lora=_lora(options),  # cross-encoders and LLM rerankers take LoRA adapters too
         options_json=RequestContext.canonical_options(options),
         max_length=_max_length(options, False),
         truncate=request_params.truncates(options),

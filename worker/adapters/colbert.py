@@ -64,6 +64,7 @@ def find_projection(root: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 class ColBERTAdapter(HFTextAdapter):
     operations = frozenset({"encode", "score"})
+    supports_lora = True
 
     def load(self) -> None:
         from transformers import AutoModel
@@ -111,6 +112,7 @@ class ColBERTAdapter(HFTextAdapter):
 
     def unload(self) -> None:
         self.model = None
+        self.peft_model = None
         self.linear = None
 
     def memory_bytes(self) -> int:
@@ -150,7 +152,8 @@ class ColBERTAdapter(HFTextAdapter):
         return self._units(ctx, self.texts_of(ctx, inputs))
 
     # ---- forward ---------------------------------------------------------------------------
-    def _embed(self, seqs: list[tuple[list[int], int]], is_query: bool, normalize: bool) -> list[torch.Tensor]:
+    def _embed(self, seqs: list[tuple[list[int], int]], is_query: bool, normalize: bool,
+               lora: str | None = None) -> list[torch.Tensor]:
         """Token vectors (float32, on the model device) per sequence."""
         width = max(len(ids) for ids, _ in seqs)
         ids_np = np.full((len(seqs), width), self.pad_id, dtype=np.int64)
@@ -161,7 +164,8 @@ class ColBERTAdapter(HFTextAdapter):
         device = self.spec.device
         ids_t = torch.from_numpy(ids_np).to(device)
         mask_t = torch.from_numpy(attn).to(device)
-        hidden = self.model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+        with self.activate_lora(lora):
+            hidden = self.model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
         vecs = self.linear(hidden).float()
         if normalize:
             vecs = torch.nn.functional.normalize(vecs, p=2, dim=-1)
@@ -182,12 +186,12 @@ class ColBERTAdapter(HFTextAdapter):
             for p in batch:
                 queries.setdefault(tuple(p.data[0][0]), p.data[0])
             qkeys = list(queries)
-            qvecs = dict(zip(qkeys, self._embed(list(queries.values()), True, normalize), strict=True))
-            dvecs = self._embed([p.data[1] for p in batch], False, normalize)
+            qvecs = dict(zip(qkeys, self._embed(list(queries.values()), True, normalize, ctx.lora), strict=True))
+            dvecs = self._embed([p.data[1] for p in batch], False, normalize, ctx.lora)
             return [
                 float(maxsim(qvecs[tuple(p.data[0][0])], d)) for p, d in zip(batch, dvecs, strict=True)
             ]
-        vecs = self._embed([p.data for p in batch], ctx.is_query, normalize)
+        vecs = self._embed([p.data for p in batch], ctx.is_query, normalize, ctx.lora)
         return [{"multivector": v.cpu().numpy()} for v in vecs]
 
 

@@ -38,6 +38,7 @@ def default_activation(config_path: Path, num_labels: int) -> str:
 
 class CrossEncoderAdapter(HFTextAdapter):
     operations = frozenset({"score"})
+    supports_lora = True
 
     def load(self) -> None:
         from transformers import AutoModelForSequenceClassification
@@ -55,6 +56,7 @@ class CrossEncoderAdapter(HFTextAdapter):
 
     def unload(self) -> None:
         self.model = None
+        self.peft_model = None
 
     def memory_bytes(self) -> int:
         return self.param_bytes(getattr(self, "model", None))
@@ -72,9 +74,10 @@ class CrossEncoderAdapter(HFTextAdapter):
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[float]:
-        logits = self._packed_logits(batch) if self.packed is not None else None
+        logits = self._packed_logits(batch) if self.runs_packed(ctx) else None
         if logits is None:
-            logits = self._padded_logits(batch)
+            with self.activate_lora(ctx.lora):
+                logits = self._padded_logits(batch)
         logits = logits.float()
         if self.num_labels == 1:
             scores = logits[:, 0]

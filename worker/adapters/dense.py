@@ -3,7 +3,6 @@ optional L2 norm."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,6 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
 class DenseAdapter(HFTextAdapter):
     operations = frozenset({"encode"})
     supports_lora = True
-    peft_model: Any = None  # the PeftModel wrapping ``model`` once a LoRA is loaded
 
     def load(self) -> None:
         from transformers import AutoModel
@@ -64,40 +62,6 @@ class DenseAdapter(HFTextAdapter):
         self.model = None
         self.peft_model = None
 
-    # ---- LoRA (peft; inference thread) -----------------------------------------------------
-    def load_lora(self, name: str, path: str) -> None:
-        from peft import PeftModel
-
-        if self.peft_model is None:
-            self.peft_model = PeftModel.from_pretrained(
-                self.model, path, adapter_name=name, is_trainable=False, torch_device=self.spec.device
-            )
-        else:
-            self.peft_model.load_adapter(path, adapter_name=name, is_trainable=False, torch_device=self.spec.device)
-        self.peft_model.eval()
-
-    def unload_lora(self, name: str) -> None:
-        if self.peft_model is None or name not in self.peft_model.peft_config:
-            return
-        others = [n for n in self.peft_model.peft_config if n != name]
-        if self.peft_model.active_adapter == name and others:
-            self.peft_model.set_adapter(others[0])  # every batch activates its own LoRA anyway
-        self.peft_model.delete_adapter(name)
-
-    def lora_names(self) -> list[str]:
-        return sorted(self.peft_model.peft_config) if self.peft_model is not None else []
-
-    def activate_lora(self, lora: str | None) -> contextlib.AbstractContextManager:
-        """Right before a forward pass: the batch's LoRA active, or every LoRA off for the base model."""
-        if self.peft_model is None:
-            if lora is not None:
-                raise RuntimeError(f"LoRA {lora!r} is not loaded")
-            return contextlib.nullcontext()
-        if lora is None:
-            return self.peft_model.disable_adapter()
-        self.peft_model.set_adapter(lora)
-        return contextlib.nullcontext()
-
     def memory_bytes(self) -> int:
         return self.param_bytes(getattr(self, "model", None))
 
@@ -108,7 +72,7 @@ class DenseAdapter(HFTextAdapter):
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:
         options = ctx.options
         mode = options.get("pooling") or self.default_pooling
-        if self.packed is not None and ctx.lora is None:  # LoRA weights live in peft's modules
+        if self.runs_packed(ctx):
             packed = self.pack([p.data for p in batch])
             vectors = pool_packed(self.packed(packed), packed, mode)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -37,7 +38,9 @@ class HFTextAdapter(Adapter):
     """Tokenises text with the model's fast tokenizer and pads batches to their longest item."""
 
     tokenizer: Any = None
+    model: Any = None  # the transformers model (its body is what LoRA adapts)
     packed: PackedEncoder | None = None  # the encoder's packed forward, when enabled
+    peft_model: Any = None  # the PeftModel wrapping ``model`` once a LoRA is loaded
 
     def load_tokenizer(self) -> None:
         from transformers import AutoTokenizer
@@ -115,6 +118,44 @@ class HFTextAdapter(Adapter):
             mask[row, : p.cost] = 1
         device = self.spec.device
         return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+    # ---- LoRA (peft; inference thread; for every family with supports_lora) -----------------------------------------------------
+    def load_lora(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        if self.peft_model is None:
+            self.peft_model = PeftModel.from_pretrained(
+                self.model, path, adapter_name=name, is_trainable=False, torch_device=self.spec.device
+            )
+        else:
+            self.peft_model.load_adapter(path, adapter_name=name, is_trainable=False, torch_device=self.spec.device)
+        self.peft_model.eval()
+
+    def unload_lora(self, name: str) -> None:
+        if self.peft_model is None or name not in self.peft_model.peft_config:
+            return
+        others = [n for n in self.peft_model.peft_config if n != name]
+        if self.peft_model.active_adapter == name and others:
+            self.peft_model.set_adapter(others[0])  # every batch activates its own LoRA anyway
+        self.peft_model.delete_adapter(name)
+
+    def lora_names(self) -> list[str]:
+        return sorted(self.peft_model.peft_config) if self.peft_model is not None else []
+
+    def activate_lora(self, lora: str | None) -> contextlib.AbstractContextManager:
+        """Right before a forward pass: the batch's LoRA active, or every LoRA off for the base model."""
+        if self.peft_model is None:
+            if lora is not None:
+                raise RuntimeError(f"LoRA {lora!r} is not loaded")
+            return contextlib.nullcontext()
+        if lora is None:
+            return self.peft_model.disable_adapter()
+        self.peft_model.set_adapter(lora)
+        return contextlib.nullcontext()
+
+    def runs_packed(self, ctx: RequestContext) -> bool:
+        """The packed forward serves the base model; a LoRA's weights live in peft's modules."""
+        return self.packed is not None and ctx.lora is None
 
     def enable_packed(self, model: torch.nn.Module) -> None:
         """Run ``model``'s encoder packed (worker/packed.py) where wanted and supported.

@@ -34,6 +34,7 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 
 class LLMRerankerAdapter(HFTextAdapter):
     operations = frozenset({"score"})
+    supports_lora = True
 
     def load(self) -> None:
         from transformers import AutoModelForCausalLM
@@ -58,6 +59,7 @@ class LLMRerankerAdapter(HFTextAdapter):
 
     def unload(self) -> None:
         self.model = None
+        self.peft_model = None
 
     def memory_bytes(self) -> int:
         return self.param_bytes(getattr(self, "model", None))
@@ -86,7 +88,8 @@ class LLMRerankerAdapter(HFTextAdapter):
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[float]:
         ids, mask = self.pad(batch)  # right padding: each prompt's last real token is at its length - 1
-        logits = self.model(input_ids=ids, attention_mask=mask).logits
+        with self.activate_lora(ctx.lora):
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
         last = torch.as_tensor(np.array([p.cost - 1 for p in batch]), device=logits.device)
         rows = logits[torch.arange(len(batch), device=logits.device), last]
         pair = torch.stack([rows[:, self.no_id], rows[:, self.yes_id]], dim=1).float()

@@ -25,6 +25,7 @@ def to_sparse(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class SpladeAdapter(HFTextAdapter):
     operations = frozenset({"encode"})
+    supports_lora = True
 
     def load(self) -> None:
         from transformers import AutoModelForMaskedLM
@@ -39,6 +40,7 @@ class SpladeAdapter(HFTextAdapter):
 
     def unload(self) -> None:
         self.model = None
+        self.peft_model = None
 
     def memory_bytes(self) -> int:
         return self.param_bytes(getattr(self, "model", None))
@@ -48,12 +50,13 @@ class SpladeAdapter(HFTextAdapter):
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:
-        if self.packed is not None:
+        if self.runs_packed(ctx):
             packed = self.pack([p.data for p in batch])
             logits = self.head(self.packed(packed))
             weights = segment_max(torch.log1p(torch.relu(logits.float())), packed).cpu().numpy()
         else:
             ids, mask = self.pad(batch)
-            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            with self.activate_lora(ctx.lora):
+                logits = self.model(input_ids=ids, attention_mask=mask).logits
             weights = splade_vectors(logits, mask).cpu().numpy()
         return [{"sparse": to_sparse(weights[i])} for i in range(len(batch))]

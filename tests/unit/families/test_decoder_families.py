@@ -119,3 +119,28 @@ def test_output_dim_truncates_and_renormalises_through_sie_serve(tmp_path):
         for bad in (0, 385, "64", True):
             status, body = encode({"output_dim": bad})
             assert status == 400, (bad, body)
+
+
+def test_llm_reranker_with_lora_equals_peft(checkpoints, tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    torch.manual_seed(9)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(Qwen3ForCausalLM.from_pretrained(str(checkpoints["reranker"])), cfg).save_pretrained(
+        str(tmp_path / "lora"))
+    a = adapter(LLMRerankerAdapter, checkpoints["reranker"], {"prefix": PREFIX, "suffix": SUFFIX})
+    a.load_lora("l1", str(tmp_path / "lora"))
+    pairs = [({"text": "what is ml"}, {"text": t}) for t in TEXTS]
+    ctx = RequestContext(op="score", lora="l1")
+    units = a.prepare(ctx, pairs)
+    scores = a.forward(ctx, units)
+    model = PeftModel.from_pretrained(Qwen3ForCausalLM.from_pretrained(str(checkpoints["reranker"])),
+                                      str(tmp_path / "lora")).eval()
+    tok = checkpoints["tok"]
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    for score, unit in zip(scores, units, strict=True):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([unit.data])).logits[0, -1]
+        assert abs(score - torch.softmax(torch.stack([logits[no], logits[yes]]), dim=0)[1].item()) < 1e-5
+    base = a.forward(RequestContext(op="score"), units)
+    assert max(abs(x - y) for x, y in zip(scores, base, strict=True)) > 1e-4
