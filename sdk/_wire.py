@@ -19,6 +19,7 @@ from protocol import SERVER_VERSION
 from protocol.codec import CodecError, unpackb
 from sdk import errors as E
 from sdk._retry import Answer, Decision, RetryState, Rule, Transport, classify, decide
+from sdk.media import convert_item
 
 log = logging.getLogger("sdk")
 
@@ -134,9 +135,9 @@ def merge_options(default: Mapping[str, Any] | None, call: Mapping[str, Any] | N
 
 def _as_list(items: Any) -> tuple[list[Any], bool]:
     if isinstance(items, Mapping):
-        return [dict(items)], True
+        return [convert_item(dict(items))], True
     if isinstance(items, (list, tuple)):
-        return [dict(i) if isinstance(i, Mapping) else i for i in items], False
+        return [convert_item(dict(i)) if isinstance(i, Mapping) else i for i in items], False
     raise TypeError("items must be an item (a dict) or a list of items")
 
 
@@ -172,7 +173,7 @@ def score_body(query: Any, items: Any, *, instruction: str | None, options: dict
     if not isinstance(query, Mapping):
         raise TypeError("query must be an item (a dict)")
     item_list, _ = _as_list(items)
-    body: dict[str, Any] = {"query": dict(query), "items": item_list}
+    body: dict[str, Any] = {"query": convert_item(dict(query)), "items": item_list}
     if instruction is not None:
         body["instruction"] = instruction
     if options:

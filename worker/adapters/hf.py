@@ -109,8 +109,9 @@ class HFTextAdapter(Adapter):
     def texts_of(self, ctx: RequestContext, items: list[dict[str, Any]]) -> list[str]:
         return [apply_template(item.get("text") or "", ctx) for item in items]
 
-    def pad(self, batch: list[Prepared]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(p.cost for p in batch)
+    def pad(self, batch: list[Prepared], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ids and attention mask, to the longest unit or to ``width``."""
+        width = width or max(p.cost for p in batch)
         ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(batch), width), dtype=np.int64)
         for row, p in enumerate(batch):
