@@ -42,6 +42,7 @@ class WorkerSettings(BaseSettings):
     max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share
     # limits
     max_request_body_bytes: int = 34 * 1024 * 1024  # largest request body (413 INPUT_TOO_LONG above)
+    request_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)
     max_items_per_request: int = 4096  # most items in one encode/extract request (400 above)
     max_score_items: int = 1000  # most items in one score request (400 above)
     max_item_text_bytes: int = 2 * 1024 * 1024  # largest UTF-8 text of one item (400 above)
