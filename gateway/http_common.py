@@ -1,0 +1,99 @@
+"""What every gateway handler shares: reading bodies, success headers, content negotiation, error
+and provisioning responses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway import responses
+from gateway.core import GATEWAY_KEY, Gateway, Provisioning
+from protocol import SERVER_VERSION, http
+from protocol.codec import wants_msgpack_response
+from protocol.errors import ErrorCode, SIEError, format_retry_after
+from protocol.work import WorkResult
+
+
+def sdk_understands_503(request: web.Request) -> bool:
+    """sie-sdk 0.7+ fails on a 202; older SDKs and non-SDK clients get the documented 202."""
+    value = request.headers.get("X-SIE-SDK-Version")
+    if value is None:
+        return False
+    try:
+        parts = [int(p) for p in value.strip().split(".")[:2]]
+    except ValueError:
+        return True  # an SDK that could not read its own version ("unknown") is a modern one
+    major, minor = (parts + [0, 0])[:2]
+    return (major, minor) >= (0, 7)
+
+
+def error_response(err: SIEError, *, openai: bool = False) -> web.Response:
+    """The native ``{"detail": ...}`` envelope, or the OpenAI one on the embeddings route."""
+    return http.openai_error_response(err) if openai else http.error_response(err)
+
+
+async def read_body(request: web.Request, max_bytes: int) -> Any:
+    """The decoded body (msgpack or JSON per Content-Type), refused with 413 beyond ``max_bytes``."""
+    raw = await http.read_body(request, max_bytes)
+    return http.decode_body(raw, request.headers.get("Content-Type"))
+
+
+def success_headers(request_id: str, results: list[WorkResult], wait_ms: float) -> dict[str, str]:
+    h = {
+        "X-SIE-Server-Version": SERVER_VERSION,
+        "X-SIE-Version": SERVER_VERSION,
+        "X-SIE-Request-ID": request_id,
+        "X-SIE-Worker": f"queue:{request_id}",
+        "X-Queue-Wait-Time": f"{wait_ms:.1f}",
+    }
+    t = responses.timing(results, wait_ms)
+    h["X-Queue-Time"] = f"{t['queue_ms']:.2f}"
+    h["X-Inference-Time"] = f"{t['inference_ms']:.2f}"
+    if t["tokenization_ms"] > 0:
+        h["X-Tokenization-Time"] = f"{t['tokenization_ms']:.2f}"
+    if t.get("postprocessing_ms"):
+        h["X-Postprocessing-Time"] = f"{t['postprocessing_ms']:.2f}"
+    tokens = responses.input_tokens(results)
+    if tokens is not None:
+        h["X-SIE-Units-Input-Tokens"] = str(tokens)
+    return h
+
+
+def respond(request: web.Request, msgpack_body: Any, json_body: Any, headers: dict[str, str]) -> web.Response:
+    if wants_msgpack_response(request.headers.get("Accept")):
+        return web.Response(body=msgpack_body(), content_type="application/msgpack", headers=headers)
+    return web.json_response(json_body(), headers=headers)
+
+
+def provisioning_response(
+    gw: Gateway, request: web.Request, p: Provisioning, *, force_503: bool = False
+) -> web.Response:
+    gw.metrics.provisioning.labels(p.machine_profile or "any").inc()
+    retry_after = gw.settings.gateway_provisioning_retry_after_s
+    if force_503 or sdk_understands_503(request):
+        return error_response(
+            SIEError(
+                ErrorCode.PROVISIONING,
+                p.message,
+                retry_after=retry_after,
+                gpu=p.machine_profile,
+                bundle=p.bundle,
+                pool=p.pool,
+            ),
+            openai=force_503,
+        )
+    body = {
+        "status": "provisioning",
+        "gpu": p.machine_profile,
+        "bundle": p.bundle,
+        "pool": p.pool,
+        "estimated_wait_s": 180,
+        "message": p.message,
+    }
+    return web.json_response(body, status=202, headers={"Retry-After": format_retry_after(retry_after)})
+
+
+def gateway_of(request: web.Request) -> Gateway:
+    return request.app[GATEWAY_KEY]

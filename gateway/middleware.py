@@ -1,0 +1,85 @@
+"""The gateway's one middleware: auth, errors to envelopes, request metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from aiohttp import web
+
+from gateway import auth
+from gateway.core import REQUEST_ID_KEY, Provisioning
+from gateway.http_common import (
+    error_response,
+    gateway_of,
+    provisioning_response,
+)
+from protocol import SERVER_VERSION
+from protocol.errors import ErrorCode, SIEError
+
+log = logging.getLogger(__name__)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    gw = gateway_of(request)
+    t0 = time.monotonic()
+    resource = request.match_info.route.resource
+    endpoint = resource.canonical if resource is not None else "unmatched"
+    status = 500
+    try:
+        auth.check(
+            request,
+            enabled=gw.settings.auth_enabled,
+            tokens=gw.settings.inference_tokens(),
+            admin_token=gw.settings.admin_token,
+            exempt_operational=gw.settings.auth_exempt_operational,
+        )
+        response = await handler(request)
+        status = response.status
+        return response
+    except Provisioning as p:
+        response = provisioning_response(gw, request, p)
+        status = response.status
+        return response
+    except SIEError as err:
+        status = err.status
+        gw.metrics.rejected.labels("", "", err.code.lower()).inc()
+        resp = error_response(err, openai=request.path == "/v1/embeddings")
+        if REQUEST_ID_KEY in request:
+            resp.headers["X-SIE-Request-ID"] = request[REQUEST_ID_KEY]
+        resp.headers["X-SIE-Server-Version"] = SERVER_VERSION
+        return resp
+    except web.HTTPException as exc:
+        status = exc.status
+        if exc.status >= 400:
+            code = ErrorCode.NOT_FOUND if exc.status == 404 else ErrorCode.INVALID_INPUT
+            return web.json_response(
+                {"detail": {"code": code.value, "message": exc.reason}},
+                status=exc.status,
+                headers={"X-SIE-Error-Code": code.value},
+            )
+        raise
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        err = SIEError(
+            ErrorCode.QUEUE_UNAVAILABLE,
+            f"NATS unavailable ({type(exc).__name__}); retry later",
+            retry_after=2,
+        )
+        status = err.status
+        return error_response(err, openai=request.path == "/v1/embeddings")
+    except asyncio.CancelledError:
+        status = 499
+        raise
+    except Exception as exc:  # never leak a traceback; never disturb other requests
+        log.exception("unhandled error on %s", request.path)
+        err = SIEError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+        return error_response(err)
+    finally:
+        profile = request.headers.get("X-SIE-MACHINE-PROFILE", "") or ""
+        gw.metrics.requests.labels(endpoint, str(status), profile.lower()[:64]).inc()
+        gw.metrics.latency.labels(endpoint).observe(time.monotonic() - t0)

@@ -1,0 +1,64 @@
+"""The read-side config API: a mirror of the config service's reads; writes are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.http_common import (
+    gateway_of,
+)
+
+
+def _config_error(status: int, error: str, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"detail": {"error": error, "message": message, **extra}}, status=status)
+
+
+async def handle_config_models(request: web.Request) -> web.Response:
+    return web.json_response(gateway_of(request).registry.config_models())
+
+
+async def handle_config_model(request: web.Request) -> web.Response:
+    model_id = request.match_info["model_id"]
+    text = gateway_of(request).registry.config_model_yaml(model_id)
+    if text is None:
+        return _config_error(
+            404, "model_not_found", f"model {model_id!r} is not configured", model_id=model_id
+        )
+    return web.Response(text=text, content_type="application/x-yaml")
+
+
+async def handle_config_bundles(request: web.Request) -> web.Response:
+    return web.json_response(gateway_of(request).registry.config_bundles())
+
+
+async def handle_config_bundle(request: web.Request) -> web.Response:
+    import yaml
+
+    bundle_id = request.match_info["bundle_id"]
+    doc = gateway_of(request).registry.config_bundle(bundle_id)
+    if doc is None:
+        return _config_error(
+            404, "bundle_not_found", f"bundle {bundle_id!r} is not known", bundle_id=bundle_id
+        )
+    if request.query.get("format") == "json" or "application/json" in request.headers.get("Accept", ""):
+        return web.json_response(doc)
+    return web.Response(text=yaml.safe_dump(doc, sort_keys=False), content_type="application/x-yaml")
+
+
+async def handle_config_epoch(request: web.Request) -> web.Response:
+    return web.json_response(gateway_of(request).registry.config_epoch())
+
+
+async def handle_config_write(request: web.Request) -> web.Response:
+    return web.json_response(
+        {
+            "detail": {
+                "error": "method_not_allowed",
+                "message": "The gateway serves a read-only mirror of the config; send writes to the config service",
+            }
+        },
+        status=405,
+        headers={"Allow": "GET"},
+    )

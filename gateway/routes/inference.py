@@ -1,0 +1,138 @@
+"""The native inference routes: ``/v1/encode``, ``/v1/score``, ``/v1/extract``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway import responses
+from gateway.core import Gateway
+from gateway.dispatch import Lane
+from gateway.http_common import (
+    gateway_of,
+    read_body,
+    respond,
+    success_headers,
+)
+from gateway.registry import Route
+from protocol import params as rp
+from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
+from protocol.errors import invalid_input
+from protocol.work import WorkItem
+
+
+async def _itemised_request(
+    request: web.Request, model_cls: type
+) -> tuple[Gateway, str, Any, Any, dict[str, Any], Route]:
+    """The common start of encode and extract: body within limits, item count, options, route."""
+    gw = gateway_of(request)
+    model = request.match_info["model"]
+    data = await read_body(request, gw.settings.gateway_max_body_bytes)
+    req = parse_request(model_cls, data)
+    if len(req.items) > gw.settings.gateway_max_items:
+        raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
+    params = req.params
+    options = rp.request_options(params.options if params else None)
+    route = gw.registry.resolve(model, options)
+    options.pop("profile", None)
+    return gw, model, data, params, options, route
+
+
+async def handle_encode(request: web.Request) -> web.Response:
+    gw, model, data, params, options, route = await _itemised_request(request, EncodeRequest)
+    merged = rp.merged_options(route.resolved, options)
+    rp.truncates(merged)
+    output_types = rp.output_types(route.resolved, merged, params.output_types if params else None)
+    output_dtype = rp.output_dtype(params.output_dtype if params else None, options)
+    instruction = rp.instruction(params.instruction if params else None, options)
+    is_query = bool(options.get("is_query", False))
+    raw_items = data["items"]
+
+    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
+        return [
+            gw.work_item(
+                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
+                total=len(raw_items), operation="encode", item=raw_items[i], output_types=output_types,
+                output_dtype=output_dtype, instruction=instruction, is_query=is_query, options=options,
+            )
+            for i in range(len(raw_items))
+        ]  # fmt: skip
+
+    rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build, len(raw_items))
+    responses.check_failures(results)
+    t = responses.timing(results, wait_ms)
+    return respond(
+        request,
+        lambda: responses.items_msgpack(model, results, t),
+        lambda: responses.items_json(model, results, t),
+        success_headers(rid, results, wait_ms),
+    )
+
+
+async def handle_score(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    model = request.match_info["model"]
+    data = await read_body(request, gw.settings.gateway_max_body_bytes)
+    req = parse_request(ScoreRequest, data)
+    if len(req.items) > gw.settings.gateway_max_score_items:
+        raise invalid_input(
+            f"At most {gw.settings.gateway_max_score_items} items per score request", param="items"
+        )
+    options = rp.request_options(req.options)
+    route = gw.registry.resolve(model, options)
+    options.pop("profile", None)
+    if route.resolved.config.tasks.score is None:
+        raise invalid_input(f"Model '{route.model_id}' does not support scoring", param="model")
+    rp.truncates(rp.merged_options(route.resolved, options))
+    instruction = rp.instruction(req.instruction, options)
+
+    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
+        return [
+            gw.work_item(
+                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=0, total=1,
+                operation="score", query_item=data["query"], score_items=data["items"], instruction=instruction,
+                options=options, is_query=False,
+            )
+        ]  # fmt: skip
+
+    rid, results, wait_ms, _ = await gw.execute(request, route, "score", build, 1)
+    responses.check_failures(results)
+    t = responses.timing(results, wait_ms)
+    return respond(
+        request,
+        lambda: responses.score_msgpack(model, results[0], t),
+        lambda: responses.score_json(model, results[0], t),
+        success_headers(rid, results, wait_ms),
+    )
+
+
+async def handle_extract(request: web.Request) -> web.Response:
+    gw, model, data, params, options, route = await _itemised_request(request, ExtractRequest)
+    if route.resolved.config.tasks.extract is None:
+        raise invalid_input(f"Model '{route.model_id}' does not support extraction", param="model")
+    rp.truncates(rp.merged_options(route.resolved, options))
+    instruction = rp.instruction(params.instruction if params else None, options)
+    labels = params.labels if params else None
+    output_schema = params.output_schema if params else None
+    raw_items = data["items"]
+
+    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
+        return [
+            gw.work_item(
+                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
+                total=len(raw_items), operation="extract", item=raw_items[i], labels=labels,
+                output_schema=output_schema, instruction=instruction, options=options,
+            )
+            for i in range(len(raw_items))
+        ]  # fmt: skip
+
+    rid, results, wait_ms, _ = await gw.execute(request, route, "extract", build, len(raw_items))
+    item_errors = responses.check_failures(results, allow_item_errors=True)
+    t = responses.timing(results, wait_ms)
+    return respond(
+        request,
+        lambda: responses.items_msgpack(model, results, t, item_errors),
+        lambda: responses.items_json(model, results, t, item_errors),
+        success_headers(rid, results, wait_ms),
+    )

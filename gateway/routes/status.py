@@ -1,0 +1,140 @@
+"""Models, health, readiness and metrics routes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gateway.core import Gateway
+from gateway.http_common import (
+    gateway_of,
+)
+from protocol import SERVER_VERSION
+
+
+def _model_state(gw: Gateway, name: str) -> tuple[bool, int]:
+    base = name
+    loaded_on = [
+        w
+        for w in gw.workers.healthy()
+        if name in w.heartbeat.loaded_models or base in w.heartbeat.loaded_models
+    ]
+    return bool(loaded_on), len(loaded_on)
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    entries = []
+    for e in gw.registry.model_entries():
+        loaded, n = _model_state(gw, e["name"].split(":")[0])
+        entries.append(
+            {
+                **e,
+                "loaded": loaded,
+                "state": "loaded" if loaded else "available",
+                "aliases": [],
+                "worker_count": n,
+            }
+        )
+    return web.json_response({"models": entries})
+
+
+async def handle_model(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    e = gw.registry.model_entry(request.match_info["model"])
+    loaded, n = _model_state(gw, e["name"].split(":")[0])
+    return web.json_response({**e, "loaded": loaded, "state": "loaded" if loaded else "available", "aliases": [], "worker_count": n, "id": e["name"], "object": "model", "owned_by": "sie"})  # fmt: skip
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    healthy = gw.workers.healthy()
+    workers = []
+    for w in gw.workers.all():
+        hb = w.heartbeat
+        workers.append(
+            {
+                "name": hb.name or w.worker_id,
+                "url": f"nats:{w.worker_id}",
+                "gpu": w.profile,
+                "gpu_count": hb.gpu_count,
+                "ready_gpu_slots": hb.ready_gpu_slots,
+                "healthy": gw.workers.is_healthy(w),
+                "queue_depth": hb.queue_depth,
+                "pending_cost": hb.pending_cost,
+                "inflight_batches": hb.inflight_batches,
+                "loaded_models": list(hb.loaded_models),
+                "memory_used_bytes": hb.memory_used_bytes,
+                "memory_total_bytes": hb.memory_total_bytes,
+                "bundle": w.bundle,
+                "bundle_config_hash": hb.bundle_config_hash,
+                "pool": w.pool,
+            }
+        )
+    models: dict[str, dict[str, Any]] = {}
+    for w in healthy:
+        for m in w.heartbeat.loaded_models:
+            entry = models.setdefault(
+                m, {"name": m, "state": "loaded", "worker_count": 0, "gpu_types": [], "total_queue_depth": 0}
+            )
+            entry["worker_count"] += 1
+            entry["total_queue_depth"] += w.heartbeat.queue_depth
+            if w.profile not in entry["gpu_types"]:
+                entry["gpu_types"].append(w.profile)
+    status = "healthy" if healthy else "no_workers"
+    if healthy and len(healthy) < len(gw.workers.all()):
+        status = "degraded"
+    if not gw.nc.is_connected:
+        status = "degraded"
+    body = {
+        "type": "gateway",
+        "status": status,
+        "version": SERVER_VERSION,
+        "router_id": gw.router_id,
+        "nats_connected": gw.nc.is_connected,
+        "cluster": {
+            "worker_count": len(healthy),
+            "gpu_count": sum(w.heartbeat.gpu_count for w in healthy),
+            "models_loaded": len(models),
+            "total_qps": 0.0,
+        },
+        "configured_gpu_types": gw.settings.configured_gpus(),
+        "live_gpu_types": gw.workers.live_profiles(),
+        "workers": workers,
+        "models": list(models.values()),
+    }
+    return web.json_response(body, headers={"X-SIE-Server-Version": SERVER_VERSION})
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    if not gw.registry.ready():
+        return web.json_response({"status": "not ready", "reason": "config bootstrap pending"}, status=503)
+    if not gw.nc.is_connected:
+        return web.json_response({"status": "not ready", "reason": "NATS disconnected"}, status=503)
+    # a new replica has heard no heartbeat yet and would answer PROVISIONING for live lanes
+    since = getattr(gw, "heartbeats_since", None)
+    if since is None or time.monotonic() - since < gw.settings.gateway_worker_warmup_s:
+        return web.json_response({"status": "not ready", "reason": "worker registry warming up"}, status=503)
+    return web.json_response({"status": "ready", "healthy_workers": len(gw.workers.healthy())})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    m = gw.metrics
+    gw.demand.refresh(gw.lane_served)
+    m.nats_connected.set(1 if gw.nc.is_connected else 0)
+    healthy = gw.workers.healthy()
+    m.workers.labels("healthy").set(len(healthy))
+    m.workers.labels("unhealthy").set(len(gw.workers.all()) - len(healthy))
+    m.worker_queue_depth.clear()
+    for w in healthy:
+        m.worker_queue_depth.labels(w.worker_id, w.profile, w.bundle).set(w.heartbeat.queue_depth)
+    return web.Response(body=m.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})

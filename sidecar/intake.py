@@ -1,0 +1,142 @@
+"""Pulling from the lane durable, validating each delivery and queueing it; cancellations."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from protocol.codec import CodecError
+from protocol.errors import ErrorCode
+from protocol.subjects import is_valid_reply_subject
+from protocol.work import OPERATIONS, WorkItem
+from sidecar.batcher import item_cost
+from sidecar.deliveries import Delivery, model_spec
+from sidecar.scheduling import Scheduling
+from sidecar.streams import ensure_lane_consumer, ensure_stream
+from sidecar.tombstones import request_id_from_cancel_subject
+
+log = logging.getLogger("sie.sidecar")
+
+_ALWAYS_ERROR = (CodecError, ValueError, TypeError)
+
+
+class Intake(Scheduling):
+    async def ensure_jetstream(self) -> None:
+        self.stream = await ensure_stream(self.js, self.settings)
+        self.durable = await ensure_lane_consumer(self.js, self.stream, self.settings)
+
+    # ------------------------------------------------------------------ pulling
+    async def _pull_loop(self) -> None:
+        errors = 0
+        limit = max(1, self.settings.max_held_messages)
+        while not self._stop.is_set():
+            if not self.worker.fresh(self._worker_stale_after_s()):
+                # No worker to run anything: leave the work in the stream for the lane's other pods
+                # instead of pulling it only to NAK it and burn its deliveries.
+                await asyncio.sleep(self.settings.worker_ping_interval_ms / 1000.0 / 2)
+                continue
+            free = limit - len(self.held)
+            if free <= 0:
+                self._space.clear()
+                await self._space.wait()
+                continue
+            try:
+                msgs = await self._sub.fetch(
+                    batch=min(self.settings.nats_fetch_budget, free),
+                    timeout=self.settings.nats_fetch_timeout_s,
+                )
+            except (nats.errors.TimeoutError, TimeoutError):
+                errors = 0
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep the one pull loop alive across NATS trouble
+                errors += 1
+                log.warning("fetch failed (%s): %s", type(exc).__name__, exc)
+                await asyncio.sleep(min(5.0, 0.2 * errors))
+                if errors % 5 == 0:
+                    # the stream or durable may be gone (memory storage after a NATS restart)
+                    try:
+                        await self.ensure_jetstream()
+                        self.stats["reensured"] = self.stats.get("reensured", 0) + 1
+                    except Exception as ens:  # noqa: BLE001
+                        log.warning("re-ensuring stream/consumer failed: %s", ens)
+                continue
+            errors = 0
+            for msg in msgs:
+                try:
+                    await self.intake(msg)
+                except Exception:  # noqa: BLE001 - one bad message never stops the loop
+                    log.exception("intake failed")
+
+    async def intake(self, msg: Msg) -> None:
+        """Validate one delivery and queue it on its model's scheduler (or settle it right away)."""
+        self.stats["received"] += 1
+        now = time.monotonic()
+        if not msg.subject.startswith(self._lane_prefix) or len(msg.subject.split(".")) != 6:
+            log.warning("NAK message on unexpected subject %s", msg.subject)
+            await self._raw_nak(msg, self.settings.nak_delay_s)
+            return
+        try:
+            item = WorkItem.from_msgpack(msg.data)
+            if (
+                not isinstance(item.reply_subject, str)
+                or not isinstance(item.model_id, str)
+                or not item.model_id
+            ):
+                raise ValueError("work item lacks reply_subject or model_id")
+            if not isinstance(item.options, dict):
+                raise ValueError("options must be a map")
+        except _ALWAYS_ERROR as exc:
+            log.warning("NAK undecodable work item on %s: %s", msg.subject, exc)
+            await self._raw_nak(msg, self.settings.nak_delay_s)
+            return
+        if not is_valid_reply_subject(item.reply_subject):
+            log.warning(
+                "dropping work item %s: reply subject %r is not an inbox",
+                item.work_item_id,
+                item.reply_subject,
+            )
+            await self._raw_ack(msg, drop=True)
+            return
+        if item.request_id in self.tombstones:
+            await self._raw_ack(msg, drop=True)
+            return
+        d = Delivery(
+            msg=msg,
+            item=item,
+            spec=model_spec(item),
+            cost=1,
+            arrived=now,
+            received_wall=time.time(),
+            last_progress=now,
+        )
+        self.held.add(d)
+        if item.operation not in OPERATIONS:
+            await self._publish_and_ack(
+                d, self._error_result(d, ErrorCode.INVALID_INPUT, f"unknown operation {item.operation!r}")
+            )
+            return
+        d.cost = item_cost(item.operation, item.item, item.query_item, item.score_items)
+        sched = self._scheduler(d.spec)
+        cap = max(1, sched.limits.max_requests) * self.settings.max_concurrent_batches * 2
+        if sched.pending_count() >= cap and d.num_delivered < max(2, self.settings.max_deliver // 2):
+            await self._nak(d, self.settings.overflow_nak_delay_s)
+            return
+        sched.batcher(item.operation, d.lora_key).add(d)
+        sched.wake.set()
+
+    # ------------------------------------------------------------------ cancellation
+    async def _on_cancel(self, msg: Msg) -> None:
+        request_id = request_id_from_cancel_subject(msg.subject)
+        if not request_id:
+            return
+        self.tombstones.add(request_id)
+        for sched in self.schedulers.values():
+            for b in sched.batchers.values():
+                for d in b.remove(lambda e: e.item.request_id == request_id):
+                    await self._ack(d, drop=True)

@@ -1,0 +1,84 @@
+"""The state a lane consumer's parts share: settings, clients, held deliveries, schedulers, counters.
+
+The lane consumer is built in layers, each in its own module with one job, each a subclass of the
+one below: :class:`LaneState` (this module) → settlement → readiness → liveness → scheduling →
+intake → :class:`sidecar.lane.LaneConsumer` (lifecycle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from protocol import ipc
+from protocol.subjects import WORK_PREFIX, lane_token
+from sidecar.barrier import ExecutionBarrier
+from sidecar.deliveries import Delivery, ModelScheduler
+from sidecar.ipc_client import IpcClient
+from sidecar.settings import SidecarSettings
+from sidecar.tombstones import Tombstones
+
+
+class WorkerState:
+    """What the last Pings said about the worker."""
+
+    def __init__(self) -> None:
+        self.last_ok: float | None = None  # monotonic
+        self.ping: ipc.PingResponse = ipc.PingResponse()
+
+    def fresh(self, stale_after_s: float) -> bool:
+        return self.last_ok is not None and time.monotonic() - self.last_ok <= stale_after_s
+
+
+class LaneState:
+    def __init__(
+        self,
+        nc: NATS,
+        ipc_client: IpcClient,
+        settings: SidecarSettings,
+        *,
+        barrier: ExecutionBarrier | None = None,
+    ) -> None:
+        self.nc = nc
+        # Batches hold it shared on the worker; config applies hold it exclusively.
+        self.barrier = barrier or ExecutionBarrier()
+        self.config: Any = None  # sidecar.config_sync.ConfigApplier once wired (start_sidecar)
+        self.js = nc.jetstream()
+        self.ipc = ipc_client
+        self.settings = settings
+        self.worker = WorkerState()
+        self.tombstones = Tombstones(settings.cancel_tombstone_ttl_s)
+        self.schedulers: dict[str, ModelScheduler] = {}
+        self.held: set[Delivery] = set()
+        self.inflight_batches = 0
+        self.saturated = False
+        self.stream = ""
+        self.durable = ""
+        self._batch_slots = asyncio.Semaphore(settings.max_concurrent_batches)
+        self._space = asyncio.Event()
+        self._space.set()
+        self._stop = asyncio.Event()
+        self.draining = False
+        self._tasks: list[asyncio.Task] = []
+        self._batch_tasks: set[asyncio.Task] = set()
+        self._batch_ids = itertools.count(1)
+        self._sub = None
+        self._cancel_sub = None
+        self._lane_prefix = (
+            f"{WORK_PREFIX}.{lane_token(settings.pool)}.{lane_token(settings.machine_profile)}."
+            f"{lane_token(settings.bundle)}."
+        )
+        # counters (observability and tests)
+        self.stats: dict[str, int] = {
+            "received": 0,
+            "published": 0,
+            "acked": 0,
+            "naked": 0,
+            "dropped": 0,
+            "batches": 0,
+            "progress": 0,
+        }

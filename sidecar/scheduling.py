@@ -1,0 +1,143 @@
+"""Per-model scheduling: one task per model spec forms batches and runs them over IPC (RunBatch)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from protocol import ipc
+from sidecar.batcher import BatchLimits, next_due, oldest_ready
+from sidecar.deliveries import Delivery, ModelScheduler
+from sidecar.ipc_client import IpcRemoteError, IpcTransportError
+from sidecar.liveness import Liveness
+
+log = logging.getLogger("sie.sidecar")
+
+
+class Scheduling(Liveness):
+    def _scheduler(self, spec: str) -> ModelScheduler:
+        sched = self.schedulers.get(spec)
+        if sched is None:
+            s = self.settings
+            sched = ModelScheduler(
+                spec=spec,
+                limits=BatchLimits(
+                    max_cost=s.batcher_max_batch_cost or s.batcher_default_batch_cost,
+                    max_requests=s.batcher_max_batch_requests,
+                    max_wait_s=s.batcher_max_batch_wait_ms / 1000.0,
+                ),
+            )
+            self.schedulers[spec] = sched
+            sched.task = asyncio.create_task(self._run_scheduler(sched), name=f"sidecar-sched-{spec}")
+        return sched
+
+    # ------------------------------------------------------------------ scheduling
+    async def _run_scheduler(self, sched: ModelScheduler) -> None:
+        while not (self._stop.is_set() and sched.pending_count() == 0):
+            if sched.pending_count() == 0:
+                sched.wake.clear()
+                await sched.wake.wait()
+                continue
+            needs_ensure = not sched.ready or sched.generation != self.ipc.generation
+            if needs_ensure and not await self._ensure_ready(sched):
+                continue
+            await self._batch_slots.acquire()
+            handed_off = False
+            try:
+                batcher = None
+                while True:
+                    await self._drop_cancelled(sched)
+                    now = time.monotonic()
+                    batcher = oldest_ready(
+                        list(sched.batchers.values()), now, sched.limits, draining=self.draining
+                    )
+                    if batcher is not None:
+                        break
+                    due = next_due(list(sched.batchers.values()), sched.limits)
+                    if due is None:
+                        break
+                    sched.wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(sched.wake.wait(), max(0.0, due - now))
+                if batcher is None:
+                    continue
+                batch = batcher.take(sched.limits)
+                if not batch:
+                    continue
+                for d in batch:
+                    d.in_flight = True
+                task = asyncio.create_task(self._run_batch(sched, batcher.op, batcher.lora_key, batch))
+                self._batch_tasks.add(task)
+                task.add_done_callback(self._batch_tasks.discard)
+                handed_off = True
+            finally:
+                if not handed_off:
+                    self._batch_slots.release()
+
+    async def _drop_cancelled(self, sched: ModelScheduler) -> None:
+        for b in sched.batchers.values():
+            for d in b.remove(lambda e: e.item.request_id in self.tombstones):
+                await self._ack(d, drop=True)
+
+    async def _run_batch(self, sched: ModelScheduler, op: str, lora_key: str, batch: list[Delivery]) -> None:
+        s = self.settings
+        self.inflight_batches += 1
+        self._update_saturation()
+        try:
+            live = []
+            for d in batch:
+                if d.item.request_id in self.tombstones:
+                    await self._ack(d, drop=True)
+                else:
+                    live.append(d)
+            if not live:
+                return
+            self.stats["batches"] += 1
+            dispatched = time.time()
+            request = ipc.RunBatchRequest(
+                model_id=sched.spec,
+                batch_id=next(self._batch_ids),
+                lora_key=lora_key,
+                op=op,
+                total_cost=sum(d.cost for d in live),
+                items=[ipc.RunBatchRequest.item_map(d.item) for d in live],
+            )
+            timeout = s.ipc_request_timeout_s
+            deadlines = [d.item.deadline for d in live if isinstance(d.item.deadline, (int, float))]
+            if deadlines:
+                timeout = min(180.0, max(timeout, max(deadlines) - time.time()))
+            try:
+                async with self.barrier.shared():
+                    body = await self.ipc.call(ipc.RUN_BATCH, request.to_map(), timeout_s=timeout)
+            except IpcTransportError as exc:
+                log.warning("RunBatch of %d items for %s failed: %s", len(live), sched.spec, exc)
+                sched.ready = False
+                for d in live:
+                    await self._nak(d, s.nak_delay_s)
+                return
+            except IpcRemoteError as exc:
+                delay = s.overflow_nak_delay_s if ipc.DRAINING_ERROR in str(exc) else s.nak_delay_s
+                log.warning("worker refused RunBatch for %s: %s", sched.spec, exc)
+                for d in live:
+                    await self._nak(d, delay)
+                return
+            outcomes = body.get("outcomes") if isinstance(body, dict) else None
+            by_id: dict[str, list[dict[str, Any]]] = {}
+            for out in outcomes if isinstance(outcomes, list) else []:
+                if isinstance(out, dict):
+                    by_id.setdefault(str(out.get("work_item_id")), []).append(out)
+            for d in live:
+                queue = by_id.get(d.item.work_item_id)
+                if not queue:
+                    log.warning("no outcome for %s", d.item.work_item_id)
+                    await self._nak(d, s.nak_delay_s)
+                    continue
+                await self._settle(sched, d, queue.pop(0), dispatched)
+        finally:
+            self.inflight_batches -= 1
+            self._update_saturation()
+            self._batch_slots.release()
+            sched.wake.set()

@@ -1,0 +1,129 @@
+"""Settling held deliveries: publish a result then ACK, NAK with a delay, ACK-drop, progress-ACK.
+
+See :mod:`sidecar.lane` for the table of which situation gets which settlement.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from protocol import ipc
+from protocol.errors import ErrorCode
+from protocol.work import WorkResult
+from sidecar.deliveries import Delivery, ModelScheduler
+from sidecar.lane_state import LaneState
+
+log = logging.getLogger("sie.sidecar")
+
+
+class Settlement(LaneState):
+    async def _settle(
+        self, sched: ModelScheduler, d: Delivery, outcome: dict[str, Any], dispatched: float
+    ) -> None:
+        s = self.settings
+        disposition = outcome.get("disposition")
+        if disposition in (ipc.PUBLISH_AND_ACK, ipc.PUBLISH_ERROR_AND_ACK):
+            try:
+                result = ipc.result_from_outcome(outcome)
+            except TypeError:
+                await self._nak(d, s.nak_delay_s)
+                return
+            result.work_item_id, result.request_id, result.item_index = (
+                d.item.work_item_id,
+                d.item.request_id,
+                d.item.item_index,
+            )
+            if not result.queue_ms:
+                result.queue_ms = max(0.0, (dispatched - d.received_wall) * 1000.0)
+            result.worker_id = s.worker_id
+            await self._publish_and_ack(d, result)
+            return
+        code = outcome.get("error_code")
+        if code == ErrorCode.RESOURCE_EXHAUSTED:
+            delay = s.oom_nak_delay_s
+        else:
+            delay_ms = outcome.get("nak_delay_ms")
+            delay = (
+                delay_ms / 1000.0 if isinstance(delay_ms, (int, float)) and delay_ms >= 0 else s.nak_delay_s
+            )
+        if code in (ErrorCode.MODEL_NOT_LOADED, ErrorCode.MODEL_LOADING, ErrorCode.LORA_LOADING):
+            sched.ready = False  # re-ensure before the next batch
+        await self._nak(d, delay)
+
+    # ------------------------------------------------------------------ settlement primitives
+    def _error_result(self, d: Delivery, code: str, message: str) -> WorkResult:
+        return WorkResult(
+            work_item_id=d.item.work_item_id,
+            request_id=d.item.request_id,
+            item_index=d.item.item_index,
+            success=False,
+            error=message,
+            error_code=str(code),
+            worker_id=self.settings.worker_id,
+        )
+
+    def _release(self, d: Delivery) -> None:
+        d.settled = True
+        self.held.discard(d)
+        self._space.set()
+
+    async def _publish_and_ack(self, d: Delivery, result: WorkResult) -> None:
+        """Publish the result to the reply inbox, then ACK; a failed publish leaves the message un-acked."""
+        if d.settled:
+            return
+        try:
+            data = result.to_msgpack()
+            try:
+                await self.nc.publish(d.item.reply_subject, data)
+            except nats.errors.MaxPayloadError:
+                compact = self._error_result(
+                    d, ErrorCode.INTERNAL_ERROR, "result larger than the NATS max payload"
+                )
+                await self.nc.publish(d.item.reply_subject, compact.to_msgpack())
+        except Exception as exc:  # noqa: BLE001 - no ACK: JetStream redelivers after ack_wait
+            log.warning("publishing result of %s failed: %s", d.item.work_item_id, exc)
+            self._release(d)
+            return
+        self.stats["published"] += 1
+        await self._ack(d)
+
+    async def _ack(self, d: Delivery, *, drop: bool = False) -> None:
+        if d.settled:
+            return
+        self._release(d)
+        await self._raw_ack(d.msg, drop=drop)
+
+    async def _nak(self, d: Delivery, delay_s: float) -> None:
+        if d.settled:
+            return
+        self._release(d)
+        await self._raw_nak(d.msg, delay_s)
+
+    async def _progress(self, d: Delivery) -> None:
+        if d.settled:
+            return
+        d.last_progress = time.monotonic()
+        try:
+            await d.msg.in_progress()
+            self.stats["progress"] += 1
+        except Exception as exc:  # noqa: BLE001
+            log.debug("progress ack failed: %s", exc)
+
+    async def _raw_ack(self, msg: Msg, *, drop: bool = False) -> None:
+        self.stats["dropped" if drop else "acked"] += 1
+        try:
+            await msg.ack()
+        except Exception as exc:  # noqa: BLE001 - redelivered later; nothing else to do
+            log.warning("ack failed: %s", exc)
+
+    async def _raw_nak(self, msg: Msg, delay_s: float) -> None:
+        self.stats["naked"] += 1
+        try:
+            await msg.nak(delay=delay_s if delay_s > 0 else None)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("nak failed: %s", exc)
