@@ -38,7 +38,7 @@ async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
 
     import numpy as np
 
-    data = await read_body(request, gw.settings.gateway_max_body_bytes)
+    data = await read_body(request, gw.settings)
     if not isinstance(data, dict):
         raise invalid_input("Request body must be a JSON object")
     model = data.get("model")
