@@ -38,7 +38,10 @@ from protocol.catalog import Catalog
 from protocol.config_delta import (
     ConfigDeltaError,
     EpochInfo,
+    EpochOrder,
     decode_config_delta,
+    epoch_bump_is_news,
+    epoch_order,
     is_trusted_producer,
     parse_epoch_info,
     parse_export,
@@ -315,13 +318,14 @@ class ConfigServiceRegistry(CatalogRegistry):
             if not self.bootstrapped:
                 return self._count(kind, "before_bootstrap")  # the first export will carry it
             if delta.is_epoch_bump:
-                if delta.epoch > self.epoch:
+                if epoch_bump_is_news(delta.epoch, self.epoch):
                     self._resync.set()
                     return self._count(kind, "resync")
                 return self._count(kind, "stale")
-            if delta.epoch < self.epoch:
+            order = epoch_order(delta.epoch, self.epoch)
+            if order == EpochOrder.STALE:
                 return self._count(kind, "stale")
-            if delta.epoch == self.epoch:
+            if order == EpochOrder.DUPLICATE:
                 # another per-bundle copy of the write already applied: only its bundle's hash
                 if delta.bundle_id and delta.bundle_config_hash:
                     self._remote_hashes[delta.bundle_id] = delta.bundle_config_hash
@@ -334,7 +338,7 @@ class ConfigServiceRegistry(CatalogRegistry):
                 )
                 self._resync.set()
                 return self._count(kind, "parse_error")
-            gap = delta.epoch > self.epoch + 1
+            gap = order == EpochOrder.GAP
             self.catalog.put(config)
             self._raw_yaml[config.sie_id] = delta.model_config_yaml
             self._sources[config.sie_id] = "api"

@@ -18,13 +18,14 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
+from gateway import routing
 from gateway.dispatch import Dispatcher, Lane, new_request_id
 from gateway.dlq import DLQForwarder
 from gateway.metrics import DemandTracker, GatewayMetrics
 from gateway.pools import DEFAULT_POOL, PoolStore, normalize_pool_name
 from gateway.registry import ModelRegistry, Route
 from gateway.settings import GatewaySettings
-from gateway.workers import WorkerRegistry, WorkerState
+from gateway.workers import WorkerRegistry
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.streams import dlq_stream_config
 from protocol.subjects import HEALTH_PREFIX
@@ -156,37 +157,15 @@ class Gateway:
 
     def lane_served(self, machine_profile: str, bundle: str) -> bool:
         """True when a healthy worker serves ``(machine_profile, bundle)`` ("any"/"" = any profile)."""
-        for w in self.workers.healthy():
-            if w.bundle == bundle and (machine_profile in ("", "any") or w.profile == machine_profile):
-                return True
-        return False
+        return routing.lane_served(self.workers.healthy(), machine_profile, bundle)
 
     def canonical_profile(self, value: str | None) -> str | None:
-        if value is None or not value.strip():
-            return None
-        profile = value.strip().lower()
-        configured = self.settings.configured_gpus()
-        if not configured:
-            return profile
-        if profile in configured:
-            return profile
-        if f"{profile}-spot" in configured:
-            return f"{profile}-spot"
-        if profile in self.workers.live_profiles():
-            return profile
-        raise invalid_input(
-            f"Machine profile '{value}' is not configured. Configured profiles: {configured}",
-            param="X-SIE-MACHINE-PROFILE",
-            configured_gpu_types=configured,
-        )
+        return routing.canonical_profile(value, self.settings.configured_gpus(), self.workers.live_profiles())
 
     def routing_headers(self, request: web.Request) -> tuple[str | None, str | None]:
-        profile = request.headers.get("X-SIE-MACHINE-PROFILE") or None
-        pool = request.headers.get("X-SIE-Pool") or None
-        if profile and "/" in profile:
-            head, _, tail = profile.partition("/")
-            pool = pool or head or None
-            profile = tail or None
+        pool, profile = routing.split_routing_headers(
+            request.headers.get("X-SIE-MACHINE-PROFILE"), request.headers.get("X-SIE-Pool")
+        )
         return (normalize_pool_name(pool) if pool else None), self.canonical_profile(profile)
 
     async def choose_lane(self, route: Route, pool_name: str | None, profile: str | None) -> Lane:
@@ -217,30 +196,10 @@ class Gateway:
         if not candidates or pool_state != "active":
             bundle = route.bundles[0]
             self.demand.record(profile or "any", bundle)
-            where = f"pool '{pool_name}'" if pool_name else "the cluster"
-            what = f"machine profile '{profile}'" if profile else "any machine profile"
             raise Provisioning(
-                profile,
-                bundle,
-                queue_pool,
-                f"No ready worker for model '{route.model_id}' on {what} in {where}; capacity is being provisioned",
+                profile, bundle, queue_pool, routing.provisioning_message(route.model_id, profile, pool_name)
             )
-        return self._best_lane(route, queue_pool, candidates)
-
-    def _best_lane(self, route: Route, pool: str, candidates: list[WorkerState]) -> Lane:
-        order = {b.lower(): i for i, b in enumerate(route.bundles)}
-        lanes: dict[tuple[str, str], list[WorkerState]] = {}
-        for w in candidates:
-            lanes.setdefault((w.profile, w.bundle), []).append(w)
-
-        def score(item: tuple[tuple[str, str], list[WorkerState]]) -> tuple:
-            (profile, bundle), ws = item
-            loaded = any(w.has_loaded(route.model_id) for w in ws)
-            depth = sum(w.heartbeat.queue_depth for w in ws) / len(ws)
-            return (not loaded, order.get(bundle, 99), depth, profile, bundle)
-
-        (profile, bundle), _ = min(lanes.items(), key=score)
-        return Lane(pool, profile, bundle)
+        return routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
 
     # ---- running a request -----------------------------------------------------------------
     async def execute(

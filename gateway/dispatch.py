@@ -21,7 +21,7 @@ from nats.js.api import StreamConfig
 
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode, SIEError
-from protocol.streams import RECONCILED_STREAM_FIELDS, stream_config
+from protocol.streams import reconcile_stream, stream_config, stream_fields
 from protocol.subjects import (
     inbox_prefix,
     pool_stream_name,
@@ -158,19 +158,12 @@ class Dispatcher:
                 except nats.js.errors.BadRequestError:
                     await self.js.stream_info(name)  # created concurrently by someone else
             else:
-                current = info.config.as_dict()
-                wanted = StreamConfig(**desired).as_dict()
-                if any(current.get(k) != wanted.get(k) for k in RECONCILED_STREAM_FIELDS):
-                    if current.get("storage") != wanted.get("storage"):
-                        log.warning(
-                            "stream %s uses %s storage, wanted %s",
-                            name,
-                            current.get("storage"),
-                            wanted["storage"],
-                        )
-                    desired["storage"] = current.get("storage")
+                plan = reconcile_stream(stream_fields(info.config), desired)
+                if plan.action == "update":
+                    if plan.storage_mismatch:
+                        log.warning("stream %s uses %s storage, wanted %s", name, *plan.storage_mismatch)
                     try:
-                        await self.js.update_stream(StreamConfig(**desired))
+                        await self.js.update_stream(StreamConfig(**plan.config))
                     except nats.js.errors.APIError as exc:
                         log.warning("could not reconcile stream %s: %s", name, exc)
             self._ensured.add(pool)

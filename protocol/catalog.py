@@ -18,6 +18,7 @@ from protocol.model_config import (
     ModelConfig,
     Profile,
     bundle_config_hash,
+    model_spec,
     parse_bundle_yaml,
     parse_model_yaml,
 )
@@ -47,7 +48,7 @@ class Resolved:
 
     @property
     def routable_id(self) -> str:
-        return self.model_id if self.profile_name == "default" else f"{self.model_id}:{self.profile_name}"
+        return model_spec(self.model_id, self.profile_name)
 
 
 def supported_outputs(resolved: Resolved) -> list[str]:
@@ -211,7 +212,7 @@ class Catalog:
         last_error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """One ``/v1/models`` entry (contract 5.1) for ``M`` or its variant ``M:P``."""
-        name = config.sie_id if profile in (None, "default") else f"{config.sie_id}:{profile}"
+        name = model_spec(config.sie_id, profile)
         return {
             "name": name,
             "inputs": config.inputs.names(),

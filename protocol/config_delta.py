@@ -13,6 +13,7 @@ re-exports when it wants the full state).
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -96,6 +97,33 @@ def decode_config_delta(data: bytes | str) -> ConfigDelta:
         return ConfigDelta.model_validate(obj)
     except ValidationError as exc:
         raise ConfigDeltaError(f"invalid config delta: {exc.errors(include_url=False)}") from exc
+
+
+class EpochOrder(StrEnum):
+    """Where a delta's epoch stands against the epoch a consumer has applied."""
+
+    STALE = "stale"  # older than what is applied: drop it
+    DUPLICATE = "duplicate"  # the same epoch: another per-bundle copy of a write already applied
+    NEXT = "next"  # the very next epoch (or an unversioned delta): apply it
+    GAP = "gap"  # newer, with epochs missed in between: apply it and re-export for the rest
+
+
+def epoch_order(delta_epoch: int, applied_epoch: int) -> EpochOrder:
+    """The one rule every consumer of config deltas (gateway, sidecar) follows.
+
+    Epoch 0 is unversioned (a config service without a store never bumps it), so a delta at epoch 0
+    while 0 is applied is applied, never taken for a duplicate.
+    """
+    if delta_epoch < applied_epoch:
+        return EpochOrder.STALE
+    if delta_epoch == applied_epoch:
+        return EpochOrder.NEXT if delta_epoch == 0 else EpochOrder.DUPLICATE
+    return EpochOrder.NEXT if delta_epoch == applied_epoch + 1 else EpochOrder.GAP
+
+
+def epoch_bump_is_news(delta_epoch: int, applied_epoch: int) -> bool:
+    """An epoch bump (no model attached) matters only when it is ahead of what is applied."""
+    return delta_epoch > applied_epoch
 
 
 class EpochInfo(BaseModel):

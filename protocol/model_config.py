@@ -19,6 +19,16 @@ MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
+
+DEFAULT_PROFILE = "default"
+
+
+def model_spec(model_id: str, profile: str | None) -> str:
+    """The routable id of a model's profile: ``model_id`` for the default profile, else ``model_id:profile``."""
+    name = (profile or "").strip()
+    return model_id if name in ("", DEFAULT_PROFILE) else f"{model_id}:{name}"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -157,8 +167,8 @@ class ModelConfig(_Strict):
 
     def routable_ids(self) -> list[str]:
         """Model ids that route to this config: ``sie_id`` (with a default profile) and ``sie_id:P``."""
-        ids = [self.sie_id] if "default" in self.profiles else []
-        ids += [f"{self.sie_id}:{p}" for p in self.profiles if p != "default"]
+        ids = [self.sie_id] if DEFAULT_PROFILE in self.profiles else []
+        ids += [model_spec(self.sie_id, p) for p in self.profiles if p != DEFAULT_PROFILE]
         return ids
 
     def adapter_modules(self) -> set[str]:

@@ -8,7 +8,9 @@ Durations are in seconds (nats-py converts them to nanoseconds).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from protocol.subjects import (
     DLQ_PREFIX,
@@ -71,8 +73,62 @@ def stream_config(
     }
 
 
-# Fields compared when reconciling an existing stream in place (storage cannot change in place).
-RECONCILED_STREAM_FIELDS = ("subjects", "max_age", "max_msgs", "discard", "num_replicas")
+# Fields of the work stream compared when reconciling an existing stream in place (storage cannot
+# change in place). Contract fields are the same for everyone; limit fields are operator settings
+# that only the gateway carries (SIE_STREAM_MAX_MSGS and friends), so only the gateway reconciles them.
+CONTRACT_STREAM_FIELDS = ("subjects", "discard")
+LIMIT_STREAM_FIELDS = ("max_age", "max_msgs", "num_replicas")
+RECONCILED_STREAM_FIELDS = CONTRACT_STREAM_FIELDS + LIMIT_STREAM_FIELDS
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """What to do about a work stream: ``create`` it, ``update`` it with ``config``, or ``keep`` it."""
+
+    action: Literal["create", "update", "keep"]
+    config: dict[str, Any]
+    changed: tuple[str, ...] = ()
+    storage_mismatch: tuple[str, str] | None = None  # (current, wanted) when they differ
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)  # nats-py enums → their wire strings
+
+
+def stream_fields(config: Any) -> dict[str, Any]:
+    """The storage and reconciled fields of a stream config (an object with attributes, or a map)."""
+    get = config.get if isinstance(config, Mapping) else (lambda name: getattr(config, name, None))
+    return {name: _plain(get(name)) for name in ("storage", *RECONCILED_STREAM_FIELDS)}
+
+
+def reconcile_stream(
+    current: Mapping[str, Any] | None,
+    desired: Mapping[str, Any],
+    *,
+    fields: Sequence[str] = RECONCILED_STREAM_FIELDS,
+) -> StreamPlan:
+    """Decide how to bring an existing stream (``current``, see :func:`stream_fields`) to ``desired``.
+
+    Only ``fields`` are compared; an update sends ``desired`` for those fields and keeps every other
+    reconciled field, and the storage, as they are on the server (storage cannot change in place).
+    """
+    wanted = dict(desired)
+    if current is None:
+        return StreamPlan("create", wanted)
+    have = dict(current)
+    mismatch = None
+    if have.get("storage") is not None and _plain(have["storage"]) != _plain(wanted.get("storage")):
+        mismatch = (str(_plain(have["storage"])), str(_plain(wanted.get("storage"))))
+    changed = tuple(f for f in fields if _plain(have.get(f)) != _plain(wanted.get(f)))
+    if not changed:
+        return StreamPlan("keep", wanted, (), mismatch)
+    update = dict(wanted)
+    for name in RECONCILED_STREAM_FIELDS:
+        if name not in fields and have.get(name) is not None:
+            update[name] = have[name]
+    if have.get("storage") is not None:
+        update["storage"] = _plain(have["storage"])
+    return StreamPlan("update", update, changed, mismatch)
 
 
 def lane_consumer_config(

@@ -24,11 +24,6 @@ def normalize_id(value: str) -> str:
     return re.sub(r"[*>\s]", "_", out)
 
 
-def denormalize_id(token: str) -> str:
-    """Best-effort inverse of normalize_id (read ids from payloads, not subjects)."""
-    return token.replace("_dot_", ".").replace("__", "/")
-
-
 def lane_token(value: str) -> str:
     """A pool, machine profile or bundle as a subject token (lower-cased, normalised, non-empty)."""
     token = normalize_id(value.strip().lower())
@@ -37,15 +32,23 @@ def lane_token(value: str) -> str:
     return token
 
 
+def lane_prefix(pool: str, machine_profile: str, bundle: str) -> str:
+    """``sie.work.{pool}.{profile}.{bundle}.``: every work subject of one lane starts with it."""
+    return f"{WORK_PREFIX}.{lane_token(pool)}.{lane_token(machine_profile)}.{lane_token(bundle)}."
+
+
 def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str) -> str:
-    return (
-        f"{WORK_PREFIX}.{lane_token(pool)}.{lane_token(machine_profile)}."
-        f"{lane_token(bundle)}.{normalize_id(model_id)}"
-    )
+    return lane_prefix(pool, machine_profile, bundle) + normalize_id(model_id)
 
 
 def lane_filter(pool: str, machine_profile: str, bundle: str) -> str:
-    return f"{WORK_PREFIX}.{lane_token(pool)}.{lane_token(machine_profile)}.{lane_token(bundle)}.*"
+    return lane_prefix(pool, machine_profile, bundle) + "*"
+
+
+def in_lane(subject: str, prefix: str) -> bool:
+    """True when ``subject`` is a work subject of the lane ``prefix`` (see :func:`lane_prefix`)."""
+    model_token = subject[len(prefix) :] if subject.startswith(prefix) else ""
+    return bool(model_token) and "." not in model_token
 
 
 def pool_stream_name(pool: str) -> str:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from protocol.codec import packb, unpackb
+from protocol.model_config import model_spec
 
 OPERATIONS = ("encode", "score", "extract")
 
@@ -59,6 +60,11 @@ class WorkItem:
         if not isinstance(decoded, dict):
             raise ValueError("work item must be a map")
         return _from_map(cls, decoded)
+
+    @property
+    def model_spec(self) -> str:
+        """The worker's model spec of this item: ``model_id``, or ``model_id:profile``."""
+        return model_spec(self.model_id, self.profile_id)
 
     @property
     def lora(self) -> str | None:

@@ -4,7 +4,7 @@
 
 - the producer is trusted (``SIE_NATS_CONFIG_TRUSTED_PRODUCERS``, the gateway's rule),
 - the delta is for this bundle and this pool,
-- the epoch is newer than the one applied (``epoch < current`` or ``== current != 0`` is stale),
+- the epoch is newer than the one applied (``protocol.config_delta.epoch_order``: stale or duplicate is dropped),
 
 then, holding the execution barrier exclusively (no batch on the worker meanwhile), sends
 ``ApplyModelConfig`` to the worker, retrying transport errors with backoff (250 ms → 5 s). The
@@ -37,7 +37,9 @@ from protocol.config_delta import (
     ConfigDeltaError,
     ConfigExport,
     EpochInfo,
+    EpochOrder,
     decode_config_delta,
+    epoch_order,
     is_trusted_producer,
     parse_epoch_info,
     parse_export,
@@ -158,7 +160,7 @@ class ConfigApplier:
             return OTHER_BUNDLE
         if (delta.pool or "default").lower() != self.pool:
             return OTHER_POOL
-        if delta.epoch < self.epoch or (delta.epoch == self.epoch and delta.epoch != 0):
+        if epoch_order(delta.epoch, self.epoch) in (EpochOrder.STALE, EpochOrder.DUPLICATE):
             return STALE
         return None
 

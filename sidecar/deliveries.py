@@ -11,12 +11,6 @@ from protocol.work import WorkItem
 from sidecar.batcher import Batcher, BatchLimits
 
 
-def model_spec(item: WorkItem) -> str:
-    """The worker's model spec of an item: ``model_id`` or ``model_id:profile``."""
-    profile = (item.profile_id or "").strip()
-    return item.model_id if profile in ("", "default") else f"{item.model_id}:{profile}"
-
-
 @dataclass(eq=False)
 class Delivery:
     msg: Msg

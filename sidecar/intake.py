@@ -11,10 +11,10 @@ from nats.aio.msg import Msg
 
 from protocol.codec import CodecError
 from protocol.errors import ErrorCode
-from protocol.subjects import is_valid_reply_subject
+from protocol.subjects import in_lane, is_valid_reply_subject
 from protocol.work import OPERATIONS, WorkItem
 from sidecar.batcher import item_cost
-from sidecar.deliveries import Delivery, model_spec
+from sidecar.deliveries import Delivery
 from sidecar.scheduling import Scheduling
 from sidecar.streams import ensure_lane_consumer, ensure_stream
 from sidecar.tombstones import request_id_from_cancel_subject
@@ -77,7 +77,7 @@ class Intake(Scheduling):
         """Validate one delivery and queue it on its model's scheduler (or settle it right away)."""
         self.stats["received"] += 1
         now = time.monotonic()
-        if not msg.subject.startswith(self._lane_prefix) or len(msg.subject.split(".")) != 6:
+        if not in_lane(msg.subject, self._lane_prefix):
             log.warning("NAK message on unexpected subject %s", msg.subject)
             await self._raw_nak(msg, self.settings.nak_delay_s)
             return
@@ -109,7 +109,7 @@ class Intake(Scheduling):
         d = Delivery(
             msg=msg,
             item=item,
-            spec=model_spec(item),
+            spec=item.model_spec,
             cost=1,
             arrived=now,
             received_wall=time.time(),

@@ -36,13 +36,13 @@ import logging
 
 from protocol import ipc
 from protocol.subjects import WORK_CANCEL_PREFIX
-from sidecar.deliveries import Delivery, ModelScheduler, model_spec
+from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.intake import Intake
 from sidecar.lane_state import WorkerState
 
 log = logging.getLogger("sie.sidecar")
 
-__all__ = ["Delivery", "LaneConsumer", "ModelScheduler", "WorkerState", "model_spec"]
+__all__ = ["Delivery", "LaneConsumer", "ModelScheduler", "WorkerState"]
 
 
 class LaneConsumer(Intake):

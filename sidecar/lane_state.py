@@ -15,7 +15,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 from protocol import ipc
-from protocol.subjects import WORK_PREFIX, lane_token
+from protocol.subjects import lane_prefix
 from sidecar.barrier import ExecutionBarrier
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcClient
@@ -68,10 +68,7 @@ class LaneState:
         self._batch_ids = itertools.count(1)
         self._sub = None
         self._cancel_sub = None
-        self._lane_prefix = (
-            f"{WORK_PREFIX}.{lane_token(settings.pool)}.{lane_token(settings.machine_profile)}."
-            f"{lane_token(settings.bundle)}."
-        )
+        self._lane_prefix = lane_prefix(settings.pool, settings.machine_profile, settings.bundle)
         # counters (observability and tests)
         self.stats: dict[str, int] = {
             "received": 0,

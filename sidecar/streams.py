@@ -8,18 +8,22 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from protocol.streams import RECONCILED_STREAM_FIELDS, lane_consumer_config, stream_config
+from protocol.streams import (
+    CONTRACT_STREAM_FIELDS,
+    lane_consumer_config,
+    reconcile_stream,
+    stream_config,
+    stream_fields,
+)
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sie.sidecar.streams")
 
 
-def _norm(value):
-    return getattr(value, "value", value)
-
-
 async def ensure_stream(js: JetStreamContext, settings: SidecarSettings) -> str:
-    """Create ``WORK_POOL_{pool}`` or reconcile it in place (never its storage); returns its name."""
+    """Create ``WORK_POOL_{pool}`` when missing; on an existing stream reconcile only the contract
+    fields (subjects, discard policy). Its limits (max age, max messages, replicas) belong to the
+    gateway's settings, so a sidecar never resets an operator's ``SIE_STREAM_MAX_MSGS``."""
     cfg = stream_config(
         settings.pool,
         storage=settings.stream_storage,
@@ -36,21 +40,17 @@ async def ensure_stream(js: JetStreamContext, settings: SidecarSettings) -> str:
             return name
         except BadRequestError:
             info = await js.stream_info(name)  # another creator won the race
-    current = info.config
-    wanted = StreamConfig(**cfg)
-    if _norm(current.storage) != cfg["storage"]:
+    plan = reconcile_stream(stream_fields(info.config), cfg, fields=CONTRACT_STREAM_FIELDS)
+    if plan.storage_mismatch:
         log.warning(
             "stream %s has %s storage, settings ask for %s: storage cannot change in place (drain and recreate it)",
             name,
-            _norm(current.storage),
-            cfg["storage"],
+            *plan.storage_mismatch,
         )
-    differs = [f for f in RECONCILED_STREAM_FIELDS if _norm(getattr(current, f)) != _norm(getattr(wanted, f))]
-    if differs:
-        wanted.storage = current.storage
+    if plan.action == "update":
         try:
-            await js.update_stream(wanted)
-            log.info("reconciled stream %s (%s)", name, ", ".join(differs))
+            await js.update_stream(StreamConfig(**plan.config))
+            log.info("reconciled stream %s (%s)", name, ", ".join(plan.changed))
         except Exception as exc:  # noqa: BLE001 - keep serving with the stream as it is
             log.warning("could not reconcile stream %s: %s", name, exc)
     return name

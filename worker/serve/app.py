@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import time
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol import SERVER_VERSION
 from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
-from protocol.catalog import model_dims
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.http import (
     base_headers,
@@ -25,6 +22,14 @@ from protocol.http import (
     openai_error_response,
     read_body,
     respond,
+)
+from protocol.openai import (
+    check_dimensions,
+    dense_dimension,
+    embedding_row,
+    embeddings_response,
+    parse_embeddings_request,
+    resolve_model,
 )
 from worker.runtime import Result, Runtime
 from worker.serve.metrics import ServeMetrics
@@ -185,49 +190,18 @@ async def openai_embeddings(request: web.Request) -> web.Response:
     """OpenAI-compatible embeddings (contract 7); errors use the OpenAI envelope."""
     runtime = request.app[RUNTIME]
     try:
-        data = await _decoded(request)
-        if not isinstance(data, dict):
-            raise invalid_input("request body must be a JSON object")
-        model = data.get("model")
-        if not isinstance(model, str) or not model:
-            raise invalid_input("'model' is required", param="model")
-        inputs = data.get("input")
-        if isinstance(inputs, str):
-            inputs = [inputs]
-        if not isinstance(inputs, list) or not inputs:
-            raise invalid_input("Input cannot be empty", param="input")
-        if not all(isinstance(x, str) for x in inputs):
-            raise invalid_input("token-array embeddings input is not supported", param="input")
-        _check_count(inputs, request.app[SETTINGS])
-        fmt = data.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise invalid_input("encoding_format must be 'float' or 'base64'", param="encoding_format")
-        resolved = runtime.catalog.resolve(model)
-        dims = model_dims(resolved.config).get("dense")
-        if "dense" not in (resolved.config.tasks.encode.outputs() if resolved.config.tasks.encode else []):
-            raise invalid_input(f"Model '{model}' does not produce dense embeddings", param="model")
-        wanted = data.get("dimensions")
-        if wanted is not None and wanted != dims:
-            raise invalid_input(
-                f"dimensions={wanted} is not supported; the model's dimension is {dims}",
-                param="dimensions", openai_code="unsupported_field",
-            )
-        result = await runtime.encode(model, [{"text": t} for t in inputs],
+        req = parse_embeddings_request(
+            await _decoded(request), max_inputs=request.app[SETTINGS].max_items_per_request
+        )
+        resolved = resolve_model(runtime.catalog.resolve, req.model)
+        check_dimensions(req.dimensions, dense_dimension(resolved, req.model))
+        result = await runtime.encode(req.model, [{"text": t} for t in req.inputs],
                                       {"output_types": ["dense"], "output_dtype": "float32"})
     except SIEError as exc:
         return openai_error_response(exc)
-    rows = []
-    for i, item in enumerate(result.items):
-        vec = np.asarray(item["dense"]["values"], dtype=np.float32)
-        emb = base64.b64encode(vec.astype("<f4").tobytes()).decode() if fmt == "base64" else vec.tolist()
-        rows.append({"object": "embedding", "embedding": emb, "index": i})
-    tokens = int(result.input_tokens)
-    return json_response({
-        "object": "list",
-        "data": rows,
-        "model": model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "sie_token_source": "worker"},
-    }, headers=base_headers(request[REQUEST_ID]))
+    rows = [embedding_row(item["dense"]["values"], i, req.encoding_format) for i, item in enumerate(result.items)]
+    body = embeddings_response(req.model, rows, req.inputs, int(result.input_tokens))
+    return json_response(body, headers=base_headers(request[REQUEST_ID]))
 
 
 @web.middleware

@@ -1,0 +1,45 @@
+"""Subject names, lane prefixes and model specs (protocol/subjects.py, protocol/model_config.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.model_config import model_spec
+from protocol.subjects import in_lane, lane_filter, lane_prefix, work_subject
+from protocol.work import WorkItem
+
+
+def test_work_subjects_and_filters_share_the_lane_prefix():
+    prefix = lane_prefix("Default", "L4", "GPU.Bundle")
+    assert prefix == "sie.work.default.l4.gpu_dot_bundle."
+    assert work_subject("Default", "L4", "GPU.Bundle", "BAAI/bge-m3") == prefix + "BAAI__bge-m3"
+    assert lane_filter("Default", "L4", "GPU.Bundle") == prefix + "*"
+
+
+@pytest.mark.parametrize(
+    ("subject", "expected"),
+    [
+        ("sie.work.default.l4.default.BAAI__bge-m3", True),
+        ("sie.work.default.l4.default.", False),  # no model token
+        ("sie.work.default.l4.default.a.b", False),  # one token too many
+        ("sie.work.default.a100.default.m", False),  # another lane
+        ("sie.work.default.l4.defaultx.m", False),
+    ],
+)
+def test_in_lane(subject, expected):
+    assert in_lane(subject, lane_prefix("default", "l4", "default")) is expected
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [(None, "org/m"), ("", "org/m"), ("default", "org/m"), (" default ", "org/m"), ("fast", "org/m:fast")],
+)
+def test_model_spec_joins_only_a_non_default_profile(profile, expected):
+    assert model_spec("org/m", profile) == expected
+
+
+def test_a_work_item_names_its_model_spec():
+    item = WorkItem("r.0", "r", 0, 1, "encode", "org/m", "fast", "default", "l4", "g", "_INBOX.g.r", 0.0)
+    assert item.model_spec == "org/m:fast"
+    item.profile_id = "default"
+    assert item.model_spec == "org/m"

@@ -1,0 +1,122 @@
+"""Control-plane model config on the worker: apply one model, replace all, bundle hash, support."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+
+from protocol.catalog import Resolved
+from protocol.model_config import Bundle, ModelConfig, bundle_config_hash
+from worker.loaded import load_signature
+from worker.model_states import ModelStates
+
+log = logging.getLogger("worker.runtime")
+
+
+class ControlConfig(ModelStates):
+    # ---- control-plane config ---------------------------------------------------------------
+    def bundle_config_hash(self, *, pool: str | None = "", adapters: list[str] | None = None) -> str:
+        """This worker's hash of its bundle (internals 4.8), scoped to ``pool``.
+
+        ``pool=""`` (the default) means this worker's own pool (``SIE_POOL``); ``None`` = unscoped,
+        every model of the bundle. The config service publishes both: ``bundle_config_hash``
+        (unscoped) and ``bundle_pool_config_hashes[bundle][pool]``; the sidecar compares the scoped
+        one when the control plane sends it. The bundle's adapter list is the control plane's when it
+        sent one (so both sides hash the same profiles), else the image's bundle file.
+        """
+        bundle = self._bundle(adapters)
+        if bundle is None:
+            return ""
+        scope = self.settings.pool if pool == "" else pool
+        return bundle_config_hash(bundle, self.catalog.models(), pool=scope)
+
+    def _bundle(self, adapters: list[str] | None = None) -> Bundle | None:
+        adapters = adapters if adapters is not None else self._control_adapters
+        if adapters is not None:
+            return Bundle(name=self.settings.bundle, adapters=list(adapters))
+        return self.catalog.get_bundle(self.settings.bundle)
+
+    def _module_importable(self, module: str) -> bool:
+        ok = self._importable.get(module)
+        if ok is None:
+            try:
+                ok = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                ok = False
+            self._importable[module] = ok
+        return ok
+
+    def is_supported(self, config: ModelConfig) -> bool:
+        """False when a profile this bundle would serve names an adapter module this image lacks."""
+        bundle = self._bundle()
+        modules = set(bundle.adapters) if bundle is not None else None
+        for name in config.profiles:
+            module = config.resolved_profile(name).adapter_module
+            if module and (modules is None or module in modules) and not self._module_importable(module):
+                return False
+        return True
+
+    def _note_support(self, config: ModelConfig) -> None:
+        if self.is_supported(config):
+            self.unsupported_models.discard(config.sie_id)
+        else:
+            log.warning("model %s names an adapter this worker image lacks: unsupported", config.sie_id)
+            self.unsupported_models.add(config.sie_id)
+
+    async def apply_model_config(self, config: ModelConfig, *, bundle_adapters: list[str] | None = None) -> None:
+        """Add or update one model (the full merged config of a delta); other models stay as they are.
+
+        Loaded entries of the model whose load-time state changed are unloaded, so the next request
+        loads the new profile instead of silently running the old one.
+        """
+        if bundle_adapters is not None:
+            self._control_adapters = list(bundle_adapters)
+        old = self.catalog.get(config.sie_id)
+        self.catalog.put(config)
+        self._note_support(config)
+        if old is not None and old != config:
+            await self._drop_stale_entries(config.sie_id)
+
+    async def replace_model_configs(
+        self, configs: list[ModelConfig], *, bundle_adapters: list[str] | None = None
+    ) -> None:
+        """The control plane's full model set (an export): image models not named keep their baseline."""
+        if bundle_adapters is not None:
+            self._control_adapters = list(bundle_adapters)
+        before = {m.sie_id: m for m in self.catalog.models()}
+        wanted = dict(self._baseline)
+        wanted.update({c.sie_id: c for c in configs})
+        self.catalog.replace(list(wanted.values()))  # bundles are kept
+        self.unsupported_models = set()
+        for config in wanted.values():
+            self._note_support(config)
+        for model_id, old in before.items():
+            if wanted.get(model_id) != old:
+                await self._drop_stale_entries(model_id)
+
+    async def _drop_stale_entries(self, model_id: str) -> None:
+        """Unload (or forget) the model's entries whose load-time state differs from the catalog's."""
+        config = self.catalog.get(model_id)
+        current: dict[tuple, ModelConfig] = {}
+        if config is not None:
+            for name in config.profiles:
+                try:
+                    current[load_signature(Resolved(config, name, config.resolved_profile(name)))] = config
+                except Exception:  # noqa: BLE001 - an unresolvable profile has no valid entry
+                    continue
+        model_fields = config.model_dump(exclude={"profiles"}) if config is not None else None
+        for key, entry in list(self._entries.items()):
+            if entry.model_id != model_id:
+                continue
+            loaded_fields = (
+                entry.loaded.resolved.config.model_dump(exclude={"profiles"}) if entry.loaded else model_fields
+            )
+            if key in current and loaded_fields == model_fields and entry.state != "failed":
+                continue
+            log.info("config of %s changed: dropping its %s entry %s", model_id, entry.state, key[1:])
+            if entry.task is not None and not entry.task.done():
+                entry.task.cancel()
+            if entry.loaded is not None:
+                await self._unload(entry)
+            self._entries.pop(key, None)

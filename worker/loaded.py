@@ -1,0 +1,119 @@
+"""A loaded model (adapter, inference thread, batcher, LoRAs) and the entry tracking its state."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import itertools
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from protocol.catalog import Resolved
+from protocol.errors import SIEError
+from worker.adapters.base import Adapter, Prepared, RequestContext
+from worker.batching import BatchFormer, BatchStats
+from worker.lora import LoraSet
+
+if TYPE_CHECKING:
+    from worker.recovery import OomRecovery
+
+
+
+ON_LOOP_TIMEOUT_S = 300.0  # a worker thread waiting on the loop (evictions) never hangs past this
+_use_clock = itertools.count(1)  # orders models by last use (the memory manager's LRU)
+
+
+def pick_device(setting: str) -> str:
+    if setting != "auto":
+        return setting
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class LoadedModel:
+    """A loaded adapter with its own inference thread and batcher."""
+
+    def __init__(self, runtime: OomRecovery, key: tuple, resolved: Resolved, adapter: Adapter) -> None:
+        self.key = key
+        self.model_id = resolved.model_id
+        self.resolved = resolved
+        self.adapter = adapter
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{resolved.model_id}")
+        s = runtime.settings
+        self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
+        self.max_requests = s.max_batch_requests
+        self.stats = BatchStats()
+        self.last_used = next(_use_clock)
+        self.closed = False
+        self._runtime = runtime
+        loop = asyncio.get_running_loop()
+        self.loras = LoraSet(
+            resolved.model_id,
+            adapter,
+            max_loras=s.max_loras_per_model,
+            resolve=runtime.resolve_lora,
+            resolve_pool=runtime._lora_pool,
+            on_inference_thread=lambda fn, *args: loop.run_in_executor(self.executor, fn, *args),
+            retry_after_s=s.lora_loading_retry_after_s,
+            failure_cooldown_s=s.load_failure_cooldown_s,
+        )
+        self.former = BatchFormer(
+            self.run,
+            max_cost=self.max_cost,
+            max_requests=self.max_requests,
+            max_wait_ms=s.max_batch_wait_ms,
+            coalesce_ms=s.batch_coalesce_ms,
+            max_pad_share=s.max_padding_share,
+            name=resolved.model_id,
+        )
+
+    async def run(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
+        """One forward pass (with OOM recovery) on this model's inference thread."""
+        loop = asyncio.get_running_loop()
+        outputs = await loop.run_in_executor(self.executor, self._runtime.forward_with_recovery, self, ctx, units)
+        if self.adapter.token_costed:
+            self.stats.record(units)
+        return outputs
+
+    def touch(self) -> None:
+        self.last_used = next(_use_clock)
+
+    def memory_bytes(self) -> int:
+        return self.adapter.memory_bytes()
+
+
+@dataclass
+class ModelEntry:
+    key: tuple
+    model_id: str
+    state: str = "absent"  # absent | loading | loaded | failed
+    loaded: LoadedModel | None = None
+    task: asyncio.Task | None = None
+    error: SIEError | None = None
+    attempts: int = 0
+    failed_at: float = 0.0
+    waiters: list[asyncio.Future] = field(default_factory=list)
+
+
+def load_signature(resolved: Resolved) -> tuple:
+    """Profiles with the same adapter, precision and load-time options share one loaded model."""
+    prof = resolved.profile
+    return (
+        resolved.model_id,
+        prof.adapter_path,
+        prof.compute_precision or "float32",
+        json.dumps(resolved.loadtime_options, sort_keys=True, default=str),
+    )
+
+
+def import_adapter(path: str) -> type[Adapter]:
+    module_name, _, cls_name = path.partition(":")
+    module = importlib.import_module(module_name)
+    cls = getattr(module, cls_name, None)
+    if cls is None or not (isinstance(cls, type) and issubclass(cls, Adapter)):
+        raise ImportError(f"{path} is not an Adapter class")
+    return cls

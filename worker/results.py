@@ -1,0 +1,70 @@
+"""What the runtime hands back: per-request results and timing, score ranking, extract items."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.errors import ErrorCode, SIEError
+
+
+@dataclass
+class EnsureResult:
+    state: str  # ready | loading_started | loading_in_progress | failed
+    error: SIEError | None = None
+    max_batch_tokens: int = 0
+    max_batch_requests: int = 0
+
+
+@dataclass
+class Timing:
+    queue_ms: float = 0.0
+    tokenization_ms: float = 0.0
+    inference_ms: float = 0.0
+    postprocessing_ms: float = 0.0
+    total_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "total_ms": round(self.total_ms, 3),
+            "queue_ms": round(self.queue_ms, 3),
+            "tokenization_ms": round(self.tokenization_ms, 3),
+            "inference_ms": round(self.inference_ms, 3),
+            "postprocessing_ms": round(self.postprocessing_ms, 3),
+        }
+
+
+@dataclass
+class Result:
+    """What one request produced: per-item outputs (or score entries), timing and token usage."""
+
+    items: list[Any]
+    timing: Timing
+    input_tokens: int = 0
+    query_id: str | None = None
+
+
+def rank_scores(scores: list[float], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    values = [float(s) for s in scores]
+    if not all(math.isfinite(v) for v in values):
+        raise SIEError(ErrorCode.INFERENCE_ERROR, "the model produced non-finite scores")
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    return [
+        {"item_id": items[i].get("id") or f"item-{i}", "score": values[i], "rank": rank}
+        for rank, i in enumerate(order)
+    ]
+
+
+def extract_item(raw: dict[str, Any], item: dict[str, Any], index: int) -> dict[str, Any]:
+    out = {
+        "id": item.get("id") or f"item-{index}",
+        "entities": list(raw.get("entities") or []),
+        "relations": list(raw.get("relations") or []),
+        "classifications": list(raw.get("classifications") or []),
+        "objects": list(raw.get("objects") or []),
+        "data": dict(raw.get("data") or {}),
+    }
+    if raw.get("error"):
+        out["error"] = raw["error"]
+    return out

@@ -1,0 +1,110 @@
+"""The sidecar path: NATS work items in, one WorkResult per item out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from protocol.codec import packb
+from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.work import WorkItem, WorkResult
+from worker.operations import Operations
+from worker.results import Timing
+
+log = logging.getLogger("worker.runtime")
+
+
+class WorkItemRunner(Operations):
+    # ---- the sidecar path ------------------------------------------------------------------
+    async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]:
+        """Execute NATS work items at once; one WorkResult per item, in order."""
+        groups: dict[str, list[int]] = {}
+        for i, wi in enumerate(items):
+            groups.setdefault(_group_key(wi), []).append(i)
+        results: list[WorkResult | None] = [None] * len(items)
+        await asyncio.gather(*(self._run_group([items[i] for i in idx], idx, results) for idx in groups.values()))
+        return [r for r in results if r is not None]
+
+    async def _run_group(self, group: list[WorkItem], idx: list[int], results: list[WorkResult | None]) -> None:
+        first = group[0]
+        spec = first.model_spec
+        options = dict(first.options or {})
+        if first.is_query:
+            options["is_query"] = True
+        started = time.time()
+        try:
+            if first.operation == "encode":
+                params = {"output_types": first.output_types, "output_dtype": first.output_dtype,
+                          "instruction": first.instruction, "options": options}
+                res = await self.encode(spec, [wi.item or {} for wi in group], params, direct=True)
+                payloads = [packb(item) for item in res.items]
+                tokens = [None] * len(group)
+            elif first.operation == "score":
+                # one work item carries a whole score request; run each on its own
+                for wi, i in zip(group, idx, strict=True):
+                    res = await self.score(spec, wi.query_item or {}, wi.score_items or [], wi.instruction,
+                                           options, direct=True)
+                    body = {"scores": res.items}
+                    if res.query_id is not None:
+                        body["query_id"] = res.query_id
+                    results[i] = self._work_result(wi, True, packb(body), res.timing, started, res.input_tokens)
+                return
+            elif first.operation == "extract":
+                params = {"labels": first.labels, "output_schema": first.output_schema,
+                          "instruction": first.instruction, "options": options}
+                res = await self.extract(spec, [wi.item or {} for wi in group], params, direct=True)
+                payloads = [packb(item) for item in res.items]
+                tokens = [None] * len(group)
+            else:
+                raise invalid_input(f"unknown operation {first.operation!r}")
+        except SIEError as exc:
+            for wi, i in zip(group, idx, strict=True):
+                results[i] = self._error_result(wi, exc)
+            return
+        except Exception as exc:
+            log.exception("work items for %s failed", spec)
+            err = SIEError(ErrorCode.INFERENCE_ERROR, f"internal error: {exc}")
+            for wi, i in zip(group, idx, strict=True):
+                results[i] = self._error_result(wi, err)
+            return
+        for wi, i, payload, tok in zip(group, idx, payloads, tokens, strict=True):
+            results[i] = self._work_result(wi, True, payload, res.timing, started, tok)
+
+    def _work_result(self, wi: WorkItem, ok: bool, payload: bytes, timing: Timing, started: float,
+                     tokens: int | None) -> WorkResult:
+        return WorkResult(
+            work_item_id=wi.work_item_id,
+            request_id=wi.request_id,
+            item_index=wi.item_index,
+            success=ok,
+            result_msgpack=payload,
+            inference_ms=timing.inference_ms,
+            queue_ms=max(0.0, (started - wi.timestamp) * 1000) + timing.queue_ms,
+            tokenization_ms=timing.tokenization_ms,
+            postprocessing_ms=timing.postprocessing_ms,
+            processing_ms=timing.total_ms,
+            input_tokens=tokens,
+        )
+
+    @staticmethod
+    def _error_result(wi: WorkItem, exc: SIEError) -> WorkResult:
+        return WorkResult(
+            work_item_id=wi.work_item_id,
+            request_id=wi.request_id,
+            item_index=wi.item_index,
+            success=False,
+            error=exc.message,
+            error_code=exc.code,
+            retry_after_s=exc.retry_after,
+            error_extra=dict(exc.extra) or None,
+        )
+
+
+def _group_key(wi: WorkItem) -> str:
+    return json.dumps(
+        [wi.operation, wi.model_id, wi.profile_id, wi.output_types, wi.output_dtype, wi.instruction,
+         wi.is_query, wi.options, wi.labels, wi.output_schema],
+        sort_keys=True, default=str,
+    )
