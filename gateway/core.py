@@ -81,6 +81,7 @@ class Gateway:
         self.dlq = DLQForwarder(nc, self.dispatcher, self.metrics)
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False  # background loops end on this too: library code may swallow a cancel
         self.started_at = time.time()
 
     @property
@@ -115,6 +116,7 @@ class Gateway:
         await self.registry.start(self.nc, self.metrics)
 
     async def stop(self) -> None:
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -135,7 +137,7 @@ class Gateway:
 
     async def _housekeeping(self) -> None:
         last_sweep = 0.0
-        while True:
+        while not self._stopping:
             await asyncio.sleep(1.0)
             try:
                 self.workers.prune()
