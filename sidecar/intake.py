@@ -92,8 +92,8 @@ class Intake(Scheduling):
             if not isinstance(item.options, dict):
                 raise ValueError("options must be a map")
         except _ALWAYS_ERROR as exc:
-            log.warning("NAK undecodable work item on %s: %s", msg.subject, exc)
-            await self._raw_nak(msg, self.settings.nak_delay_s)
+            log.warning("dead-lettering undecodable work item on %s: %s", msg.subject, exc)
+            await self._dead_letter(msg, f"undecodable work item: {exc}")
             return
         if not is_valid_reply_subject(item.reply_subject):
             log.warning(

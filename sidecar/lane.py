@@ -11,7 +11,8 @@ situation                                             action
 success / permanent error outcome                     publish WorkResult to reply_subject, then ACK
 reply publish fails                                   no ACK (redelivered after ack_wait)
 reply subject not ``_INBOX.``                         ACK-drop
-undecodable msgpack / malformed subject               NAK ``nak_delay_s``
+undecodable work item                                 DLQ copy with the reason, then TERM (leaves the stream)
+subject outside the lane                              NAK ``nak_delay_s``
 unknown operation                                     error result INVALID_INPUT + ACK
 model loading on the worker                           progress-ACK and recheck (no delivery spent)
 retry_later, IPC transport error, missing outcome     NAK ``nak_delay_s``

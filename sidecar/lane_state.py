@@ -78,4 +78,5 @@ class LaneState:
             "dropped": 0,
             "batches": 0,
             "progress": 0,
+            "dead_lettered": 0,
         }
