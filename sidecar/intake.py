@@ -106,6 +106,10 @@ class Intake(Scheduling):
         if item.request_id in self.tombstones:
             await self._raw_ack(msg, drop=True)
             return
+        if not self.worker.fresh(self._worker_stale_after_s()):
+            # fetched just as the worker went away: give it back for other pods
+            await self._raw_nak(msg, self._transport_nak_delay())
+            return
         d = Delivery(
             msg=msg,
             item=item,

@@ -49,6 +49,7 @@ __all__ = ["Delivery", "LaneConsumer", "ModelScheduler", "WorkerState"]
 class LaneConsumer(Intake):
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self.ipc.on_disconnect = self._worker_lost
         await self.ensure_jetstream()
         self._cancel_sub = await self.nc.subscribe(f"{WORK_CANCEL_PREFIX}.>", cb=self._on_cancel)
         self._sub = await self.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
