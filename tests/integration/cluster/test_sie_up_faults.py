@@ -3,7 +3,8 @@
 Clients send encode requests from several threads for the whole run; a process is killed with
 SIGKILL partway through and ``sie up``'s supervision restarts it. Per victim the run reports:
 succeeded, failed, wrong results (vectors checked against references taken before the kill),
-longest request, and time from the kill to the first request started after it that succeeded.
+longest request, time from the kill to the first request started after it that succeeded, and
+time from the kill until throughput (completions per second) is back to 90 % of its rate before.
 The default run has one victim (the sidecar, ~30 s); the whole matrix is behind ``slow``:
 
     .venv/bin/python -m pytest -m slow -s tests/integration/cluster/test_sie_up_faults.py
@@ -89,7 +90,11 @@ def run_victim(tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s:
             "failed": sum(r[2].startswith("error") for r in results),
             "wrong": sum(r[2] == "wrong" for r in results),
             "longest_s": round(max(r[1] - r[0] for r in results), 2),
-            "first_success_after_kill_s": round(min(r[1] for r in after) - killed["at"], 2) if after else None,
+            "first_success_after_kill_s": round(min(r[1] for r in after) - killed["at"], 2)
+            if after
+            else None,
+            "throughput_before_per_s": round(rate_before(results, killed["at"]), 1),
+            "throughput_back_to_90pct_s": recovery_s(results, killed["at"]),
             "restarts": up.children()[victim]["restarts"],
             "errors": sorted({r[2] for r in results if r[2] != "ok"})[:5],
         }
@@ -97,6 +102,22 @@ def run_victim(tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s:
         return report
     finally:
         up.stop()
+
+
+def rate_before(results: list, kill_at: float, window_s: float = 4.0) -> float:
+    return sum(kill_at - window_s <= r[1] < kill_at and r[2] == "ok" for r in results) / window_s
+
+
+def recovery_s(results: list, kill_at: float) -> float | None:
+    """Seconds from the kill to the end of the first 1 s window with ≥ 90 % of the rate before."""
+    target = 0.9 * rate_before(results, kill_at)
+    end = max(r[1] for r in results)
+    t = kill_at
+    while t + 1.0 <= end:
+        if sum(t <= r[1] < t + 1.0 and r[2] == "ok" for r in results) >= target:
+            return round(t + 1.0 - kill_at, 2)
+        t += 0.25
+    return None
 
 
 def check(report: dict) -> None:
