@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -17,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from config_service.registry import ConfigError
 from config_service.service import ConfigService
 from config_service.settings import MAX_BODY_BYTES
-from protocol.http import config_error_detail
+from protocol.http import bearer_token, config_error_detail, read_body, token_matches
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +42,6 @@ class Auth:
         return bool(self.admin_token or self.read_token or self.inference_token)
 
 
-def parse_token(header: str) -> str:
-    token = header.strip()
-    if token[:7].lower() == "bearer ":
-        token = token[7:].strip()
-    return token
-
-
-def _eq(a: str, b: str | None) -> bool:
-    return b is not None and bool(b) and hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
-
-
 def json_error(status: int, detail: Any, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"detail": detail}, status=status, headers=headers)
 
@@ -73,17 +61,17 @@ def check_auth(auth: Auth, kind: str, header: str | None) -> web.Response | None
         return json_error(403, "Write operations require SIE_ADMIN_TOKEN, which is not configured")
     if header is None or not header.strip():
         return json_error(401, "Missing Authorization header")
-    token = parse_token(header)
+    token = bearer_token(header) or ""
     if kind == WRITE:
         return (
             None
-            if _eq(token, auth.admin_token)
+            if token_matches(token, [auth.admin_token])
             else json_error(403, "Admin token required for config mutations")
         )
     allowed = [auth.admin_token, auth.read_token]
     if kind == READ:
         allowed.append(auth.inference_token)
-    if any(_eq(token, t) for t in allowed):
+    if token_matches(token, allowed):
         return None
     return json_error(403, "Invalid token")
 
@@ -133,18 +121,12 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
             service.metrics.latency.labels(request.method, route_name).observe(time.perf_counter() - start)
 
 
+def _payload_too_large(limit: int, declared: int | None) -> Exception:
+    return ConfigError(413, "payload_too_large", f"request body exceeds {limit} bytes")
+
+
 async def read_body_limited(request: web.Request, limit: int) -> bytes:
-    too_big = ConfigError(413, "payload_too_large", f"request body exceeds {limit} bytes")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_big
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_body(request, limit, too_large=_payload_too_large)
 
 
 # ---- handlers ------------------------------------------------------------------------------

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -15,23 +17,32 @@ from protocol.codec import CodecError, packb, to_jsonable, unpackb, wants_msgpac
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refused with 413 INPUT_TOO_LONG beyond ``limit`` (before buffering it all)."""
+def _input_too_long(limit: int, declared: int | None) -> Exception:
+    if declared is not None:
+        message = f"Request body of {declared} bytes exceeds the limit of {limit}"
+    else:
+        message = f"Request body exceeds the limit of {limit} bytes"
+    return SIEError(ErrorCode.INPUT_TOO_LONG, message, status=413)
+
+
+async def read_body(
+    request: web.Request,
+    limit: int,
+    *,
+    too_large: Callable[[int, int | None], Exception] = _input_too_long,
+) -> bytes:
+    """The request body, refused beyond ``limit`` bytes before buffering it all: the declared
+    Content-Length is checked first, then the bytes as they arrive. ``too_large(limit, declared)``
+    builds the error (default: 413 INPUT_TOO_LONG)."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise SIEError(
-            ErrorCode.INPUT_TOO_LONG,
-            f"Request body of {declared} bytes exceeds the limit of {limit}",
-            status=413,
-        )
+        raise too_large(limit, declared)
     chunks = []
     size = 0
     async for chunk in request.content.iter_chunked(1 << 16):
         size += len(chunk)
         if size > limit:
-            raise SIEError(
-                ErrorCode.INPUT_TOO_LONG, f"Request body exceeds the limit of {limit} bytes", status=413
-            )
+            raise too_large(limit, None)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -163,3 +174,25 @@ def config_error_response(
     return json_response(
         {"detail": config_error_detail(error, message, **extra)}, status=status, headers=headers
     )
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization`` header: trimmed, a case-insensitive ``Bearer `` prefix
+    dropped (a raw token is accepted too); None when there is none."""
+    if not header:
+        return None
+    value = header.strip()
+    if value[:7].lower() == "bearer ":
+        value = value[7:].strip()
+    return value or None
+
+
+def token_matches(token: str, candidates: Iterable[str | None]) -> bool:
+    """Whether ``token`` equals one of the configured (non-empty) ``candidates``, in constant time
+    per candidate (every candidate is compared)."""
+    found = False
+    for candidate in candidates:
+        if candidate:
+            found |= hmac.compare_digest(token.encode("utf-8"), candidate.encode("utf-8"))
+    return found
+

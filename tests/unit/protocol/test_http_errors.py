@@ -1,4 +1,4 @@
-"""HTTP plumbing every front door shares (protocol/http.py): error mapping, timing headers."""
+"""HTTP plumbing every front door shares (protocol/http.py): error mapping, timing headers, bearer tokens."""
 
 from __future__ import annotations
 
@@ -53,3 +53,13 @@ def test_timing_headers_leave_out_what_took_no_time_or_was_not_counted():
         "X-Total-Time": "10.00",
         "X-SIE-Units-Input-Tokens": "7",
     }
+
+
+def test_bearer_tokens_and_matching():
+    from protocol.http import bearer_token, token_matches
+
+    assert bearer_token(None) is None and bearer_token("  ") is None and bearer_token("Bearer ") is None
+    assert bearer_token("BEARER t1") == "t1"
+    assert token_matches("t1", ["x", "t1"])
+    assert not token_matches("t1", ["x", None, ""])
+    assert not token_matches("", ["", None])  # an unset token never matches
