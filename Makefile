@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.dev-installed
 SIE_ARGS ?=
 
-.PHONY: up install dev test lint bench clean
+.PHONY: up install dev test test-fast typecheck lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,7 +33,16 @@ up: $(STAMP)
 
 test: $(DEVSTAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The quick loop: lint and the unit tests (pure logic, no servers); about a minute on 2 cores.
+test-fast: $(DEVSTAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+typecheck: $(DEVSTAMP)
+	$(BIN)/python -m mypy
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check .

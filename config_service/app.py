@@ -1,8 +1,7 @@
-"""The config API over aiohttp (contract section 8): routes, auth, body limit, errors, metrics."""
+"""The config API over aiohttp: routes, auth, body limit, errors, metrics."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,13 +16,13 @@ from config_service.registry import ConfigError
 from config_service.service import ConfigService
 from config_service.settings import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from protocol.codec import CodecError
-from protocol.http import BodyTimeout, BodyTooLarge, loads_json, read_raw_body
+from protocol.http import bearer_token, config_error_detail, loads_json, read_body, token_matches
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE_KEY = web.AppKey("config_service", ConfigService)
-AUTH_KEY = web.AppKey("config_auth", object)
+AUTH_KEY: web.AppKey[Auth] = web.AppKey("config_auth")
 LIMIT_KEY = web.AppKey("config_body_limit", int)
 BODY_TIMEOUT_KEY = web.AppKey("config_body_timeout", float)
 
@@ -32,7 +31,7 @@ PUBLIC, READ, EXPORT, WRITE = "public", "read", "export", "write"
 
 @dataclass(frozen=True)
 class Auth:
-    """Tokens of contract 8.1. Empty strings count as unset."""
+    """The config API's tokens: read, inference (reads except export) and admin (writes). Empty strings count as unset."""
 
     admin_token: str | None = None
     read_token: str | None = None
@@ -42,17 +41,6 @@ class Auth:
     @property
     def any_configured(self) -> bool:
         return bool(self.admin_token or self.read_token or self.inference_token)
-
-
-def parse_token(header: str) -> str:
-    token = header.strip()
-    if token[:7].lower() == "bearer ":
-        token = token[7:].strip()
-    return token
-
-
-def _eq(a: str, b: str | None) -> bool:
-    return bool(b) and hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
 
 
 def json_error(status: int, detail: Any, headers: dict[str, str] | None = None) -> web.Response:
@@ -74,17 +62,17 @@ def check_auth(auth: Auth, kind: str, header: str | None) -> web.Response | None
         return json_error(403, "Write operations require SIE_ADMIN_TOKEN, which is not configured")
     if header is None or not header.strip():
         return json_error(401, "Missing Authorization header")
-    token = parse_token(header)
+    token = bearer_token(header) or ""
     if kind == WRITE:
         return (
             None
-            if _eq(token, auth.admin_token)
+            if token_matches(token, [auth.admin_token])
             else json_error(403, "Admin token required for config mutations")
         )
     allowed = [auth.admin_token, auth.read_token]
     if kind == READ:
         allowed.append(auth.inference_token)
-    if any(_eq(token, t) for t in allowed):
+    if token_matches(token, allowed):
         return None
     return json_error(403, "Invalid token")
 
@@ -125,7 +113,7 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
                     resp = json_error(exc.status, exc.reason)
             except Exception:
                 log.exception("unhandled error on %s %s", request.method, request.path)
-                resp = json_error(500, {"error": "internal_error", "message": "internal error"})
+                resp = json_error(500, config_error_detail("internal_error", "internal error"))
         status = resp.status
         return resp
     finally:
@@ -134,14 +122,22 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
             service.metrics.latency.labels(request.method, route_name).observe(time.perf_counter() - start)
 
 
+def _payload_too_large(limit: int, declared: int | None) -> Exception:
+    return ConfigError(413, "payload_too_large", f"request body exceeds {limit} bytes")
+
+
+def _body_timeout(timeout_s: float) -> Exception:
+    return ConfigError(408, "body_timeout", f"request body not received within {timeout_s:g} s")
+
+
 async def read_body_limited(request: web.Request) -> bytes:
-    limit = request.app[LIMIT_KEY]
-    try:
-        return await read_raw_body(request, limit, request.app[BODY_TIMEOUT_KEY])
-    except BodyTooLarge:
-        raise ConfigError(413, "payload_too_large", f"request body exceeds {limit} bytes") from None
-    except BodyTimeout as exc:
-        raise ConfigError(408, "body_timeout", str(exc)) from None
+    return await read_body(
+        request,
+        request.app[LIMIT_KEY],
+        timeout_s=request.app[BODY_TIMEOUT_KEY],
+        too_large=_payload_too_large,
+        too_slow=_body_timeout,
+    )
 
 
 # ---- handlers ------------------------------------------------------------------------------

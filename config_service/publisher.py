@@ -92,10 +92,10 @@ class DeltaPublisher:
         return self._task
 
     async def ready(self) -> bool:
-        if not self.connected:
+        if self.nc is None or not self.nc.is_connected:
             return False
         try:
-            await self.nc.flush(timeout=self.flush_timeout_s)
+            await self.nc.flush(timeout=self.flush_timeout_s)  # type: ignore[arg-type]  # seconds, a float
         except Exception:
             return False
         return self.connected
@@ -103,7 +103,7 @@ class DeltaPublisher:
     async def publish(self, messages: list[tuple[str, bytes]]) -> list[str]:
         """Publish every (subject, payload) then flush; returns the subjects that failed."""
         failed: list[str] = []
-        if not self.connected:
+        if self.nc is None or not self.nc.is_connected:
             return [s for s, _ in messages]
         for subject, payload in messages:
             try:
@@ -112,7 +112,7 @@ class DeltaPublisher:
                 log.warning("publish to %s failed: %s", subject, exc)
                 failed.append(subject)
         try:
-            await self.nc.flush(timeout=self.flush_timeout_s)
+            await self.nc.flush(timeout=self.flush_timeout_s)  # type: ignore[arg-type]  # seconds, a float
         except Exception as exc:
             log.warning("NATS flush after publishing deltas failed: %s", exc)
             return [s for s, _ in messages]

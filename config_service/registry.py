@@ -1,7 +1,7 @@
 """Pure config logic: bundles, the effective model set, validation and append-only merging.
 
 Nothing here does I/O except the directory loaders; the service feeds a ConfigState built from
-a store snapshot and gets back a Plan (what a write would change) or a ConfigError.
+a store snapshot and gets back a WritePlan (what a write would change) or a ConfigError.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from protocol.codec import CodecError, check_plain
+from protocol.http import config_error_detail
 from protocol.model_config import (
     MODEL_ID_RE,
     PROFILE_NAME_RE,
@@ -45,7 +47,7 @@ class ConfigError(Exception):
         self.extra = extra
 
     def detail(self) -> dict[str, Any]:
-        return {"error": self.code, "message": self.message, **self.extra}
+        return config_error_detail(self.code, self.message, **self.extra)
 
 
 class CatalogLoadError(RuntimeError):
@@ -263,7 +265,7 @@ class ConfigState:
 
 
 @dataclass(frozen=True)
-class Plan:
+class WritePlan:
     """What an accepted POST changes. ``changed`` False = an identical replay."""
 
     model_id: str
@@ -298,7 +300,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _loc(err: dict[str, Any]) -> list[Any]:
+def _loc(err: Mapping[str, Any]) -> list[Any]:
     return [p for p in err.get("loc", ())]
 
 
@@ -368,16 +370,17 @@ def _canon_profile(value: Any) -> str:
 
 def _canon_field(key: str, value: Any) -> str:
     info = ModelConfig.model_fields.get(key)
-    if info is None:
+    if info is None or info.annotation is None:
         return json.dumps(value, sort_keys=True, default=str)
-    normalized = TypeAdapter(info.annotation).validate_python(value)
-    dumped = TypeAdapter(info.annotation).dump_python(normalized, mode="json", exclude_none=True)
+    adapter: TypeAdapter[Any] = TypeAdapter(info.annotation)
+    normalized = adapter.validate_python(value)
+    dumped = adapter.dump_python(normalized, mode="json", exclude_none=True)
     if key == "pool" and isinstance(dumped, str):
         dumped = dumped.lower()
     return json.dumps(dumped, sort_keys=True)
 
 
-def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool = False) -> Plan:
+def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool = False) -> WritePlan:
     """Validate a POST body against the current state and work out the append-only merge."""
     data = parse_body(body)
     _structural_check(data)
@@ -483,7 +486,7 @@ def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool
         )
 
     entry = ModelEntry(config=config, data=merged, raw_yaml=dump_yaml(merged), source="api")
-    return Plan(
+    return WritePlan(
         model_id=model_id,
         entry=entry,
         created_profiles=created,

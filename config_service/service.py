@@ -18,7 +18,7 @@ from config_service.registry import (
     ConfigError,
     ConfigState,
     ModelEntry,
-    Plan,
+    WritePlan,
     entry_from_yaml,
     plan_add,
 )
@@ -221,7 +221,7 @@ class ConfigService:
         self.metrics.store_writes.labels(op, "success").inc()
         return result
 
-    def _response(self, plan: Plan, state: ConfigState, epoch: int) -> dict[str, Any]:
+    def _response(self, plan: WritePlan, state: ConfigState, epoch: int) -> dict[str, Any]:
         return {
             "model_id": plan.model_id,
             "created_profiles": plan.created_profiles,
@@ -233,7 +233,7 @@ class ConfigService:
             "router_id": self.router_id,
         }
 
-    def deltas(self, plan: Plan, state: ConfigState) -> list[ConfigDelta]:
+    def deltas(self, plan: WritePlan, state: ConfigState) -> list[ConfigDelta]:
         affected = state.affected_bundles(plan.entry.config)
         hashes = state.bundle_config_hashes()
         pool_hashes = state.bundle_pool_config_hashes()
@@ -255,7 +255,7 @@ class ConfigService:
             for bundle in affected
         ]
 
-    async def _publish(self, plan: Plan, state: ConfigState) -> list[str]:
+    async def _publish(self, plan: WritePlan, state: ConfigState) -> list[str]:
         if self.publisher is None:
             return []
         messages: list[tuple[str, bytes]] = []

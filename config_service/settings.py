@@ -25,7 +25,7 @@ class ConfigServiceSettings(BaseSettings):
     # NATS for deltas; empty disables publishing (writes are then accepted without deltas).
     nats_url: str | None = "nats://127.0.0.1:4222"  # NATS for config deltas; empty turns publishing off (dev only)
     nats_connect_timeout_s: float = Field(default=45.0, gt=0)  # limit of one NATS connect attempt (retried in the background)
-    # Auth (contract 8.1). None/empty = not configured.
+    # Auth. None/empty = not configured.
     admin_token: str | None = None  # token for writes (also opens reads); gateway: pool and config writes
     config_read_token: str | None = None  # token for config reads including /export
     auth_token: str | None = None  # inference token; on the config service it opens reads except /export

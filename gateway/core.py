@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -19,13 +20,15 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
 from gateway import routing
-from gateway.dispatch import Dispatcher, Lane, new_request_id
+from gateway.dispatch import Dispatcher
 from gateway.dlq import DLQForwarder
 from gateway.metrics import DemandTracker, GatewayMetrics
 from gateway.pools import DEFAULT_POOL, PoolStore, normalize_pool_name
 from gateway.registry import ModelRegistry, Route
+from gateway.routing import Lane
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerRegistry
+from protocol import http
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.streams import dlq_stream_config
 from protocol.subjects import HEALTH_PREFIX
@@ -38,15 +41,30 @@ GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 REQUEST_ID_KEY = web.RequestKey("sie_request_id", str)
 
 
-class Provisioning(Exception):
-    """No healthy worker can serve the lane yet (scale from zero, or a pool still pending)."""
+# Builds a request's work items once its lane is chosen: (lane, request_id, reply_subject, deadline_ts).
+ItemBuilder = Callable[[Lane, str, str, float], list[WorkItem]]
 
-    def __init__(self, machine_profile: str | None, bundle: str, pool: str, message: str) -> None:
-        super().__init__(message)
+class Provisioning(SIEError):
+    """No healthy worker can serve the lane yet (scale from zero, or a pool still pending).
+
+    A PROVISIONING error; how it is answered (202 or 503) depends on the client, see
+    :func:`gateway.http_common.provisioning_response`.
+    """
+
+    def __init__(
+        self, machine_profile: str | None, bundle: str, pool: str, message: str, *, retry_after: float
+    ) -> None:
+        super().__init__(
+            ErrorCode.PROVISIONING,
+            message,
+            retry_after=retry_after,
+            gpu=machine_profile,
+            bundle=bundle,
+            pool=pool,
+        )
         self.machine_profile = machine_profile
         self.bundle = bundle
         self.pool = pool
-        self.message = message
 
 
 class Gateway:
@@ -199,7 +217,11 @@ class Gateway:
             bundle = route.bundles[0]
             self.demand.record(profile or "any", bundle)
             raise Provisioning(
-                profile, bundle, queue_pool, routing.provisioning_message(route.model_id, profile, pool_name)
+                profile,
+                bundle,
+                queue_pool,
+                routing.provisioning_message(route.model_id, profile, pool_name),
+                retry_after=self.settings.gateway_provisioning_retry_after_s,
             )
         return routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
 
@@ -209,7 +231,7 @@ class Gateway:
         request: web.Request,
         route: Route,
         operation: str,
-        build: Any,
+        build: ItemBuilder,
         n_items: int,
     ) -> tuple[str, list[WorkResult], float, Lane]:
         """Route, publish and collect. ``build(lane, request_id, reply, deadline_ts)`` → list[WorkItem]."""
@@ -228,7 +250,7 @@ class Gateway:
                 f"Work queue unavailable ({type(exc).__name__}); retry later",
                 retry_after=2,
             ) from None
-        request_id = new_request_id()
+        request_id = http.new_request_id()
         request[REQUEST_ID_KEY] = request_id
         timeout = self.settings.gateway_request_timeout_s
         items = build(lane, request_id, self.dispatcher.reply_subject(request_id), time.time() + timeout)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,9 +16,11 @@ from dataclasses import dataclass, field
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
 from gateway.metrics import GatewayMetrics
+from gateway.routing import Lane
 from protocol.errors import ErrorCode, SIEError
 from protocol.streams import reconcile_stream, stream_config, stream_fields
 from protocol.subjects import (
@@ -34,21 +35,6 @@ from protocol.work import WorkItem, WorkResult
 log = logging.getLogger(__name__)
 
 STREAM_INFO_TTL_S = 0.25
-
-
-def new_request_id() -> str:
-    """A UUIDv7 (time-ordered) request id."""
-    ms = int(time.time() * 1000) & ((1 << 48) - 1)
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
-    return str(uuid.UUID(int=value))
-
-
-@dataclass(frozen=True)
-class Lane:
-    pool: str
-    machine_profile: str
-    bundle: str
 
 
 @dataclass
@@ -107,7 +93,7 @@ class Dispatcher:
         # items admitted since the cached stream count was read: a burst inside one cache period
         # cannot overshoot max_stream_pending
         self._admitted_since: dict[str, int] = {}
-        self._sub = None
+        self._sub: Subscription | None = None
         # set (and replaced) at every NATS reconnect: publishes waiting for an ack send again
         self._reconnected = asyncio.Event()
 
@@ -252,7 +238,7 @@ class Dispatcher:
                 ) from None
             self.metrics.result_wait_seconds.labels(operation).observe(time.monotonic() - t1)
             finished = True
-            return results  # type: ignore[return-value]
+            return results
         finally:
             self._collectors.pop(request_id, None)
             if not finished:

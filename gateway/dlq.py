@@ -15,6 +15,7 @@ import logging
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode
@@ -30,7 +31,7 @@ class DLQForwarder:
         self.js = nc.jetstream()
         self.dispatcher = dispatcher
         self.metrics = metrics
-        self._sub = None
+        self._sub: Subscription | None = None
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(MAX_DELIVERIES_ADVISORY, cb=self._on_advisory)
@@ -58,7 +59,7 @@ class DLQForwarder:
             stored = await self.js.get_msg(stream, seq)
             token = work_model_token(stored.subject or "")
             try:
-                item = WorkItem.from_msgpack(stored.data)
+                item = WorkItem.from_msgpack(stored.data or b"")
                 if item.router_id == self.dispatcher.router_id:
                     self.dispatcher.fail_item(
                         item.request_id,

@@ -13,7 +13,7 @@ from gateway.core import GATEWAY_KEY, Gateway, Provisioning
 from gateway.settings import GatewaySettings
 from protocol import SERVER_VERSION, http
 from protocol.codec import wants_msgpack_response
-from protocol.errors import ErrorCode, SIEError, format_retry_after
+from protocol.errors import SIEError, format_retry_after
 from protocol.work import WorkResult
 
 
@@ -38,7 +38,7 @@ def error_response(err: SIEError, *, openai: bool = False) -> web.Response:
 async def read_body(request: web.Request, settings: GatewaySettings) -> Any:
     """The decoded body (msgpack or JSON per Content-Type): 413 beyond the size limit, 408 when it does not
     arrive within the body timeout, 400 when it does not decode."""
-    raw = await http.read_body(request, settings.gateway_max_body_bytes, settings.gateway_body_timeout_s)
+    raw = await http.read_body(request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s)
     return http.decode_body(raw, request.headers.get("Content-Type"))
 
 
@@ -51,15 +51,15 @@ def success_headers(request_id: str, results: list[WorkResult], wait_ms: float) 
         "X-Queue-Wait-Time": f"{wait_ms:.1f}",
     }
     t = responses.timing(results, wait_ms)
-    h["X-Queue-Time"] = f"{t['queue_ms']:.2f}"
-    h["X-Inference-Time"] = f"{t['inference_ms']:.2f}"
-    if t["tokenization_ms"] > 0:
-        h["X-Tokenization-Time"] = f"{t['tokenization_ms']:.2f}"
-    if t.get("postprocessing_ms"):
-        h["X-Postprocessing-Time"] = f"{t['postprocessing_ms']:.2f}"
-    tokens = responses.input_tokens(results)
-    if tokens is not None:
-        h["X-SIE-Units-Input-Tokens"] = str(tokens)
+    h.update(
+        http.timing_headers(
+            queue_ms=t["queue_ms"],
+            tokenization_ms=t["tokenization_ms"],
+            inference_ms=t["inference_ms"],
+            postprocessing_ms=t.get("postprocessing_ms", 0.0),
+            input_tokens=responses.input_tokens(results),
+        )
+    )
     return h
 
 
@@ -73,19 +73,8 @@ def provisioning_response(
     gw: Gateway, request: web.Request, p: Provisioning, *, force_503: bool = False
 ) -> web.Response:
     gw.metrics.provisioning.labels(p.machine_profile or "any").inc()
-    retry_after = gw.settings.gateway_provisioning_retry_after_s
     if force_503 or sdk_understands_503(request):
-        return error_response(
-            SIEError(
-                ErrorCode.PROVISIONING,
-                p.message,
-                retry_after=retry_after,
-                gpu=p.machine_profile,
-                bundle=p.bundle,
-                pool=p.pool,
-            ),
-            openai=force_503,
-        )
+        return error_response(p, openai=force_503)
     body = {
         "status": "provisioning",
         "gpu": p.machine_profile,
@@ -94,7 +83,9 @@ def provisioning_response(
         "estimated_wait_s": 180,
         "message": p.message,
     }
-    return web.json_response(body, status=202, headers={"Retry-After": format_retry_after(retry_after)})
+    return web.json_response(
+        body, status=202, headers={"Retry-After": format_retry_after(p.retry_after or 0)}
+    )
 
 
 def gateway_of(request: web.Request) -> Gateway:

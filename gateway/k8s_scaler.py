@@ -31,14 +31,9 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.routing import Lane
+
 log = logging.getLogger("gateway.k8s_scaler")
-
-
-@dataclass(frozen=True)
-class Lane:
-    pool: str
-    machine_profile: str
-    bundle: str
 
 
 def parse_targets(spec: str | Iterable[str]) -> dict[Lane, str]:
@@ -102,16 +97,12 @@ class K8sScaler:
     events: list[ScaleEvent] = field(default_factory=list)
     _last_check: dict[str, float] = field(default_factory=dict)
 
-    def statefulsets_for(
-        self, machine_profile: str, bundle: str, pool: str | None = None
-    ) -> list[tuple[Lane, str]]:
+    def statefulsets_for(self, machine_profile: str, bundle: str, pool: str | None = None) -> list[tuple[Lane, str]]:
         profile, bundle = machine_profile.lower(), bundle.lower()
         return [
             (lane, name)
             for lane, name in self.targets.items()
-            if lane.machine_profile == profile
-            and lane.bundle == bundle
-            and (pool is None or lane.pool == pool.lower())
+            if lane.machine_profile == profile and lane.bundle == bundle and (pool is None or lane.pool == pool.lower())
         ]
 
     def wake(self, machine_profile: str, bundle: str, pool: str | None = None) -> list[ScaleEvent]:

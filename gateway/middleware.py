@@ -18,7 +18,7 @@ from gateway.http_common import (
     gateway_of,
     provisioning_response,
 )
-from protocol import SERVER_VERSION
+from protocol import SERVER_VERSION, http
 from protocol.errors import ErrorCode, SIEError
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     resource = request.match_info.route.resource
     endpoint = resource.canonical if resource is not None else "unmatched"
     status = 500
+    openai_route = request.path == "/v1/embeddings"  # errors in the OpenAI envelope there
     try:
         auth.check(
             request,
@@ -49,7 +50,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except SIEError as err:
         status = err.status
         gw.metrics.rejected.labels("", "", err.code.lower()).inc()
-        resp = error_response(err, openai=request.path == "/v1/embeddings")
+        resp = error_response(err, openai=openai_route)
         if REQUEST_ID_KEY in request:
             resp.headers["X-SIE-Request-ID"] = request[REQUEST_ID_KEY]
         resp.headers["X-SIE-Server-Version"] = SERVER_VERSION
@@ -57,28 +58,22 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except web.HTTPException as exc:
         status = exc.status
         if exc.status >= 400:
-            code = ErrorCode.NOT_FOUND if exc.status == 404 else ErrorCode.INVALID_INPUT
-            return web.json_response(
-                {"detail": {"code": code.value, "message": exc.reason}},
-                status=exc.status,
-                headers={"X-SIE-Error-Code": code.value},
-            )
+            return error_response(http.error_for_http_exception(exc), openai=openai_route)
         raise
     except (nats.errors.Error, nats.js.errors.Error) as exc:
-        err = SIEError(
+        unavailable = SIEError(
             ErrorCode.QUEUE_UNAVAILABLE,
             f"NATS unavailable ({type(exc).__name__}); retry later",
             retry_after=2,
         )
-        status = err.status
-        return error_response(err, openai=request.path == "/v1/embeddings")
+        status = unavailable.status
+        return error_response(unavailable, openai=openai_route)
     except asyncio.CancelledError:
         status = 499
         raise
     except Exception as exc:  # never leak a traceback; never disturb other requests
         log.exception("unhandled error on %s", request.path)
-        err = SIEError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
-        return error_response(err)
+        return error_response(http.unexpected_error(exc), openai=openai_route)
     finally:
         profile = request.headers.get("X-SIE-MACHINE-PROFILE", "") or ""
         gw.metrics.requests.labels(endpoint, str(status), profile.lower()[:64]).inc()

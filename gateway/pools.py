@@ -1,4 +1,4 @@
-"""Resource pools (contract section 6): leases with a TTL, kept in a JetStream key-value bucket.
+"""Resource pools: leases with a TTL, kept in a JetStream key-value bucket.
 
 Several gateway replicas share the bucket, so every read goes to the bucket (no local copy to go
 stale). A pool's assignment and state are derived from the live worker registry at read time.
@@ -6,6 +6,7 @@ stale). A pool's assignment and state are derived from the live worker registry 
 
 from __future__ import annotations
 
+import builtins  # PoolStore.list shadows list inside the class
 import contextlib
 import json
 import logging
@@ -17,7 +18,7 @@ from typing import Any
 import nats.js.errors
 from nats.js.api import KeyValueConfig, StorageType
 
-from gateway.workers import WorkerRegistry, WorkerState
+from gateway.workers import WorkerRecord, WorkerRegistry
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ class PoolStore:
         return removed
 
     # ---- assignment ------------------------------------------------------------------------
-    def assigned(self, spec: dict[str, Any]) -> list[WorkerState]:
+    def assigned(self, spec: dict[str, Any]) -> builtins.list[WorkerRecord]:
         queue_pool = spec.get("queue_pool") or DEFAULT_POOL
         bundle = spec.get("bundle")
         gpus: dict[str, int] = spec.get("gpus") or {}
@@ -265,7 +266,7 @@ class PoolStore:
             out.append(w)
         return out
 
-    def state(self, spec: dict[str, Any], assigned: list[WorkerState]) -> str:
+    def state(self, spec: dict[str, Any], assigned: builtins.list[WorkerRecord]) -> str:
         if not assigned or len(assigned) < spec.get("minimum_worker_count", 0):
             return "pending"
         for prof, count in (spec.get("gpus") or {}).items():

@@ -1,4 +1,4 @@
-"""Turning per-item WorkResults into one HTTP answer (contract 2.3, 2.4, 3.6).
+"""Turning per-item WorkResults into one HTTP answer.
 
 msgpack answers splice the workers' already-msgpacked item results into the envelope without
 decoding them; JSON answers decode them and expand arrays into lists.

@@ -7,12 +7,21 @@ HTTP and no clock, so the unit tests in ``tests/unit/gateway/test_routing.py`` c
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from gateway.dispatch import Lane
-from gateway.workers import WorkerState
+from gateway.workers import WorkerRecord
 from protocol.errors import invalid_input
 
 ANY_PROFILE = ("", "any")
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Where work goes: one pool, machine profile and bundle (one JetStream durable, one scaling target)."""
+
+    pool: str
+    machine_profile: str
+    bundle: str
 
 
 def split_routing_headers(profile: str | None, pool: str | None) -> tuple[str | None, str | None]:
@@ -55,7 +64,7 @@ def canonical_profile(value: str | None, configured: Sequence[str], live: Iterab
     )
 
 
-def lane_served(healthy: Iterable[WorkerState], machine_profile: str, bundle: str) -> bool:
+def lane_served(healthy: Iterable[WorkerRecord], machine_profile: str, bundle: str) -> bool:
     """True when one of ``healthy`` serves ``(machine_profile, bundle)`` ("any"/"" = any profile)."""
     return any(
         w.bundle == bundle and (machine_profile in ANY_PROFILE or w.profile == machine_profile)
@@ -63,7 +72,7 @@ def lane_served(healthy: Iterable[WorkerState], machine_profile: str, bundle: st
     )
 
 
-def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequence[WorkerState]) -> Lane:
+def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequence[WorkerRecord]) -> Lane:
     """The lane (profile, bundle) of ``candidates`` to publish to, best first by:
 
     a worker there has the model loaded; the bundle's rank in ``bundles``; the lane's mean queue
@@ -73,11 +82,11 @@ def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequ
     if not candidates:
         raise ValueError("best_lane needs at least one candidate worker")
     order = {b.lower(): i for i, b in enumerate(bundles)}
-    lanes: dict[tuple[str, str], list[WorkerState]] = {}
+    lanes: dict[tuple[str, str], list[WorkerRecord]] = {}
     for w in candidates:
         lanes.setdefault((w.profile, w.bundle), []).append(w)
 
-    def score(item: tuple[tuple[str, str], list[WorkerState]]) -> tuple[bool, int, float, str, str]:
+    def score(item: tuple[tuple[str, str], list[WorkerRecord]]) -> tuple[bool, int, float, str, str]:
         (profile, bundle), ws = item
         loaded = any(w.has_loaded(model_id) for w in ws)
         depth = sum(w.heartbeat.queue_depth for w in ws) / len(ws)

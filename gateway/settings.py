@@ -13,19 +13,17 @@ def _csv(value: object) -> list[str]:
         return []
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v).strip() for v in value if str(v).strip()]  # type: ignore[union-attr]
+    if not isinstance(value, (list, tuple, set)):
+        raise ValueError(f"expected a comma-separated string or a list, got {type(value).__name__}")
+    return [str(v).strip() for v in value if str(v).strip()]
 
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore")
 
     # NATS and streams
-    nats_url: str = (
-        "nats://127.0.0.1:4222"  # NATS server the gateway publishes work to and reads heartbeats/deltas from
-    )
-    stream_storage: str = (
-        "file"  # JetStream storage of the work streams it creates: file (survives a NATS restart) or memory
-    )
+    nats_url: str = "nats://127.0.0.1:4222"  # NATS server the gateway publishes work to and reads heartbeats/deltas from
+    stream_storage: str = "file"  # JetStream storage of the work streams it creates: file (survives a NATS restart) or memory
     stream_max_age_s: float = 1800.0  # work items older than this are dropped from the stream
     stream_max_msgs: int = 100_000  # hard cap of messages per work stream
     stream_replicas: int = 1  # JetStream replicas of the streams it creates (3 on a clustered NATS)
@@ -33,72 +31,42 @@ class GatewaySettings(BaseSettings):
     # HTTP
     gateway_host: str = "0.0.0.0"  # HTTP listen address
     gateway_port: int = 8080  # HTTP listen port
-    gateway_request_timeout_s: float = Field(
-        default=120.0, gt=0
-    )  # deadline for a request's results; then 504
+    gateway_request_timeout_s: float = Field(default=120.0, gt=0)  # deadline for a request's results; then 504
     gateway_max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # larger request bodies get 413
     gateway_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)
     gateway_max_items: int = Field(default=4096, gt=0)  # most items per encode/extract request (400 above)
     gateway_max_score_items: int = Field(default=1000, gt=0)  # most documents per score request (400 above)
-    gateway_max_stream_pending: int = Field(
-        default=50_000, gt=0
-    )  # stream messages above which requests get 503 QUEUE_FULL
+    gateway_max_stream_pending: int = Field(default=50_000, gt=0)  # stream messages above which requests get 503 QUEUE_FULL
     gateway_publish_concurrency: int = Field(default=64, gt=0)  # concurrent JetStream publishes per request
-    gateway_publish_timeout_s: float = Field(
-        default=6.0, gt=0
-    )  # wait for all publish acks of a request before giving up
-    gateway_provisioning_retry_after_s: float = Field(
-        default=10.0, ge=0
-    )  # Retry-After of PROVISIONING (scale from zero) answers
+    gateway_publish_timeout_s: float = Field(default=6.0, gt=0)  # wait for all publish acks of a request before giving up
+    gateway_provisioning_retry_after_s: float = Field(default=10.0, ge=0)  # Retry-After of PROVISIONING (scale from zero) answers
     gateway_queue_full_retry_after_s: float = Field(default=1.0, ge=0)  # Retry-After of QUEUE_FULL answers
-    gateway_configured_gpus: Annotated[list[str], NoDecode] = Field(
-        default_factory=list
-    )  # CSV of machine profiles this cluster can provision (empty: any)
+    gateway_configured_gpus: Annotated[list[str], NoDecode] = Field(default_factory=list)  # CSV of machine profiles this cluster can provision (empty: any)
     gateway_worker_stale_s: float = Field(default=15.0, gt=0)  # a worker silent this long is unhealthy
-    gateway_worker_warmup_s: float = Field(
-        default=6.0, ge=0
-    )  # /readyz waits this long after subscribing to heartbeats (one heartbeat interval), so a new replica knows the live workers
-    gateway_demand_expiry_s: float = Field(
-        default=120.0, gt=0
-    )  # pending demand of a lane is forgotten after this
+    gateway_worker_warmup_s: float = Field(default=6.0, ge=0)  # /readyz waits this long after subscribing to heartbeats (one heartbeat interval), so a new replica knows the live workers
+    gateway_demand_expiry_s: float = Field(default=120.0, gt=0)  # pending demand of a lane is forgotten after this
 
     # Auth
     auth_mode: str = "none"  # none, or token/static: bearer tokens required on inference routes
-    auth_tokens: Annotated[list[str], NoDecode] = Field(
-        default_factory=list
-    )  # CSV of accepted inference tokens
+    auth_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)  # CSV of accepted inference tokens
     auth_token: str | None = None  # one more accepted inference token
     admin_token: str | None = None  # token required for pool and config writes (POST/PUT/DELETE)
     auth_exempt_operational: bool = False  # true: /, /health and /metrics answer without a token
 
     # Pools
-    pool_ttl_s: float = Field(
-        default=1200.0, gt=0
-    )  # default pool lease; a pool not renewed for this long expires
+    pool_ttl_s: float = Field(default=1200.0, gt=0)  # default pool lease; a pool not renewed for this long expires
     pool_max_ttl_s: float = Field(default=3600.0, gt=0)  # largest ttl_seconds a pool may ask for
     pool_max_count: int = Field(default=64, gt=0)  # most pools at once
-    pool_bucket: str = (
-        "SIE_POOLS"  # JetStream key-value bucket holding the pools (shared by gateway replicas)
-    )
+    pool_bucket: str = "SIE_POOLS"  # JetStream key-value bucket holding the pools (shared by gateway replicas)
     pool_sweep_interval_s: float = Field(default=30.0, gt=0)  # how often expired pools are removed
 
     # Model registry source: the config service when its URL is set, else the catalog directories
-    config_service_url: str | None = (
-        None  # config service base URL; set: bootstrap + deltas + epoch poll, /readyz 503 until the first export
-    )
-    config_service_token: str | None = (
-        None  # bearer token for the config service's read routes (its SIE_CONFIG_READ_TOKEN)
-    )
-    config_poll_interval_s: float = Field(
-        default=30.0, gt=0
-    )  # epoch poll period; drift (higher or lower epoch) re-exports
+    config_service_url: str | None = None  # config service base URL; set: bootstrap + deltas + epoch poll, /readyz 503 until the first export
+    config_service_token: str | None = None  # bearer token for the config service's read routes (its SIE_CONFIG_READ_TOKEN)
+    config_poll_interval_s: float = Field(default=30.0, gt=0)  # epoch poll period; drift (higher or lower epoch) re-exports
     config_http_timeout_s: float = Field(default=10.0, gt=0)  # timeout of one call to the config service
-    config_bootstrap_backoff_max_s: float = Field(
-        default=60.0, gt=0
-    )  # longest wait between failed bootstrap attempts (from 1 s, doubling)
-    nats_config_trusted_producers: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["sie-config"]
-    )  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
+    config_bootstrap_backoff_max_s: float = Field(default=60.0, gt=0)  # longest wait between failed bootstrap attempts (from 1 s, doubling)
+    nats_config_trusted_producers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["sie-config"])  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
     models_dir: str = "worker/catalog/models"  # model YAML directory, used without a config service
     bundles_dir: str = "worker/catalog/bundles"  # bundle YAML directory, used without a config service
 

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class WorkerState:
+class WorkerRecord:
     worker_id: str
     heartbeat: Heartbeat
     last_seen: float
@@ -45,9 +45,9 @@ class WorkerRegistry:
     def __init__(self, stale_after_s: float = 15.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.stale_after_s = stale_after_s
         self._clock = clock
-        self._workers: dict[str, WorkerState] = {}
+        self._workers: dict[str, WorkerRecord] = {}
 
-    def observe(self, worker_id: str, data: bytes) -> WorkerState | None:
+    def observe(self, worker_id: str, data: bytes) -> WorkerRecord | None:
         """Apply one heartbeat message; returns the worker's state (None when removed or invalid)."""
         try:
             hb = Heartbeat.parse(data)
@@ -58,20 +58,20 @@ class WorkerRegistry:
         if hb.terminated:
             self._workers.pop(key, None)
             return None
-        state = WorkerState(key, hb, self._clock())
+        state = WorkerRecord(key, hb, self._clock())
         self._workers[key] = state
         return state
 
     def remove(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
 
-    def is_healthy(self, w: WorkerState) -> bool:
+    def is_healthy(self, w: WorkerRecord) -> bool:
         return w.heartbeat.ready and (self._clock() - w.last_seen) <= self.stale_after_s
 
-    def all(self) -> list[WorkerState]:
+    def all(self) -> list[WorkerRecord]:
         return list(self._workers.values())
 
-    def healthy(self) -> list[WorkerState]:
+    def healthy(self) -> list[WorkerRecord]:
         return [w for w in self._workers.values() if self.is_healthy(w)]
 
     def prune(self, forget_after_s: float | None = None) -> None:
@@ -89,7 +89,7 @@ class WorkerRegistry:
         profile: str | None,
         bundles: list[str],
         model_id: str,
-    ) -> list[WorkerState]:
+    ) -> list[WorkerRecord]:
         """Healthy workers able to serve ``model_id`` in one of ``bundles`` (optionally pool/profile)."""
         wanted = {b.lower() for b in bundles}
         out = []

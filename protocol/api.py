@@ -1,4 +1,6 @@
-"""Typed request and response models of the native inference routes (contract section 3)."""
+"""Typed request models of the native inference routes (``POST /v1/encode|score|extract``).
+
+Responses are built as dicts by ``gateway/responses.py`` and ``worker/serve/app.py``."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from protocol.errors import SIEError, invalid_input
+from protocol.errors import invalid_input
 
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 OVERFLOW_POLICIES = ("default", "truncate_text", "error")
@@ -70,122 +72,6 @@ class ExtractRequest(BaseModel):
     params: ExtractParams | None = None
 
 
-# ---- responses ------------------------------------------------------------------------------
-
-
-class _Out(BaseModel):
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-
-class DenseOut(_Out):
-    dims: int
-    dtype: str
-    values: Any
-
-
-class SparseOut(_Out):
-    dims: int | None = None
-    dtype: str
-    indices: Any
-    values: Any
-
-
-class MultivectorOut(_Out):
-    token_dims: int
-    num_tokens: int
-    dtype: str
-    values: Any
-
-
-class Timing(_Out):
-    total_ms: float = 0.0
-    queue_ms: float = 0.0
-    tokenization_ms: float = 0.0
-    inference_ms: float = 0.0
-    postprocessing_ms: float | None = None
-
-
-class EncodeItemOut(_Out):
-    id: str | None = None
-    dense: DenseOut | None = None
-    sparse: SparseOut | None = None
-    multivector: MultivectorOut | None = None
-
-
-class Usage(_Out):
-    input_tokens: int
-
-
-class EncodeResponse(_Out):
-    model: str
-    items: list[EncodeItemOut]
-    timing: Timing | None = None
-    usage: Usage | None = None
-
-
-class ScoreEntry(_Out):
-    item_id: str
-    score: float
-    rank: int
-
-
-class ScoreResponse(_Out):
-    model: str
-    query_id: str | None = None
-    scores: list[ScoreEntry]
-    timing: Timing | None = None
-    usage: Usage | None = None
-
-
-class Entity(_Out):
-    text: str
-    label: str
-    score: float
-    start: int | None = None
-    end: int | None = None
-    bbox: list[int] | None = None
-
-
-class Relation(_Out):
-    head: str
-    tail: str
-    relation: str
-    score: float
-
-
-class Classification(_Out):
-    label: str
-    score: float
-
-
-class DetectedObject(_Out):
-    label: str
-    score: float
-    bbox: list[int]
-
-
-class ItemError(_Out):
-    code: str
-    message: str
-
-
-class ExtractItemOut(_Out):
-    id: str
-    entities: list[Entity] = Field(default_factory=list)
-    relations: list[Relation] = Field(default_factory=list)
-    classifications: list[Classification] = Field(default_factory=list)
-    objects: list[DetectedObject] = Field(default_factory=list)
-    data: dict[str, Any] = Field(default_factory=dict)
-    error: ItemError | None = None
-
-
-class ExtractResponse(_Out):
-    model: str
-    items: list[ExtractItemOut]
-    timing: Timing | None = None
-    usage: Usage | None = None
-
-
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -205,32 +91,13 @@ def parse_request(model: type[M], data: Any) -> M:
     return parsed
 
 
-def dump(resp: BaseModel) -> dict[str, Any]:
-    """A response model as a plain dict for the codec (None-valued optional keys dropped)."""
-    return resp.model_dump(exclude_none=True)
-
-
 __all__ = [
-    "SIEError",
-    "DenseOut",
-    "EncodeItemOut",
+    "OVERFLOW_POLICIES",
     "EncodeParams",
     "EncodeRequest",
-    "EncodeResponse",
-    "Entity",
-    "ExtractItemOut",
     "ExtractParams",
     "ExtractRequest",
-    "ExtractResponse",
     "Item",
-    "ItemError",
-    "MultivectorOut",
-    "OVERFLOW_POLICIES",
-    "ScoreEntry",
     "ScoreRequest",
-    "ScoreResponse",
-    "SparseOut",
-    "Timing",
-    "Usage",
     "parse_request",
 ]

@@ -211,7 +211,7 @@ class Catalog:
         state: str = "available",
         last_error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """One ``/v1/models`` entry (contract 5.1) for ``M`` or its variant ``M:P``."""
+        """One ``/v1/models`` entry for ``M`` or its variant ``M:P``."""
         name = model_spec(config.sie_id, profile)
         return {
             "name": name,

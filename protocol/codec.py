@@ -59,7 +59,7 @@ def _encode_numpy(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def _decode_numpy(obj: dict) -> Any:
+def _decode_numpy(obj: dict[Any, Any]) -> Any:
     if _K_ND not in obj:
         if b"complex" in obj:
             raise CodecError("complex values are not supported")
@@ -96,7 +96,8 @@ def _decode_numpy(obj: dict) -> Any:
 
 def packb(obj: Any) -> bytes:
     """Serialise ``obj`` (dicts, lists, scalars, bytes, numpy arrays) to msgpack."""
-    return msgpack.packb(obj, use_bin_type=True, default=_encode_numpy)
+    data: bytes = msgpack.packb(obj, use_bin_type=True, default=_encode_numpy)
+    return data
 
 
 def unpackb(data: bytes, *, max_bin_len: int = -1) -> Any:
@@ -172,13 +173,13 @@ MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
 
 
 def wants_msgpack_body(content_type: str | None) -> bool:
-    """Request bodies are msgpack when Content-Type names msgpack, else JSON (contract 1.3)."""
+    """Request bodies are msgpack when Content-Type names msgpack, else JSON."""
     ct = (content_type or "").lower()
     return any(t in ct for t in MSGPACK_TYPES)
 
 
 def wants_msgpack_response(accept: str | None) -> bool:
-    """Responses are msgpack unless Accept asks for JSON without mentioning msgpack (contract 1.3)."""
+    """Responses are msgpack unless Accept asks for JSON without mentioning msgpack."""
     if not accept:
         return True
     acc = accept.lower()

@@ -1,4 +1,4 @@
-"""ConfigNotification: the config delta the config service publishes on NATS (internals 1.7),
+"""ConfigNotification: the config delta the config service publishes on NATS,
 plus the shapes of the config service's epoch and export answers that gateways and sidecars read.
 
 Published as JSON to ``sie.config.models.{bundle}`` (one message per affected bundle) and the
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-# Receivers refuse bigger deltas (internals 3.7); the config service never publishes one.
+# Receivers refuse bigger deltas; the config service never publishes one.
 MAX_CONFIG_DELTA_BYTES = 1024 * 1024
 
 
@@ -192,7 +192,7 @@ def parse_export(data: bytes | str | dict[str, Any]) -> ConfigExport:
 
 
 def is_trusted_producer(router_id: str, trusted: str | list[str] | tuple[str, ...] = "sie-config") -> bool:
-    """Trusted-producer rule of internals 2.7: exact match or ``{trusted}-…`` pod-name prefix."""
+    """Who may publish config deltas: an exact match of a trusted producer id or ``{trusted}-…`` pod-name prefix."""
     names = [trusted] if isinstance(trusted, str) else list(trusted)
     return any(router_id == t or router_id.startswith(t + "-") for t in names if t)
 

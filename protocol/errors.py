@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from types import EllipsisType
 from typing import Any
 
 
@@ -86,7 +87,7 @@ class SIEError(Exception):
         message: str,
         *,
         status: int | None = None,
-        retry_after: float | None = ...,  # type: ignore[assignment]
+        retry_after: float | None | EllipsisType = ...,  # ...: the code's default
         param: str | None = None,
         **extra: Any,
     ) -> None:
@@ -94,7 +95,9 @@ class SIEError(Exception):
         self.code = str(code)
         self.message = message
         self.status = status if status is not None else default_status(self.code)
-        self.retry_after = default_retry_after(self.code) if retry_after is ... else retry_after
+        self.retry_after: float | None = (
+            default_retry_after(self.code) if isinstance(retry_after, EllipsisType) else retry_after
+        )
         if self.code == ErrorCode.MODEL_LOAD_FAILED:
             self.retry_after = None  # the contract forbids Retry-After on a terminal load failure
         self.param = param

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import os
+import time
 import uuid
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -22,21 +26,34 @@ from protocol.codec import (
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
 
-class BodyTooLarge(Exception):
-    """The body is larger than the limit (declared or as sent)."""
+def _input_too_long(limit: int, declared: int | None) -> Exception:
+    if declared is not None:
+        message = f"Request body of {declared} bytes exceeds the limit of {limit}"
+    else:
+        message = f"Request body exceeds the limit of {limit} bytes"
+    return SIEError(ErrorCode.INPUT_TOO_LONG, message, status=413)
 
 
-class BodyTimeout(Exception):
-    """The client did not send the whole body in time (e.g. Content-Length larger than what it sends)."""
+def _body_timeout(timeout_s: float) -> Exception:
+    return SIEError(ErrorCode.INVALID_INPUT, f"Request body not received within {timeout_s:g} s", status=408)
 
 
-async def read_raw_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
-    """The request body, at most ``limit`` bytes (checked before buffering it all), received within
-    ``timeout_s``: a slow or lying client must not hold a connection. Raises BodyTooLarge / BodyTimeout;
-    each front door turns them into its own envelope."""
+async def read_body(
+    request: web.Request,
+    limit: int,
+    *,
+    timeout_s: float,
+    too_large: Callable[[int, int | None], Exception] = _input_too_long,
+    too_slow: Callable[[float], Exception] = _body_timeout,
+) -> bytes:
+    """The request body, refused beyond ``limit`` bytes before buffering it all: the declared
+    Content-Length is checked first, then the bytes as they arrive. The whole body must arrive within
+    ``timeout_s`` (a slow client, or one whose Content-Length exceeds what it sends, must not hold the
+    connection). ``too_large(limit, declared)`` and ``too_slow(timeout_s)`` build the errors
+    (default: 413 INPUT_TOO_LONG, 408 INVALID_INPUT)."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise BodyTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit}")
+        raise too_large(limit, declared)
     chunks = []
     size = 0
     try:
@@ -44,21 +61,11 @@ async def read_raw_body(request: web.Request, limit: int, timeout_s: float) -> b
             async for chunk in request.content.iter_chunked(1 << 16):
                 size += len(chunk)
                 if size > limit:
-                    raise BodyTooLarge(f"Request body exceeds the limit of {limit} bytes")
+                    raise too_large(limit, None)
                 chunks.append(chunk)
     except TimeoutError:
-        raise BodyTimeout(f"Request body not received within {timeout_s:g} s") from None
+        raise too_slow(timeout_s) from None
     return b"".join(chunks)
-
-
-async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
-    """read_raw_body with the contract's errors: 413 INPUT_TOO_LONG, 408 INVALID_INPUT."""
-    try:
-        return await read_raw_body(request, limit, timeout_s)
-    except BodyTooLarge as exc:
-        raise SIEError(ErrorCode.INPUT_TOO_LONG, str(exc), status=413) from None
-    except BodyTimeout as exc:
-        raise SIEError(ErrorCode.INVALID_INPUT, str(exc), status=408) from None
 
 
 def loads_json(body: bytes | str) -> Any:
@@ -66,8 +73,10 @@ def loads_json(body: bytes | str) -> Any:
     recursion or int-size limits, or that decode to data no later step could carry) is a CodecError."""
     try:
         data = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, int digit limit
-        raise CodecError(str(exc) if not isinstance(exc, RecursionError) else "nested too deeply") from None
+    except RecursionError:
+        raise CodecError("nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
+        raise CodecError(str(exc)) from None
     check_plain(data)
     return data
 
@@ -94,13 +103,40 @@ def base_headers(request_id: str | None = None) -> dict[str, str]:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """A UUIDv7 (time-ordered) request id, as every front door hands out."""
+    ms = int(time.time() * 1000) & ((1 << 48) - 1)
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
+
+
+def timing_headers(
+    *,
+    queue_ms: float,
+    tokenization_ms: float,
+    inference_ms: float,
+    postprocessing_ms: float = 0.0,
+    total_ms: float | None = None,
+    input_tokens: int | None = None,
+) -> dict[str, str]:
+    """The timing and usage headers of a successful inference answer (milliseconds, 2 decimals);
+    tokenisation and postprocessing only when they took time, usage only when it was counted."""
+    headers = {"X-Queue-Time": f"{queue_ms:.2f}", "X-Inference-Time": f"{inference_ms:.2f}"}
+    if tokenization_ms > 0:
+        headers["X-Tokenization-Time"] = f"{tokenization_ms:.2f}"
+    if postprocessing_ms > 0:
+        headers["X-Postprocessing-Time"] = f"{postprocessing_ms:.2f}"
+    if total_ms is not None:
+        headers["X-Total-Time"] = f"{total_ms:.2f}"
+    if input_tokens is not None:
+        headers["X-SIE-Units-Input-Tokens"] = str(int(input_tokens))
+    return headers
 
 
 def respond(
     request: web.Request, body: dict[str, Any], headers: dict[str, str] | None = None, status: int = 200
 ) -> web.Response:
-    """msgpack or JSON per the Accept header (contract 1.3)."""
+    """msgpack or JSON per the Accept header."""
     if wants_msgpack_response(request.headers.get("Accept")):
         return web.Response(
             body=packb(body), status=status, content_type="application/msgpack", headers=headers
@@ -123,7 +159,7 @@ def error_response(exc: SIEError, request_id: str | None = None) -> web.Response
 
 
 def openai_error_response(exc: SIEError) -> web.Response:
-    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}`` (contract 7)."""
+    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}``."""
     code = exc.code
     if code == ErrorCode.MODEL_NOT_FOUND:
         code = "model_not_found"
@@ -142,3 +178,54 @@ def openai_error_response(exc: SIEError) -> web.Response:
     body.update({k: v for k, v in exc.extra.items() if k != "openai_code"})
     headers = {**base_headers(), **exc.headers()}
     return json_response({"error": body}, status=exc.status, headers=headers)
+
+
+def error_for_http_exception(exc: web.HTTPException) -> SIEError:
+    """The contract error for an aiohttp HTTP error (unknown route, body over aiohttp's limit, ...)."""
+    if exc.status == 413:
+        code = ErrorCode.INPUT_TOO_LONG
+    elif exc.status == 404:
+        code = ErrorCode.NOT_FOUND
+    else:
+        code = ErrorCode.INVALID_INPUT
+    return SIEError(code, exc.reason or f"HTTP {exc.status}", status=exc.status)
+
+
+def unexpected_error(exc: BaseException) -> SIEError:
+    """What a request that failed with an unforeseen exception answers: no traceback, only its type."""
+    return SIEError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+
+
+def config_error_detail(error: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The config API's error object (its contract names the code ``error``, not ``code``):
+    ``{"detail": <this>}`` is what the config service and the gateway's config mirror answer."""
+    return {"error": error, "message": message, **extra}
+
+
+def config_error_response(
+    status: int, error: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
+    return json_response(
+        {"detail": config_error_detail(error, message, **extra)}, status=status, headers=headers
+    )
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization`` header: trimmed, a case-insensitive ``Bearer `` prefix
+    dropped (a raw token is accepted too); None when there is none."""
+    if not header:
+        return None
+    value = header.strip()
+    if value[:7].lower() == "bearer ":
+        value = value[7:].strip()
+    return value or None
+
+
+def token_matches(token: str, candidates: Iterable[str | None]) -> bool:
+    """Whether ``token`` equals one of the configured (non-empty) ``candidates``, in constant time
+    per candidate (every candidate is compared)."""
+    found = False
+    for candidate in candidates:
+        if candidate:
+            found |= hmac.compare_digest(token.encode("utf-8"), candidate.encode("utf-8"))
+    return found

@@ -1,4 +1,4 @@
-"""IPC between the sidecar and the worker over a Unix domain socket (internals 3.4).
+"""IPC between the sidecar and the worker over a Unix domain socket.
 
 Framing: ``[4-byte big-endian unsigned length][msgpack map]``, at most ``MAX_FRAME_BYTES`` per frame;
 a clean EOF between frames ends the connection. Envelopes:
@@ -60,6 +60,13 @@ NAK_RETRY = "nak_retry"
 
 # Error text of a batch method refused because the worker is draining.
 DRAINING_ERROR = "draining"
+
+# Codes of ``ok=false`` answers (the envelope's ``error_code``; ``error`` is text for people).
+# EnsureModelReady's retry_later answer for a draining worker carries IPC_DRAINING as error_code too.
+IPC_DRAINING = "DRAINING"  # the worker is draining: it takes no new batch
+IPC_BAD_REQUEST = "BAD_REQUEST"  # malformed frame, envelope or body; unknown method; version mismatch
+IPC_TOO_LARGE = "TOO_LARGE"  # a frame over the size cap
+IPC_INTERNAL = "INTERNAL"  # the worker failed handling the call
 
 
 class FrameError(ValueError):
@@ -131,9 +138,26 @@ def request_envelope(method: str, request_id: str, body: dict[str, Any] | None =
 
 
 def response_envelope(
-    request_id: str | None, *, ok: bool, body: dict[str, Any] | None = None, error: str | None = None
+    request_id: str | None,
+    *,
+    ok: bool,
+    body: dict[str, Any] | None = None,
+    error: str | None = None,
+    error_code: str | None = None,
 ) -> dict[str, Any]:
-    return {"version": IPC_VERSION, "request_id": request_id, "ok": ok, "body": body, "error": error}
+    return {
+        "version": IPC_VERSION,
+        "request_id": request_id,
+        "ok": ok,
+        "body": body,
+        "error": error,
+        "error_code": error_code,
+    }
+
+
+def error_envelope(request_id: str | None, code: str, error: str) -> dict[str, Any]:
+    """An ``ok=false`` answer with its code (one of the ``IPC_*`` codes) and text."""
+    return response_envelope(request_id, ok=False, error=error, error_code=code)
 
 
 # --------------------------------------------------------------------------- method bodies
@@ -177,11 +201,10 @@ class EnsureModelReadyResponse:
 
 @dataclass
 class RunBatchRequest:
+    """One batch for the worker: the items (one model spec, operation and LoRA, formed by the
+    sidecar) carry everything the worker runs them with; ``model_id`` names the batch in logs."""
+
     model_id: str  # model spec: "M" or "M:profile"
-    batch_id: int
-    lora_key: str
-    op: str
-    total_cost: int
     items: list[dict[str, Any]]  # WorkItem maps
 
     def to_map(self) -> dict[str, Any]:
@@ -242,6 +265,11 @@ __all__ = [
     "APPLY_MODEL_CONFIG",
     "DRAIN",
     "DRAINING_ERROR",
+    "IPC_BAD_REQUEST",
+    "IPC_DRAINING",
+    "IPC_INTERNAL",
+    "IPC_TOO_LARGE",
+    "error_envelope",
     "ENSURE_MODEL_READY",
     "ENSURE_STATES",
     "EnsureModelReadyResponse",

@@ -1,4 +1,4 @@
-"""Model and bundle configuration schema (contract section 9), shared by worker, gateway and config service.
+"""Model and bundle configuration schema, shared by worker, gateway and config service.
 
 One YAML document per model. Unknown keys are rejected everywhere except the free-form
 ``adapter_options.loadtime`` / ``adapter_options.runtime`` maps and ``chat_template_kwargs``.
@@ -162,9 +162,6 @@ class ModelConfig(_Strict):
         merged["extends"] = None
         return Profile.model_validate(merged)
 
-    def default_profile_name(self) -> str | None:
-        return "default" if "default" in self.profiles else None
-
     def routable_ids(self) -> list[str]:
         """Model ids that route to this config: ``sie_id`` (with a default profile) and ``sie_id:P``."""
         ids = [self.sie_id] if DEFAULT_PROFILE in self.profiles else []
@@ -208,7 +205,7 @@ def _adapter_options_for_hash(opts: AdapterOptions | None) -> Any:
 
 
 def bundle_config_hash(bundle: Bundle, models: list[ModelConfig], *, pool: str | None = None) -> str:
-    """SHA-256 over the configs of every model routable to ``bundle`` (internals section 4.8).
+    """SHA-256 over the configs of every model routable to ``bundle``.
 
     Byte-identical wherever it is computed: sorted keys, compact separators, models sorted by id,
     profiles by name, only profiles whose adapter module the bundle lists. ``""`` when the bundle
@@ -252,7 +249,7 @@ def bundles_hash(bundles: list[Bundle]) -> str:
             {"name": b.name, "priority": b.priority, "adapters": sorted(b.adapters), "engine": b.engine}
             for b in bundles
         ),
-        key=lambda d: d["name"],
+        key=lambda d: str(d["name"]),
     )
     blob = json.dumps(items, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()

@@ -49,8 +49,13 @@ def parse_embeddings_request(data: Any, *, max_inputs: int) -> EmbeddingsRequest
         raise invalid_input("token-array embeddings input is not supported", param="input")
     if len(inputs) > max_inputs:
         raise invalid_input(f"At most {max_inputs} inputs per request", param="input")
-    fmt = data.get("encoding_format") or "float"
-    if fmt not in ("float", "base64"):
+    fmt: EncodingFormat
+    requested = data.get("encoding_format") or "float"
+    if requested == "float":
+        fmt = "float"
+    elif requested == "base64":
+        fmt = "base64"
+    else:
         raise invalid_input("encoding_format must be 'float' or 'base64'", param="encoding_format")
     return EmbeddingsRequest(model, inputs, fmt, data.get("dimensions"))
 

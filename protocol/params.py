@@ -1,4 +1,4 @@
-"""Validation of request parameters (contract 3.1–3.3), shared by the worker and the gateway.
+"""Validation of request parameters, shared by the worker and the gateway.
 
 The gateway checks a request before publishing it and the worker checks it again before running
 it; both use these functions, so a request gets the same 400 INVALID_INPUT from either.
@@ -47,7 +47,7 @@ def truncates(options: dict[str, Any]) -> bool:
         raise invalid_input(
             f"overflow_policy must be one of {list(OVERFLOW_POLICIES)}, got {policy!r}", param="overflow_policy"
         )
-    return policy != "error"
+    return bool(policy != "error")
 
 
 def output_types(resolved: Resolved, options: dict[str, Any], requested: Any) -> list[str]:

@@ -1,4 +1,4 @@
-"""JetStream stream and consumer settings shared by the gateway and the sidecar (internals 1.2, 1.3, 8.1).
+"""JetStream stream and consumer settings shared by the gateway and the sidecar.
 
 Both the gateway and the sidecar ensure the pool work stream; they must ask for identical settings,
 so both build them here. Returned as plain dicts of nats-py keyword arguments (protocol stays free of
@@ -99,8 +99,10 @@ def _plain(value: Any) -> Any:
 
 def stream_fields(config: Any) -> dict[str, Any]:
     """The storage and reconciled fields of a stream config (an object with attributes, or a map)."""
-    get = config.get if isinstance(config, Mapping) else (lambda name: getattr(config, name, None))
-    return {name: _plain(get(name)) for name in ("storage", *RECONCILED_STREAM_FIELDS)}
+    names = ("storage", *RECONCILED_STREAM_FIELDS)
+    if isinstance(config, Mapping):
+        return {name: _plain(config.get(name)) for name in names}
+    return {name: _plain(getattr(config, name, None)) for name in names}
 
 
 def reconcile_stream(

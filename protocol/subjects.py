@@ -1,4 +1,4 @@
-"""NATS subject names and the id normalisation every producer and consumer shares (internals 1.1)."""
+"""NATS subject names and the id normalisation every producer and consumer shares."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Work item, work result and heartbeat schemas (internals 1.7).
+"""Work item, work result and heartbeat schemas.
 
 On the wire each is a msgpack map (heartbeats: JSON) with named keys; unknown keys are ignored and
 missing optional keys take their defaults, so either side can add fields without breaking the other.
@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol.codec import packb, unpackb
 from protocol.model_config import model_spec
 
 OPERATIONS = ("encode", "score", "extract")
 
+T = TypeVar("T")
 
-def _from_map(cls, data: dict[str, Any]):
-    names = {f.name for f in fields(cls)}
+
+def _from_map(cls: type[T], data: dict[str, Any]) -> T:
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # cls is always a dataclass
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
@@ -101,6 +103,30 @@ class WorkResult:
         if not isinstance(decoded, dict):
             raise ValueError("work result must be a map")
         return _from_map(cls, decoded)
+
+    @classmethod
+    def failure(
+        cls,
+        item: WorkItem,
+        code: str,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+        worker_id: str = "",
+    ) -> WorkResult:
+        """The error result of ``item``: every producer of one (worker, sidecar) builds it here."""
+        return cls(
+            work_item_id=item.work_item_id,
+            request_id=item.request_id,
+            item_index=item.item_index,
+            success=False,
+            error=message,
+            error_code=str(code),
+            retry_after_s=retry_after_s,
+            error_extra=dict(extra) if extra else None,
+            worker_id=worker_id,
+        )
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The retry matrix of contract section 2.3, written once for the sync and the async client.
+"""The retry matrix (which error answers the client retries, and after how long), written once for the sync and the async client.
 
 Everything here is pure: the clients describe what one attempt produced (an ``Answer``),
 ``classify`` names the matrix row, and ``decide`` says whether to try again and after how

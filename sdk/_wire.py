@@ -272,7 +272,7 @@ def version_skew(server_version: str | None) -> str | None:
 
 
 class ErrorInfo:
-    """The readable parts of an error answer (contract 2.1)."""
+    """The readable parts of an error answer."""
 
     def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         self.status = status
@@ -416,9 +416,9 @@ def _check_count(what: str, model: str, sent: list[Any], results: list[dict[str,
         return
     sent_ids = [i.get("id") if isinstance(i, Mapping) else None for i in sent]
     got_ids = [r.get("id") for r in results]
-    missing = None
+    missing: list[str] | None = None
     if all(isinstance(i, str) for i in sent_ids) and all(isinstance(i, str) for i in got_ids):
-        missing = [i for i in sent_ids if i not in set(got_ids)]
+        missing = [str(i) for i in sent_ids if i not in set(got_ids)]
     raise E.IncompleteBatchError(
         f"{what} response carried {len(results)} results for {len(sent)} items",
         code=f"{what.upper()}_RESULT_COUNT_MISMATCH",
@@ -477,7 +477,7 @@ def parse_score(data: dict[str, Any], model: str, headers: Mapping[str, str]) ->
     scores = data.get("scores")
     if not isinstance(scores, list):
         raise _malformed("score", "'scores' is missing")
-    entries = []
+    entries: list[dict[str, Any]] = []
     for s in scores:
         if not isinstance(s, dict) or "item_id" not in s or "score" not in s:
             raise _malformed("score", "a score entry lacks item_id or score")
@@ -549,7 +549,8 @@ def parse_capacity(data: dict[str, Any], gpu: str | None) -> dict[str, Any]:
             code="not_gateway",
             status_code=400,
         )
-    cluster = data.get("cluster") if isinstance(data.get("cluster"), dict) else {}
+    cluster_value = data.get("cluster")
+    cluster: dict[str, Any] = cluster_value if isinstance(cluster_value, dict) else {}
     workers_raw = [w for w in data.get("workers") or [] if isinstance(w, dict)]
     if gpu:
         workers_raw = [w for w in workers_raw if str(w.get("gpu", "")).lower() == gpu.lower()]

@@ -1,4 +1,4 @@
-"""The execution barrier between batches and config changes (internals 3.7).
+"""The execution barrier between batches and config changes.
 
 Batches hold it shared while their RunBatch is on the worker; a config apply holds it exclusively:
 it waits for the batches in flight, and batches that want to start meanwhile wait for it (writer
@@ -24,10 +24,6 @@ class ExecutionBarrier:
     @property
     def shared_holders(self) -> int:
         return self._shared
-
-    @property
-    def exclusive_held(self) -> bool:
-        return self._exclusive
 
     @contextlib.asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:

@@ -1,4 +1,4 @@
-"""Batch formation, free of I/O: one Batcher per (operation, LoRA) inside a model's scheduler (internals 3.3).
+"""Batch formation, free of I/O: one Batcher per (operation, LoRA) inside a model's scheduler.
 
 Flush rules: total cost >= max_batch_cost, count >= max_batch_requests, or the oldest pending item has
 waited max_batch_wait_ms (and always when draining). Packing sorts the pending items by cost and takes
@@ -90,7 +90,8 @@ class Batcher:
             return True
         if any(e.cost >= limits.max_cost for e in self.pending):
             return True  # an oversize item flushes alone
-        return now >= self.head_time + limits.max_wait_s
+        head = self.head_time
+        return head is not None and now >= head + limits.max_wait_s
 
     def take(self, limits: BatchLimits) -> list[Any]:
         """Pack one batch: ascending cost, greedily under both caps, at least one item."""
@@ -129,7 +130,7 @@ def oldest_ready(
 ) -> Batcher | None:
     """First-come-first-served across batchers: the ready one whose head is oldest."""
     ready = [b for b in batchers if b.ready(now, limits, draining=draining)]
-    return min(ready, key=lambda b: b.head_time) if ready else None
+    return min(ready, key=lambda b: b.head_time or 0.0) if ready else None
 
 
 def next_due(batchers: list[Batcher], limits: BatchLimits) -> float | None:

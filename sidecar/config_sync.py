@@ -1,4 +1,4 @@
-"""Config deltas and reconciliation for one worker pod (internals 3.7).
+"""Config deltas and reconciliation for one worker pod.
 
 ``ConfigApplier`` subscribes to ``sie.config.models.{bundle}``; for every delta it checks
 
@@ -177,15 +177,8 @@ class ConfigApplier:
             reason = self.check(delta)
             if reason is not None:
                 level = logging.WARNING if reason == UNTRUSTED else logging.DEBUG
-                log.log(
-                    level,
-                    "ignoring config delta from %r for %s/%s epoch %d: %s",
-                    delta.router_id,
-                    delta.bundle_id,
-                    delta.pool,
-                    delta.epoch,
-                    reason,
-                )
+                log.log(level, "ignoring config delta from %r for %s/%s epoch %d: %s",
+                        delta.router_id, delta.bundle_id, delta.pool, delta.epoch, reason)
                 self._count(reason)
                 return reason
             if delta.is_epoch_bump:
@@ -209,30 +202,15 @@ class ConfigApplier:
             if resp is None:
                 self._count(FAILED)
                 return FAILED
-            return self._commit(
-                delta.epoch, expected, resp, what=f"delta {delta.model_id}", allow_empty=False
-            )
+            return self._commit(delta.epoch, expected, resp, what=f"delta {delta.model_id}", allow_empty=False)
 
-    def _commit(
-        self,
-        epoch: int,
-        expected: str,
-        resp: dict[str, Any],
-        *,
-        what: str,
-        allow_empty: bool,
-        rewind: bool = False,
-    ) -> str:
+    def _commit(self, epoch: int, expected: str, resp: dict[str, Any], *, what: str, allow_empty: bool,
+                rewind: bool = False) -> str:
         got = resp.get("bundle_config_hash") or ""
         if got != expected or (not expected and not allow_empty):
             log.warning(
                 "%s (epoch %d): worker hash %r != control plane %r; keeping %r (epoch %d) until reconciled",
-                what,
-                epoch,
-                got[:12],
-                expected[:12],
-                (self.advertised_hash() or "")[:12],
-                self.epoch,
+                what, epoch, got[:12], expected[:12], (self.advertised_hash() or "")[:12], self.epoch,
             )
             self._count(MISMATCH)
             return MISMATCH
@@ -269,7 +247,7 @@ class ConfigApplier:
 
     # ------------------------------------------------------------------ reconciliation
     async def _get_json(self, path: str) -> Any:
-        assert self._session is not None
+        assert self._session is not None and self.settings.config_service_url
         url = self.settings.config_service_url.rstrip("/") + path
         async with self._session.get(url) as resp:
             if resp.status != 200:
@@ -316,11 +294,7 @@ class ConfigApplier:
                 self._count(FAILED)
                 return FAILED
             outcome = self._commit(
-                export.epoch,
-                expected,
-                resp,
-                what=f"export of {len(models)} models",
-                allow_empty=True,
+                export.epoch, expected, resp, what=f"export of {len(models)} models", allow_empty=True,
                 rewind=rewind,
             )
             if outcome == APPLIED:

@@ -44,6 +44,7 @@ class Intake(Scheduling):
                 self._space.clear()
                 await self._space.wait()
                 continue
+            assert self._sub is not None  # bound in start() before this loop runs
             try:
                 msgs = await self._sub.fetch(
                     batch=min(self.settings.nats_fetch_budget, free),

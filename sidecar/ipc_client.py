@@ -15,7 +15,11 @@ log = logging.getLogger("sie.sidecar.ipc")
 
 
 class IpcError(Exception):
-    """Base of IPC call failures."""
+    """Base of IPC call failures; ``code`` is the worker's ``IPC_*`` error code (None: no answer)."""
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class IpcTransportError(IpcError):
@@ -93,7 +97,13 @@ class IpcClient:
                     body = envelope.get("body")
                     fut.set_result(body if isinstance(body, dict) else {})
                 else:
-                    fut.set_exception(IpcRemoteError(str(envelope.get("error") or "worker error")))
+                    code = envelope.get("error_code")
+                    fut.set_exception(
+                        IpcRemoteError(
+                            str(envelope.get("error") or "worker error"),
+                            code=str(code) if code else None,
+                        )
+                    )
         except asyncio.CancelledError:
             reason = "client closed"
             raise
@@ -131,7 +141,7 @@ class IpcClient:
                 ipc.request_envelope(method, request_id, body), max_bytes=self.max_frame_bytes
             )
         except ipc.FrameTooLarge as exc:
-            raise IpcRemoteError(str(exc)) from exc
+            raise IpcRemoteError(str(exc), code=ipc.IPC_TOO_LARGE) from exc
         fut = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
         try:

@@ -1,9 +1,9 @@
-"""The lane consumer: pull, validate, schedule per model, RunBatch over IPC, settle (internals 3.2–3.8).
+"""The lane consumer: pull, validate, schedule per model, RunBatch over IPC, settle.
 
 Everything here takes its dependencies as arguments (a connected NATS client, an IpcClient, the
 settings), so tests run it in-process against a real nats-server and a real worker IPC server.
 
-Settlement (internals 3.5):
+Settlement:
 
 ====================================================  =================================================
 situation                                             action
@@ -39,11 +39,11 @@ from protocol import ipc
 from protocol.subjects import WORK_CANCEL_PREFIX
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.intake import Intake
-from sidecar.lane_state import WorkerState
+from sidecar.lane_state import WorkerHealth
 
 log = logging.getLogger("sie.sidecar")
 
-__all__ = ["Delivery", "LaneConsumer", "ModelScheduler", "WorkerState"]
+__all__ = ["Delivery", "LaneConsumer", "ModelScheduler", "WorkerHealth"]
 
 
 class LaneConsumer(Intake):

@@ -8,11 +8,12 @@ intake → :class:`sidecar.lane.LaneConsumer` (lifecycle).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
-from typing import Any
+from typing import Protocol
 
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
 
 from protocol import ipc
 from protocol.subjects import lane_prefix
@@ -23,7 +24,7 @@ from sidecar.settings import SidecarSettings
 from sidecar.tombstones import Tombstones
 
 
-class WorkerState:
+class WorkerHealth:
     """What the last Pings said about the worker."""
 
     def __init__(self) -> None:
@@ -34,6 +35,16 @@ class WorkerState:
         return self.last_ok is not None and time.monotonic() - self.last_ok <= stale_after_s
 
 
+class ConfigView(Protocol):
+    """What the lane needs of the config-delta applier (:class:`sidecar.config_sync.ConfigApplier`)."""
+
+    unsupported_models: list[str]
+
+    def advertised_hash(self) -> str: ...
+
+    async def stop(self) -> None: ...
+
+
 class LaneState:
     def __init__(
         self,
@@ -42,15 +53,17 @@ class LaneState:
         settings: SidecarSettings,
         *,
         barrier: ExecutionBarrier | None = None,
+        worker: WorkerHealth | None = None,
+        config: ConfigView | None = None,
     ) -> None:
         self.nc = nc
         # Batches hold it shared on the worker; config applies hold it exclusively.
         self.barrier = barrier or ExecutionBarrier()
-        self.config: Any = None  # sidecar.config_sync.ConfigApplier once wired (start_sidecar)
+        self.config = config  # None: no config deltas applied (the worker's own hash is advertised)
         self.js = nc.jetstream()
         self.ipc = ipc_client
         self.settings = settings
-        self.worker = WorkerState()
+        self.worker = worker or WorkerHealth()
         self.tombstones = Tombstones(settings.cancel_tombstone_ttl_s)
         self.schedulers: dict[str, ModelScheduler] = {}
         self.held: set[Delivery] = set()
@@ -65,9 +78,8 @@ class LaneState:
         self.draining = False
         self._tasks: list[asyncio.Task] = []
         self._batch_tasks: set[asyncio.Task] = set()
-        self._batch_ids = itertools.count(1)
-        self._sub = None
-        self._cancel_sub = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._cancel_sub: Subscription | None = None
         self._lane_prefix = lane_prefix(settings.pool, settings.machine_profile, settings.bundle)
         # counters (observability and tests)
         self.stats: dict[str, int] = {

@@ -8,18 +8,20 @@ import logging
 import signal
 
 import nats
+from nats.aio.client import Client as NatsClient
 
 from protocol.subjects import WORKER_INBOX_PREFIX
 from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
+from sidecar.lane_state import WorkerHealth
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sie.sidecar")
 
 
-async def connect_nats(settings: SidecarSettings):
+async def connect_nats(settings: SidecarSettings) -> NatsClient:
     async def disconnected() -> None:
         log.warning("NATS disconnected")
 
@@ -41,21 +43,22 @@ async def connect_nats(settings: SidecarSettings):
     )
 
 
-async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, object, IpcClient]:
+async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, NatsClient, IpcClient]:
     """Connect and start a lane consumer; returns (consumer, nats client, ipc client)."""
     nc = await connect_nats(settings)
     client = IpcClient(settings.ipc_socket_path, timeout_s=settings.ipc_request_timeout_s)
     barrier = ExecutionBarrier()
-    lane = LaneConsumer(nc, client, settings, barrier=barrier)
-    lane.config = ConfigApplier(
-        nc, client, settings, barrier, current_hash=lambda: lane.worker.ping.bundle_config_hash or ""
+    worker = WorkerHealth()
+    config = ConfigApplier(
+        nc, client, settings, barrier, current_hash=lambda: worker.ping.bundle_config_hash or ""
     )
+    lane = LaneConsumer(nc, client, settings, barrier=barrier, worker=worker, config=config)
     try:
         await lane.start()
-        await lane.config.start()
+        await config.start()
     except BaseException:
         with contextlib.suppress(Exception):
-            await lane.config.stop()
+            await config.stop()
         await client.close()
         with contextlib.suppress(Exception):
             await nc.close()

@@ -101,7 +101,7 @@ class Readiness(Settlement):
             resp = ipc.EnsureModelReadyResponse.from_map(body)
         except (IpcTransportError, IpcRemoteError) as exc:
             log.warning("EnsureModelReady(%s) failed: %s", sched.spec, exc)
-            if ipc.DRAINING_ERROR in str(exc):
+            if exc.code == ipc.IPC_DRAINING:
                 delay = s.overflow_nak_delay_s
             elif isinstance(exc, IpcTransportError):
                 delay = self._transport_nak_delay()
@@ -136,7 +136,7 @@ class Readiness(Settlement):
                 await self._publish_and_ack(d, self._error_result(d, code, message))
             return False
         # retry_later
-        delay = s.overflow_nak_delay_s if resp.error == ipc.DRAINING_ERROR else s.nak_delay_s
+        delay = s.overflow_nak_delay_s if resp.error_code == ipc.IPC_DRAINING else s.nak_delay_s
         for d in sched.take_all():
             await self._nak(d, delay)
         return False

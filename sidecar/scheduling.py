@@ -69,7 +69,7 @@ class Scheduling(Liveness):
                     continue
                 for d in batch:
                     d.in_flight = True
-                task = asyncio.create_task(self._run_batch(sched, batcher.op, batcher.lora_key, batch))
+                task = asyncio.create_task(self._run_batch(sched, batch))
                 self._batch_tasks.add(task)
                 task.add_done_callback(self._batch_tasks.discard)
                 handed_off = True
@@ -82,7 +82,7 @@ class Scheduling(Liveness):
             for d in b.remove(lambda e: e.item.request_id in self.tombstones):
                 await self._ack(d, drop=True)
 
-    async def _run_batch(self, sched: ModelScheduler, op: str, lora_key: str, batch: list[Delivery]) -> None:
+    async def _run_batch(self, sched: ModelScheduler, batch: list[Delivery]) -> None:
         s = self.settings
         self.inflight_batches += 1
         self._update_saturation()
@@ -99,10 +99,6 @@ class Scheduling(Liveness):
             dispatched = time.time()
             request = ipc.RunBatchRequest(
                 model_id=sched.spec,
-                batch_id=next(self._batch_ids),
-                lora_key=lora_key,
-                op=op,
-                total_cost=sum(d.cost for d in live),
                 items=[ipc.RunBatchRequest.item_map(d.item) for d in live],
             )
             timeout = s.ipc_request_timeout_s
@@ -120,7 +116,7 @@ class Scheduling(Liveness):
                     await self._nak(d, delay)
                 return
             except IpcRemoteError as exc:
-                delay = s.overflow_nak_delay_s if ipc.DRAINING_ERROR in str(exc) else s.nak_delay_s
+                delay = s.overflow_nak_delay_s if exc.code == ipc.IPC_DRAINING else s.nak_delay_s
                 log.warning("worker refused RunBatch for %s: %s", sched.spec, exc)
                 for d in live:
                     await self._nak(d, delay)

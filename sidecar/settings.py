@@ -22,27 +22,17 @@ class SidecarSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore")
 
     # identity / lane
-    nats_url: str = (
-        "nats://127.0.0.1:4222"  # NATS server (JetStream work stream, results, heartbeats, config deltas)
-    )
-    pool: str = (
-        "default"  # pool of this worker pod: its lane and the pool its bundle_config_hash is scoped to
-    )
+    nats_url: str = "nats://127.0.0.1:4222"  # NATS server (JetStream work stream, results, heartbeats, config deltas)
+    pool: str = "default"  # pool of this worker pod: its lane and the pool its bundle_config_hash is scoped to
     machine_profile: str = "cpu"  # machine profile of this pod (lane subject token, heartbeat)
     bundle: str = "default"  # bundle the worker serves: lane subject token and config deltas subscribed to
-    worker_id: str = Field(
-        default_factory=socket.gethostname
-    )  # identity in heartbeats (sie.health.<id>) and results; default hostname
+    worker_id: str = Field(default_factory=socket.gethostname)  # identity in heartbeats (sie.health.<id>) and results; default hostname
     # worker IPC
     ipc_socket_path: str = "/tmp/sie-ipc.sock"  # Unix socket of the worker's IPC server
-    ipc_request_timeout_s: float = (
-        60.0  # limit of an ordinary IPC call (RunBatch: up to the items' deadlines)
-    )
+    ipc_request_timeout_s: float = 60.0  # limit of an ordinary IPC call (RunBatch: up to the items' deadlines)
     model_ready_timeout_s: float = 900.0  # limit of one EnsureModelReady call
     worker_ping_interval_ms: int = 2000  # IPC Ping period
-    worker_readyz_stale_mult: int = (
-        3  # worker counts as gone after this many ping intervals without an answer
-    )
+    worker_readyz_stale_mult: int = 3  # worker counts as gone after this many ping intervals without an answer
     # settlement
     nak_delay_s: float = 5.0  # NAK delay for retryable failures (transport error, retry_later, no outcome)
     oom_nak_delay_s: float = 10.0  # NAK delay after RESOURCE_EXHAUSTED
@@ -55,12 +45,8 @@ class SidecarSettings(BaseSettings):
     nats_fetch_budget: int = 64  # most messages per pull request
     nats_fetch_timeout_s: float = 1.0  # how long one pull request waits for messages
     max_held_messages: int = 256  # most deliveries held (queued or in flight) at once
-    stream_max_age_s: float = (
-        DEFAULT_STREAM_MAX_AGE_S  # max age of work in the stream when the sidecar creates it
-    )
-    stream_storage: str = (
-        DEFAULT_STREAM_STORAGE  # file | memory storage of the stream when the sidecar creates it
-    )
+    stream_max_age_s: float = DEFAULT_STREAM_MAX_AGE_S  # max age of work in the stream when the sidecar creates it
+    stream_storage: str = DEFAULT_STREAM_STORAGE  # file | memory storage of the stream when the sidecar creates it
     stream_replicas: int = DEFAULT_STREAM_REPLICAS  # replicas of the stream when the sidecar creates it
     # heartbeats
     health_publish_interval_ms: int = 5000  # heartbeat period on sie.health.<worker_id>
@@ -72,20 +58,12 @@ class SidecarSettings(BaseSettings):
     batcher_default_batch_cost: int = 16384  # batch cost cap when neither the setting nor the model gives one
     # cancellation
     cancel_tombstone_ttl_s: float = 600.0  # how long a cancelled request id is remembered
-    # config deltas and reconciliation (internals 3.7)
-    config_service_url: str | None = (
-        None  # config service base URL; set: start-up export, epoch poll, periodic export
-    )
-    config_service_token: str | None = (
-        None  # bearer token for the config service's read routes (export needs read or admin)
-    )
-    nats_config_trusted_producers: str = (
-        "sie-config"  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
-    )
+    # config deltas and reconciliation
+    config_service_url: str | None = None  # config service base URL; set: start-up export, epoch poll, periodic export
+    config_service_token: str | None = None  # bearer token for the config service's read routes (export needs read or admin)
+    nats_config_trusted_producers: str = "sie-config"  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
     worker_config_poll_interval_ms: int = Field(default=30000, gt=0)  # config service epoch poll period
-    worker_config_full_export_interval_ms: int = Field(
-        default=300000, gt=0
-    )  # full export period (also at start-up)
+    worker_config_full_export_interval_ms: int = Field(default=300000, gt=0)  # full export period (also at start-up)
     # shutdown
     drain_timeout_s: float = 25.0  # how long shutdown waits for in-flight batches
     log_level: str = "INFO"  # logging level

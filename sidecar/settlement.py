@@ -64,15 +64,7 @@ class Settlement(LaneState):
 
     # ------------------------------------------------------------------ settlement primitives
     def _error_result(self, d: Delivery, code: str, message: str) -> WorkResult:
-        return WorkResult(
-            work_item_id=d.item.work_item_id,
-            request_id=d.item.request_id,
-            item_index=d.item.item_index,
-            success=False,
-            error=message,
-            error_code=str(code),
-            worker_id=self.settings.worker_id,
-        )
+        return WorkResult.failure(d.item, code, message, worker_id=self.settings.worker_id)
 
     def _release(self, d: Delivery) -> None:
         d.settled = True

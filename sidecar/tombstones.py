@@ -28,7 +28,7 @@ class Tombstones:
         self._expire()
 
     def __contains__(self, request_id: object) -> bool:
-        expiry = self._entries.get(request_id)  # type: ignore[arg-type]
+        expiry = self._entries.get(request_id) if isinstance(request_id, str) else None
         if expiry is None:
             return False
         if expiry < time.monotonic():

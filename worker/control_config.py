@@ -17,7 +17,7 @@ log = logging.getLogger("worker.runtime")
 class ControlConfig(ModelStates):
     # ---- control-plane config ---------------------------------------------------------------
     def bundle_config_hash(self, *, pool: str | None = "", adapters: list[str] | None = None) -> str:
-        """This worker's hash of its bundle (internals 4.8), scoped to ``pool``.
+        """This worker's hash of its bundle, scoped to ``pool``.
 
         ``pool=""`` (the default) means this worker's own pool (``SIE_POOL``); ``None`` = unscoped,
         every model of the bundle. The config service publishes both: ``bundle_config_hash``

@@ -1,4 +1,4 @@
-"""The worker's queue-mode front door: an IPC server on a Unix domain socket (internals 3.4).
+"""The worker's queue-mode front door: an IPC server on a Unix domain socket.
 
 The sidecar forms batches and calls ``RunBatch``; this module turns IPC requests into calls on the
 worker Runtime and its answers into ItemOutcomes. Every request runs as its own task, so one
@@ -20,12 +20,13 @@ import socket
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from protocol import ipc
 from protocol.errors import ErrorCode, SIEError
-from protocol.model_config import parse_model_yaml
-from protocol.work import WorkResult
+from protocol.model_config import ModelConfig, parse_model_yaml
+from protocol.work import WorkItem, WorkResult
+from worker.results import EnsureResult
 
 log = logging.getLogger("sie.worker.ipc")
 
@@ -33,10 +34,35 @@ DEFAULT_SOCKET_PATH = "/tmp/sie-ipc.sock"
 DRAIN_MAX_S = 25.0
 
 
-class IpcHandler:
-    """Method dispatch over a Runtime (``ensure_ready``, ``run_work_items``, ``loaded_models``, ...)."""
+class WorkerRuntime(Protocol):
+    """What the IPC front door needs of the runtime (:class:`worker.runtime.Runtime` is one)."""
 
-    def __init__(self, runtime: Any, *, worker_id: str | None = None) -> None:
+    ready: bool
+    unsupported_models: set[str]
+
+    def loaded_models(self) -> list[str]: ...
+
+    def loading_models(self) -> list[str]: ...
+
+    async def ensure_ready(self, spec: str) -> EnsureResult: ...
+
+    async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]: ...
+
+    def bundle_config_hash(self, *, pool: str | None = "", adapters: list[str] | None = None) -> str: ...
+
+    async def apply_model_config(
+        self, config: ModelConfig, *, bundle_adapters: list[str] | None = None
+    ) -> None: ...
+
+    async def replace_model_configs(
+        self, configs: list[ModelConfig], *, bundle_adapters: list[str] | None = None
+    ) -> None: ...
+
+
+class IpcHandler:
+    """Method dispatch over a :class:`WorkerRuntime`."""
+
+    def __init__(self, runtime: WorkerRuntime, *, worker_id: str | None = None) -> None:
         self.runtime = runtime
         self.worker_id = worker_id or socket.gethostname()
         self.draining = False
@@ -66,8 +92,9 @@ class IpcHandler:
     async def _tracked(self, coro):
         if self.draining:
             coro.close()
-            raise IpcMethodError(ipc.DRAINING_ERROR)
+            raise IpcMethodError(ipc.DRAINING_ERROR, code=ipc.IPC_DRAINING)
         task = asyncio.current_task()
+        assert task is not None
         self._inflight.add(task)
         self._idle.clear()
         try:
@@ -80,14 +107,13 @@ class IpcHandler:
     # ---- methods ---------------------------------------------------------------------------
     def ping(self, body: dict[str, Any]) -> dict[str, Any]:
         self.last_ping_monotonic = time.monotonic()
-        loading = getattr(self.runtime, "loading_models", None)
         return ipc.PingResponse(
             timestamp_ms=int(body.get("timestamp_ms") or time.time() * 1000),
             worker_id=self.worker_id,
-            ready=not self.draining and bool(getattr(self.runtime, "ready", True)),
+            ready=not self.draining and self.runtime.ready,
             bundle_config_hash=self._bundle_hash(),
             loaded_models=list(self.runtime.loaded_models()),
-            loading_models=list(loading()) if callable(loading) else [],
+            loading_models=list(self.runtime.loading_models()),
         ).to_map()
 
     async def ensure_model_ready(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -96,22 +122,20 @@ class IpcHandler:
             raise IpcMethodError("EnsureModelReady needs model_id")
         if self.draining:
             return ipc.EnsureModelReadyResponse(
-                state=ipc.STATE_RETRY_LATER, error=ipc.DRAINING_ERROR
+                state=ipc.STATE_RETRY_LATER, error=ipc.DRAINING_ERROR, error_code=ipc.IPC_DRAINING
             ).to_map()
         try:
             res = await self.runtime.ensure_ready(spec)
         except SIEError as exc:
             return self._ensure_error(exc)
-        state = getattr(res, "state", ipc.STATE_RETRY_LATER)
-        err = getattr(res, "error", None)
         resp = ipc.EnsureModelReadyResponse(
-            state=state if state in ipc.ENSURE_STATES else ipc.STATE_RETRY_LATER,
-            max_batch_tokens=getattr(res, "max_batch_tokens", None),
-            batch_budget=getattr(res, "max_batch_requests", None),
+            state=res.state if res.state in ipc.ENSURE_STATES else ipc.STATE_RETRY_LATER,
+            max_batch_tokens=res.max_batch_tokens,
+            batch_budget=res.max_batch_requests,
         )
-        if err is not None:
-            resp.error = getattr(err, "message", str(err))
-            resp.error_code = getattr(err, "code", ErrorCode.INTERNAL_ERROR)
+        if res.error is not None:
+            resp.error = res.error.message
+            resp.error_code = res.error.code
             if resp.state == ipc.STATE_FAILED and resp.error_code in (
                 ErrorCode.MODEL_LOADING,
                 ErrorCode.RESOURCE_EXHAUSTED,
@@ -142,7 +166,7 @@ class IpcHandler:
         except SIEError as exc:
             results = [self._error_result(it, exc.code, exc.message, exc.retry_after) for it in items]
         except Exception as exc:  # a runtime bug must not take down the connection
-            log.exception("run_work_items failed for a batch of %d", len(items))
+            log.exception("run_work_items failed for a batch of %d items of %s", len(items), req.model_id)
             results = [self._error_result(it, ErrorCode.INTERNAL_ERROR, str(exc), None) for it in items]
         if len(results) != len(items):
             log.error("runtime returned %d results for %d items", len(results), len(items))
@@ -161,17 +185,8 @@ class IpcHandler:
             outcomes.append(ipc.outcome_from_result(res))
         return ipc.run_batch_response(outcomes)
 
-    def _error_result(self, item, code: str, message: str, retry_after: float | None) -> WorkResult:
-        return WorkResult(
-            work_item_id=item.work_item_id,
-            request_id=item.request_id,
-            item_index=item.item_index,
-            success=False,
-            error=message,
-            error_code=str(code),
-            retry_after_s=retry_after,
-            worker_id=self.worker_id,
-        )
+    def _error_result(self, item: WorkItem, code: str, message: str, retry_after: float | None) -> WorkResult:
+        return WorkResult.failure(item, code, message, retry_after_s=retry_after, worker_id=self.worker_id)
 
     async def drain(self, body: dict[str, Any]) -> dict[str, Any]:
         """Stop accepting batches; wait for in-flight ones up to min(25 s, ``deadline_ms`` from now)."""
@@ -186,21 +201,16 @@ class IpcHandler:
 
     def _bundle_hash(self, body: dict[str, Any] | None = None) -> str:
         """The runtime's hash; a config call's body may scope it (``pool_scoped``, ``bundle_adapters``)."""
-        fn = getattr(self.runtime, "bundle_config_hash", None)
-        if not callable(fn):
-            return ""
-        kwargs: dict[str, Any] = {}
+        pool: str | None = ""  # this worker's own pool
+        adapters: list[str] | None = None
         if body is not None:
             if body.get("pool_scoped") is False:
-                kwargs["pool"] = None  # the control plane sent only the unscoped hash
-            adapters = body.get("bundle_adapters")
-            if isinstance(adapters, list) and all(isinstance(a, str) for a in adapters):
-                kwargs["adapters"] = adapters
+                pool = None  # the control plane sent only the unscoped hash
+            sent = body.get("bundle_adapters")
+            if isinstance(sent, list) and all(isinstance(a, str) for a in sent):
+                adapters = sent
         try:
-            try:
-                return str(fn(**kwargs))
-            except TypeError:
-                return str(fn())  # a runtime without scoping
+            return str(self.runtime.bundle_config_hash(pool=pool, adapters=adapters))
         except Exception:  # noqa: BLE001 - a hash problem must not fail Ping
             log.exception("bundle_config_hash failed")
             return ""
@@ -212,7 +222,7 @@ class IpcHandler:
             return list(adapters)
         return None
 
-    def _parse(self, model_id: Any, yaml_text: Any) -> tuple[Any, str | None]:
+    def _parse(self, model_id: Any, yaml_text: Any) -> tuple[ModelConfig | None, str | None]:
         """(config or None, rejected model id or None); an empty config is a pure epoch bump."""
         if not isinstance(yaml_text, str) or not yaml_text.strip():
             return None, None
@@ -223,19 +233,12 @@ class IpcHandler:
             return None, str(model_id or "?")
 
     def _unsupported(self, rejected: list[str]) -> list[str]:
-        known = getattr(self.runtime, "unsupported_models", None) or set()
-        return sorted(set(known) | set(rejected))
+        return sorted(set(self.runtime.unsupported_models) | set(rejected))
 
     async def apply_model_config(self, body: dict[str, Any]) -> dict[str, Any]:
         config, rejected = self._parse(body.get("model_id"), body.get("model_config"))
         if config is not None:
-            apply = getattr(self.runtime, "apply_model_config", None)
-            if callable(apply):
-                result = apply(config, bundle_adapters=self._adapters(body))
-                if asyncio.iscoroutine(result):
-                    await result
-            else:
-                self.runtime.catalog.put(config)
+            await self.runtime.apply_model_config(config, bundle_adapters=self._adapters(body))
         self.config_version += 1
         return {
             "applied": rejected is None,
@@ -256,14 +259,7 @@ class IpcHandler:
                 rejected.append(bad)
             elif config is not None:
                 configs.append(config)
-        replace = getattr(self.runtime, "replace_model_configs", None)
-        if callable(replace):
-            result = replace(configs, bundle_adapters=self._adapters(body))
-            if asyncio.iscoroutine(result):
-                await result
-        else:
-            for config in configs:
-                self.runtime.catalog.put(config)
+        await self.runtime.replace_model_configs(configs, bundle_adapters=self._adapters(body))
         self.config_version += 1
         return {
             "applied": not rejected,
@@ -277,6 +273,10 @@ class IpcHandler:
 
 class IpcMethodError(Exception):
     """A logical error answered with ``ok=false`` (the client neither retries nor reconnects)."""
+
+    def __init__(self, message: str, *, code: str = ipc.IPC_BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class IpcServer:
@@ -324,7 +324,9 @@ class IpcServer:
         await self._server.serve_forever()
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._conn_tasks.add(asyncio.current_task())
+        conn_task = asyncio.current_task()
+        assert conn_task is not None
+        self._conn_tasks.add(conn_task)
         write_lock = asyncio.Lock()
         calls: set[asyncio.Task] = set()
 
@@ -333,14 +335,12 @@ class IpcServer:
                 frame = ipc.encode_frame(envelope, max_bytes=self.max_frame_bytes)
             except ipc.FrameTooLarge as exc:
                 frame = ipc.encode_frame(
-                    ipc.response_envelope(
-                        envelope.get("request_id"), ok=False, error=f"response too large: {exc}"
-                    )
+                    ipc.error_envelope(envelope.get("request_id"), ipc.IPC_TOO_LARGE, f"response too large: {exc}")
                 )
             except (TypeError, ValueError) as exc:
                 frame = ipc.encode_frame(
-                    ipc.response_envelope(
-                        envelope.get("request_id"), ok=False, error=f"unserialisable response: {exc}"
+                    ipc.error_envelope(
+                        envelope.get("request_id"), ipc.IPC_INTERNAL, f"unserialisable response: {exc}"
                     )
                 )
             async with write_lock:
@@ -352,10 +352,10 @@ class IpcServer:
                 result = await self.handler.handle(method, body)
                 envelope = ipc.response_envelope(request_id, ok=True, body=result)
             except IpcMethodError as exc:
-                envelope = ipc.response_envelope(request_id, ok=False, error=str(exc))
+                envelope = ipc.error_envelope(request_id, exc.code, str(exc))
             except Exception as exc:  # noqa: BLE001 - answer, never drop, a failing call
                 log.exception("IPC %s failed", method)
-                envelope = ipc.response_envelope(request_id, ok=False, error=f"{type(exc).__name__}: {exc}")
+                envelope = ipc.error_envelope(request_id, ipc.IPC_INTERNAL, f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(ConnectionError, OSError):
                 await send(envelope)
 
@@ -367,7 +367,7 @@ class IpcServer:
                     # The body was not read: the stream cannot be resynchronised. Say why, then close.
                     log.warning("closing IPC connection: %s", exc)
                     with contextlib.suppress(ConnectionError, OSError):
-                        await send(ipc.response_envelope(None, ok=False, error=str(exc)))
+                        await send(ipc.error_envelope(None, ipc.IPC_TOO_LARGE, str(exc)))
                     break
                 except (ipc.FrameError, ConnectionError, OSError):
                     break
@@ -377,13 +377,13 @@ class IpcServer:
                     request = ipc.decode_payload(payload)
                 except ipc.FrameError as exc:
                     # Framing is intact: answer the garbage and keep serving this connection.
-                    await send(ipc.response_envelope(None, ok=False, error=f"malformed frame: {exc}"))
+                    await send(ipc.error_envelope(None, ipc.IPC_BAD_REQUEST, f"malformed frame: {exc}"))
                     continue
                 request_id = request.get("request_id")
                 if request.get("version") != ipc.IPC_VERSION:
                     await send(
-                        ipc.response_envelope(
-                            request_id, ok=False, error=f"unsupported IPC version {request.get('version')!r}"
+                        ipc.error_envelope(
+                            request_id, ipc.IPC_BAD_REQUEST, f"unsupported IPC version {request.get('version')!r}"
                         )
                     )
                     continue
@@ -391,9 +391,7 @@ class IpcServer:
                 body = request.get("body") or {}
                 if not isinstance(method, str) or not isinstance(body, dict):
                     await send(
-                        ipc.response_envelope(
-                            request_id, ok=False, error="request needs method and a map body"
-                        )
+                        ipc.error_envelope(request_id, ipc.IPC_BAD_REQUEST, "request needs method and a map body")
                     )
                     continue
                 task = asyncio.create_task(call(request_id, method, body))
@@ -410,7 +408,7 @@ class IpcServer:
             self._conn_tasks.discard(asyncio.current_task())
 
 
-async def serve_ipc(runtime: Any, socket_path: str, *, worker_id: str | None = None) -> IpcServer:
+async def serve_ipc(runtime: WorkerRuntime, socket_path: str, *, worker_id: str | None = None) -> IpcServer:
     """Start serving ``runtime`` on ``socket_path`` (stale socket unlinked, mode 0600)."""
     return await IpcServer(IpcHandler(runtime, worker_id=worker_id), socket_path).start()
 

@@ -18,7 +18,7 @@ from worker.batching import BatchFormer, BatchStats
 from worker.lora import LoraSet
 
 if TYPE_CHECKING:
-    from worker.recovery import OomRecovery
+    from worker.model_states import ModelStates
 
 
 
@@ -37,7 +37,7 @@ def pick_device(setting: str) -> str:
 class LoadedModel:
     """A loaded adapter with its own inference thread and batcher."""
 
-    def __init__(self, runtime: OomRecovery, key: tuple, resolved: Resolved, adapter: Adapter) -> None:
+    def __init__(self, runtime: ModelStates, key: tuple, resolved: Resolved, adapter: Adapter) -> None:
         self.key = key
         self.model_id = resolved.model_id
         self.resolved = resolved

@@ -32,8 +32,11 @@ EVICT_LOCK_TIMEOUT_S = 10.0
 
 
 class Resident(Protocol):
-    key: Hashable
-    last_used: int | float
+    @property
+    def key(self) -> Hashable: ...
+
+    @property
+    def last_used(self) -> int | float: ...
 
     def memory_bytes(self) -> int: ...
 

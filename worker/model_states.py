@@ -21,7 +21,7 @@ from typing import Any
 from protocol.catalog import Catalog, Resolved
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig
-from worker.adapters.base import Adapter, LoadSpec, is_oom
+from worker.adapters.base import Adapter, LoadSpec, Prepared, RequestContext, is_oom
 from worker.batching import BatchStats
 from worker.loaded import (
     ON_LOOP_TIMEOUT_S,
@@ -211,6 +211,10 @@ class ModelStates:
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=ON_LOOP_TIMEOUT_S)
 
+    def forward_with_recovery(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
+        """One forward pass with OOM recovery, on the inference thread: see worker.recovery."""
+        raise NotImplementedError
+
     # ---- memory ----------------------------------------------------------------------------
     def memory_usage(self) -> tuple[int, int]:
         """(used, total) bytes: the synthetic budget when set, else the CUDA device or the host."""
@@ -222,7 +226,7 @@ class ModelStates:
         return host_usage()
 
     async def _evict(self, key: Hashable) -> None:
-        entry = self._entries.get(key)  # type: ignore[arg-type]
+        entry = self._entries.get(key) if isinstance(key, tuple) else None
         if entry is not None and entry.loaded is not None:
             await self._unload(entry)
 
@@ -260,14 +264,6 @@ class ModelStates:
         lm.executor.shutdown(wait=False)
         self._clear_device_cache()
         log.info("unloaded %s", lm.model_id)
-
-    async def unload_model(self, model_id: str) -> bool:
-        done = False
-        for entry in list(self._entries.values()):
-            if entry.model_id == model_id and entry.loaded:
-                await self._unload(entry)
-                done = True
-        return done
 
     def _clear_device_cache(self) -> None:
         gc.collect()

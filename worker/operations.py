@@ -35,9 +35,7 @@ class Operations(Execution):
         return Result(out, timing, sum(u.input_tokens for u in units))
 
     def _encode_outputs(self, plan: Plan, raws: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[dict]:
-        from worker.postprocessors import apply_postprocessors
-
-        raws = apply_postprocessors(plan, raws)
+        raws = requested_outputs(plan, raws)
         return [encode_item(raw, plan.output_dtype, plan.dims, item.get("id")) for raw, item in zip(raws, items, strict=True)]
 
     async def score(self, spec: str, query: dict[str, Any], items: list[dict[str, Any]],
@@ -74,3 +72,14 @@ class Operations(Execution):
         out = [extract_item(raw, item, i) for i, (raw, item) in enumerate(zip(raws, items, strict=True))]
         timing.total_ms = (time.monotonic() - t0) * 1000
         return Result(out, timing, sum(u.input_tokens for u in units))
+
+
+def requested_outputs(plan: Plan, raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Derived outputs first (MUVERA: multivector → dense, before quantisation), then only the
+    outputs the client asked for (intermediate ones dropped)."""
+    requested = plan.requested_outputs
+    if "muvera" in plan.options and "dense" in requested:
+        from worker.muvera import muvera_outputs
+
+        raws = muvera_outputs(plan, raws)
+    return [{k: v for k, v in raw.items() if k in requested} for raw in raws]

@@ -1,7 +1,7 @@
 """Turning a request's parameters into a plan: the forward-pass context and the postprocessing.
 
 The HTTP front door and the IPC front door both go through these functions, so precedence and
-validation (contract 3.1–3.3) are written once.
+validation are written once.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol import params as rp
+from protocol import params as request_params
 from protocol.catalog import Resolved, model_dims
 from protocol.errors import invalid_input
 from worker.adapters.base import RequestContext
@@ -42,9 +42,9 @@ def _lora(options: dict[str, Any]) -> str | None:
 
 
 def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
-    options = rp.merged_options(resolved, params.get("options"))
-    requested = tuple(rp.output_types(resolved, options, params.get("output_types")))
-    dtype = rp.output_dtype(params.get("output_dtype"), options)
+    options = request_params.merged_options(resolved, params.get("options"))
+    requested = tuple(request_params.output_types(resolved, options, params.get("output_types")))
+    dtype = request_params.output_dtype(params.get("output_dtype"), options)
     is_query = bool(options.get("is_query", False))
     if "muvera" in options and "dense" in requested:
         from worker.muvera import MuveraConfig
@@ -55,11 +55,11 @@ def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
         op="encode",
         output_types=forward_outputs(requested, options),
         is_query=is_query,
-        instruction=rp.instruction(params.get("instruction"), options),
+        instruction=request_params.instruction(params.get("instruction"), options),
         lora=_lora(options),
         options_json=RequestContext.canonical_options(options),
         max_length=_max_length(options, is_query),
-        truncate=rp.truncates(options),
+        truncate=request_params.truncates(options),
     )
     return Plan(resolved, ctx, dtype, model_dims(resolved.config), options, requested)
 
@@ -74,15 +74,15 @@ def forward_outputs(requested: tuple[str, ...], options: dict[str, Any]) -> tupl
 def plan_score(resolved: Resolved, instruction: Any, request_options: dict[str, Any] | None) -> Plan:
     if resolved.config.tasks.score is None:
         raise invalid_input(f"Model '{resolved.routable_id}' does not support scoring")
-    options = rp.merged_options(resolved, request_options)
+    options = request_params.merged_options(resolved, request_options)
     ctx = RequestContext(
         op="score",
         output_types=(),
-        instruction=rp.instruction(instruction, options),
+        instruction=request_params.instruction(instruction, options),
         lora=None,  # scoring runs on the base model
         options_json=RequestContext.canonical_options(options),
         max_length=_max_length(options, False),
-        truncate=rp.truncates(options),
+        truncate=request_params.truncates(options),
     )
     return Plan(resolved, ctx, options=options)
 
@@ -90,20 +90,20 @@ def plan_score(resolved: Resolved, instruction: Any, request_options: dict[str, 
 def plan_extract(resolved: Resolved, params: dict[str, Any]) -> Plan:
     if resolved.config.tasks.extract is None:
         raise invalid_input(f"Model '{resolved.routable_id}' does not support extraction")
-    options = rp.merged_options(resolved, params.get("options"))
+    options = request_params.merged_options(resolved, params.get("options"))
     labels = params.get("labels") or options.get("labels") or []
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise invalid_input("labels must be a list of strings", param="labels")
     ctx = RequestContext(
         op="extract",
         output_types=(),
-        instruction=rp.instruction(params.get("instruction"), options),
+        instruction=request_params.instruction(params.get("instruction"), options),
         lora=_lora(options),
         options_json=RequestContext.canonical_options(
             {**options, "output_schema": params.get("output_schema")} if params.get("output_schema") else options
         ),
         labels=tuple(labels),
         max_length=_max_length(options, False),
-        truncate=rp.truncates(options),
+        truncate=request_params.truncates(options),
     )
     return Plan(resolved, ctx, options=options)

@@ -1,4 +1,4 @@
-"""Postprocessing of raw float32 outputs: quantisation and the per-item wire shape (contract 3.1)."""
+"""Postprocessing of raw float32 outputs: quantisation and the per-item wire shape."""
 
 from __future__ import annotations
 

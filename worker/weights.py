@@ -435,14 +435,3 @@ def _last_used(entry: Path) -> int:
         return int((entry / LAST_USED).read_text())
     except (OSError, ValueError):
         return 0
-
-
-def resolve_weights(config: ModelConfig, *, offline: bool = False, cache: WeightCache | None = None) -> Path | None:
-    """The local directory holding the model's weights (``None`` for package-backed models)."""
-    if cache is None:
-        from worker.settings import WorkerSettings
-
-        settings = WorkerSettings()
-        cache = WeightCache.from_settings(settings)
-        cache.offline = offline or settings.hf_offline
-    return cache.resolve_model(config)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError, invalid_input
@@ -46,7 +47,7 @@ class WorkItemRunner(Operations):
                 for wi, i in zip(group, idx, strict=True):
                     res = await self.score(spec, wi.query_item or {}, wi.score_items or [], wi.instruction,
                                            options, direct=True)
-                    body = {"scores": res.items}
+                    body: dict[str, Any] = {"scores": res.items}
                     if res.query_id is not None:
                         body["query_id"] = res.query_id
                     results[i] = self._work_result(wi, True, packb(body), res.timing, started, res.input_tokens)
@@ -90,16 +91,7 @@ class WorkItemRunner(Operations):
 
     @staticmethod
     def _error_result(wi: WorkItem, exc: SIEError) -> WorkResult:
-        return WorkResult(
-            work_item_id=wi.work_item_id,
-            request_id=wi.request_id,
-            item_index=wi.item_index,
-            success=False,
-            error=exc.message,
-            error_code=exc.code,
-            retry_after_s=exc.retry_after,
-            error_extra=dict(exc.extra) or None,
-        )
+        return WorkResult.failure(wi, exc.code, exc.message, retry_after_s=exc.retry_after, extra=exc.extra)
 
 
 def _group_key(wi: WorkItem) -> str:

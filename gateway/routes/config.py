@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from gateway.http_common import (
     gateway_of,
 )
-
-
-def _config_error(status: int, error: str, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"detail": {"error": error, "message": message, **extra}}, status=status)
+from protocol import http
 
 
 async def handle_config_models(request: web.Request) -> web.Response:
@@ -23,7 +18,7 @@ async def handle_config_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     text = gateway_of(request).registry.config_model_yaml(model_id)
     if text is None:
-        return _config_error(
+        return http.config_error_response(
             404, "model_not_found", f"model {model_id!r} is not configured", model_id=model_id
         )
     return web.Response(text=text, content_type="application/x-yaml")
@@ -39,7 +34,7 @@ async def handle_config_bundle(request: web.Request) -> web.Response:
     bundle_id = request.match_info["bundle_id"]
     doc = gateway_of(request).registry.config_bundle(bundle_id)
     if doc is None:
-        return _config_error(
+        return http.config_error_response(
             404, "bundle_not_found", f"bundle {bundle_id!r} is not known", bundle_id=bundle_id
         )
     if request.query.get("format") == "json" or "application/json" in request.headers.get("Accept", ""):
@@ -52,13 +47,9 @@ async def handle_config_epoch(request: web.Request) -> web.Response:
 
 
 async def handle_config_write(request: web.Request) -> web.Response:
-    return web.json_response(
-        {
-            "detail": {
-                "error": "method_not_allowed",
-                "message": "The gateway serves a read-only mirror of the config; send writes to the config service",
-            }
-        },
-        status=405,
+    return http.config_error_response(
+        405,
+        "method_not_allowed",
+        "The gateway serves a read-only mirror of the config; send writes to the config service",
         headers={"Allow": "GET"},
     )

@@ -8,7 +8,6 @@ from aiohttp import web
 
 from gateway import responses
 from gateway.core import Gateway
-from gateway.dispatch import Lane
 from gateway.http_common import (
     gateway_of,
     read_body,
@@ -16,24 +15,25 @@ from gateway.http_common import (
     success_headers,
 )
 from gateway.registry import Route
-from protocol import params as rp
+from gateway.routing import Lane
+from protocol import params as request_params
 from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
 from protocol.errors import invalid_input
 from protocol.work import WorkItem
 
 
 async def _itemised_request(
-    request: web.Request, model_cls: type
+    request: web.Request, model_cls: type[EncodeRequest] | type[ExtractRequest]
 ) -> tuple[Gateway, str, Any, Any, dict[str, Any], Route]:
     """The common start of encode and extract: body within limits, item count, options, route."""
     gw = gateway_of(request)
     model = request.match_info["model"]
     data = await read_body(request, gw.settings)
-    req = parse_request(model_cls, data)
+    req: EncodeRequest | ExtractRequest = parse_request(model_cls, data)
     if len(req.items) > gw.settings.gateway_max_items:
         raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
     params = req.params
-    options = rp.request_options(params.options if params else None)
+    options = request_params.request_options(params.options if params else None)
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
     return gw, model, data, params, options, route
@@ -41,11 +41,11 @@ async def _itemised_request(
 
 async def handle_encode(request: web.Request) -> web.Response:
     gw, model, data, params, options, route = await _itemised_request(request, EncodeRequest)
-    merged = rp.merged_options(route.resolved, options)
-    rp.truncates(merged)
-    output_types = rp.output_types(route.resolved, merged, params.output_types if params else None)
-    output_dtype = rp.output_dtype(params.output_dtype if params else None, options)
-    instruction = rp.instruction(params.instruction if params else None, options)
+    merged = request_params.merged_options(route.resolved, options)
+    request_params.truncates(merged)
+    output_types = request_params.output_types(route.resolved, merged, params.output_types if params else None)
+    output_dtype = request_params.output_dtype(params.output_dtype if params else None, options)
+    instruction = request_params.instruction(params.instruction if params else None, options)
     is_query = bool(options.get("is_query", False))
     raw_items = data["items"]
 
@@ -79,13 +79,13 @@ async def handle_score(request: web.Request) -> web.Response:
         raise invalid_input(
             f"At most {gw.settings.gateway_max_score_items} items per score request", param="items"
         )
-    options = rp.request_options(req.options)
+    options = request_params.request_options(req.options)
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
     if route.resolved.config.tasks.score is None:
         raise invalid_input(f"Model '{route.model_id}' does not support scoring", param="model")
-    rp.truncates(rp.merged_options(route.resolved, options))
-    instruction = rp.instruction(req.instruction, options)
+    request_params.truncates(request_params.merged_options(route.resolved, options))
+    instruction = request_params.instruction(req.instruction, options)
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
         return [
@@ -111,8 +111,8 @@ async def handle_extract(request: web.Request) -> web.Response:
     gw, model, data, params, options, route = await _itemised_request(request, ExtractRequest)
     if route.resolved.config.tasks.extract is None:
         raise invalid_input(f"Model '{route.model_id}' does not support extraction", param="model")
-    rp.truncates(rp.merged_options(route.resolved, options))
-    instruction = rp.instruction(params.instruction if params else None, options)
+    request_params.truncates(request_params.merged_options(route.resolved, options))
+    instruction = request_params.instruction(params.instruction if params else None, options)
     labels = params.labels if params else None
     output_schema = params.output_schema if params else None
     raw_items = data["items"]

@@ -6,7 +6,6 @@ from aiohttp import web
 
 from gateway import responses
 from gateway.core import Gateway, Provisioning
-from gateway.dispatch import Lane
 from gateway.http_common import (
     error_response,
     gateway_of,
@@ -14,6 +13,7 @@ from gateway.http_common import (
     read_body,
     success_headers,
 )
+from gateway.routing import Lane
 from protocol import openai
 from protocol.codec import unpackb
 from protocol.errors import SIEError
@@ -21,7 +21,7 @@ from protocol.work import WorkItem
 
 
 async def handle_embeddings(request: web.Request) -> web.Response:
-    """OpenAI-compatible ``POST /v1/embeddings`` (contract 7): JSON in, JSON out, OpenAI errors."""
+    """OpenAI-compatible ``POST /v1/embeddings``: JSON in, JSON out, OpenAI errors."""
     gw = gateway_of(request)
     try:
         return await _embeddings(gw, request)

@@ -1,4 +1,4 @@
-"""``sie serve``: the standalone HTTP API over the model runtime (contract sections 1–5, 7)."""
+"""``sie serve``: the standalone HTTP API over the model runtime."""
 
 from __future__ import annotations
 
@@ -12,16 +12,19 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol import SERVER_VERSION
 from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
-from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.errors import SIEError, invalid_input
 from protocol.http import (
     base_headers,
     decode_body,
+    error_for_http_exception,
     error_response,
     json_response,
     new_request_id,
     openai_error_response,
     read_body,
     respond,
+    timing_headers,
+    unexpected_error,
 )
 from protocol.openai import (
     check_dimensions,
@@ -45,16 +48,15 @@ REQUEST_ID = web.RequestKey("request_id", str)
 
 def _timing_headers(result: Result) -> dict[str, str]:
     t = result.timing
-    headers = {
-        "X-Queue-Time": f"{t.queue_ms:.2f}",
-        "X-Tokenization-Time": f"{t.tokenization_ms:.2f}",
-        "X-Inference-Time": f"{t.inference_ms:.2f}",
-        "X-Total-Time": f"{t.total_ms:.2f}",
-        "X-SIE-Units-Input-Tokens": str(int(result.input_tokens)),
-        "X-SIE-Served-By": "local",
-    }
-    if t.postprocessing_ms > 0:
-        headers["X-Postprocessing-Time"] = f"{t.postprocessing_ms:.2f}"
+    headers = timing_headers(
+        queue_ms=t.queue_ms,
+        tokenization_ms=t.tokenization_ms,
+        inference_ms=t.inference_ms,
+        postprocessing_ms=t.postprocessing_ms,
+        total_ms=t.total_ms,
+        input_tokens=result.input_tokens,
+    )
+    headers["X-SIE-Served-By"] = "local"
     return headers
 
 
@@ -77,7 +79,7 @@ def _check_machine_profile(request: web.Request, settings: WorkerSettings) -> No
 
 async def _decoded(request: web.Request) -> Any:
     settings = request.app[SETTINGS]
-    body = await read_body(request, settings.max_request_body_bytes, settings.request_body_timeout_s)
+    body = await read_body(request, settings.max_request_body_bytes, timeout_s=settings.request_body_timeout_s)
     return decode_body(body, request.headers.get("Content-Type"))
 
 
@@ -187,7 +189,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openai_embeddings(request: web.Request) -> web.Response:
-    """OpenAI-compatible embeddings (contract 7); errors use the OpenAI envelope."""
+    """OpenAI-compatible embeddings; errors use the OpenAI envelope."""
     runtime = request.app[RUNTIME]
     try:
         req = parse_embeddings_request(
@@ -215,16 +217,12 @@ async def error_middleware(request: web.Request, handler):
     except SIEError as exc:
         response = error_response(exc, request[REQUEST_ID])
     except web.HTTPException as exc:
-        if exc.status == 413:
-            response = error_response(SIEError(ErrorCode.INPUT_TOO_LONG, "request body too large", status=413))
-        elif exc.status >= 400:
-            response = error_response(SIEError(ErrorCode.NOT_FOUND if exc.status == 404 else ErrorCode.INVALID_INPUT,
-                                               exc.reason or "error", status=exc.status))
-        else:
+        if exc.status < 400:
             raise
-    except Exception:
+        response = error_response(error_for_http_exception(exc), request[REQUEST_ID])
+    except Exception as exc:
         log.exception("unhandled error on %s", request.path)
-        response = error_response(SIEError(ErrorCode.INTERNAL_ERROR, "internal server error"), request[REQUEST_ID])
+        response = error_response(unexpected_error(exc), request[REQUEST_ID])
     metrics_.requests.labels(endpoint, str(response.status)).inc()
     metrics_.latency.labels(endpoint).observe(time.monotonic() - started)
     return response

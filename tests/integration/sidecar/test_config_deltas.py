@@ -1,4 +1,4 @@
-"""Config deltas through a real nats-server into a real sidecar and worker (internals 3.7):
+"""Config deltas through a real nats-server into a real sidecar and worker:
 trusted producers only, own bundle/pool only, stale epochs ignored, the advertised hash moves only
 when the worker's computed hash matches, and an apply waits for the batch in flight."""
 

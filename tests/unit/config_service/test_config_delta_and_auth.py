@@ -1,4 +1,4 @@
-"""protocol.config_delta encode/decode and the config API's token rules (contract 8.1)."""
+"""protocol.config_delta encode/decode and the config API's token rules."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from config_service.app import EXPORT, PUBLIC, READ, WRITE, Auth, check_auth, parse_token
+from config_service.app import EXPORT, PUBLIC, READ, WRITE, Auth, check_auth
 from protocol.config_delta import (
     MAX_CONFIG_DELTA_BYTES,
     ConfigDelta,
@@ -15,6 +15,7 @@ from protocol.config_delta import (
     encode_config_delta,
     is_trusted_producer,
 )
+from protocol.http import bearer_token
 
 
 def test_delta_round_trip_uses_wire_names():
@@ -71,10 +72,10 @@ def test_trusted_producer_rule():
     assert not is_trusted_producer("evil")
 
 
-def test_parse_token():
-    assert parse_token("  Bearer  abc ") == "abc"
-    assert parse_token("bearer abc") == "abc"
-    assert parse_token("abc") == "abc"
+def test_bearer_token():
+    assert bearer_token("  Bearer  abc ") == "abc"
+    assert bearer_token("bearer abc") == "abc"
+    assert bearer_token("abc") == "abc"
 
 
 def test_auth_rules():

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.dispatch import Lane
 from gateway.routing import (
+    Lane,
     best_lane,
     canonical_profile,
     lane_served,
     provisioning_message,
     split_routing_headers,
 )
-from gateway.workers import WorkerState
+from gateway.workers import WorkerRecord
 from protocol.errors import ErrorCode, SIEError
 from protocol.work import Heartbeat
 
 
 def worker(
     wid: str, profile: str, bundle: str, *, depth: int = 0, loaded: tuple[str, ...] = ()
-) -> WorkerState:
+) -> WorkerRecord:
     hb = Heartbeat(
         name=wid,
         ready=True,
@@ -29,7 +29,7 @@ def worker(
         queue_depth=depth,
         loaded_models=list(loaded),
     )
-    return WorkerState(wid, hb, 0.0)
+    return WorkerRecord(wid, hb, 0.0)
 
 
 @pytest.mark.parametrize(

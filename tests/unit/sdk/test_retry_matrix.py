@@ -1,4 +1,4 @@
-"""Every row of the retry matrix (contract 2.3), driven against a real loopback aiohttp server,
+"""Every row of the retry matrix, driven against a real loopback aiohttp server,
 for the sync and the async client alike."""
 
 from __future__ import annotations

@@ -174,6 +174,7 @@ async def test_garbage_and_bad_envelopes_get_errors_and_the_connection_survives(
         ping = ipc.encode_frame(ipc.request_envelope(ipc.PING, "after-garbage", {}))
         replies = await _raw_exchange(sock_path, struct.pack(">I", len(garbage)) + garbage + ping)
         assert replies[0]["ok"] is False and "malformed" in replies[0]["error"]
+        assert replies[0]["error_code"] == ipc.IPC_BAD_REQUEST
         assert replies[1]["ok"] is True and replies[1]["request_id"] == "after-garbage"
 
         bad_version = ipc.encode_frame({"version": 99, "method": "Ping", "request_id": "v", "body": {}})
@@ -185,13 +186,15 @@ async def test_garbage_and_bad_envelopes_get_errors_and_the_connection_survives(
             "ok": False,
             "body": None,
             "error": "unsupported IPC version 99",
+            "error_code": ipc.IPC_BAD_REQUEST,
         }
         assert replies[1]["request_id"] == "u" and replies[1]["ok"] is False
 
         # a client sees a logical error as IpcRemoteError and keeps its connection
         client = IpcClient(sock_path)
-        with pytest.raises(IpcRemoteError):
+        with pytest.raises(IpcRemoteError) as unknown_method:
             await client.call("Nope", {})
+        assert unknown_method.value.code == ipc.IPC_BAD_REQUEST
         with pytest.raises(IpcRemoteError):
             await client.call(ipc.RUN_BATCH, {"model_id": "x"})
         assert (await client.call(ipc.PING, {}))["ready"] is True
@@ -239,10 +242,6 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
         items = [work_item(i, f"text number {i}") for i in range(3)]
         request = ipc.RunBatchRequest(
             model_id="test/fake-embed",
-            batch_id=1,
-            lora_key="",
-            op="encode",
-            total_cost=9,
             items=[ipc.RunBatchRequest.item_map(it) for it in items],
         )
         batch = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
@@ -276,11 +275,14 @@ async def test_drain_refuses_new_batches(sock_path):
     try:
         ack = await client.call(ipc.DRAIN, {"deadline_ms": 1000})
         assert ack["acknowledged"] is True
-        request = ipc.RunBatchRequest(
-            "test/fake-embed", 1, "", "encode", 3, [ipc.RunBatchRequest.item_map(work_item(0))]
-        )
-        with pytest.raises(IpcRemoteError, match=ipc.DRAINING_ERROR):
+        request = ipc.RunBatchRequest("test/fake-embed", [ipc.RunBatchRequest.item_map(work_item(0))])
+        with pytest.raises(IpcRemoteError, match=ipc.DRAINING_ERROR) as refused:
             await client.call(ipc.RUN_BATCH, request.to_map())
+        assert refused.value.code == ipc.IPC_DRAINING
+        ensure = ipc.EnsureModelReadyResponse.from_map(
+            await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "test/fake-embed"})
+        )
+        assert (ensure.state, ensure.error_code) == (ipc.STATE_RETRY_LATER, ipc.IPC_DRAINING)
         assert (await client.call(ipc.PING, {}))["ready"] is False
     finally:
         await client.close()
@@ -299,9 +301,7 @@ async def test_client_fails_pending_calls_when_the_worker_goes_away(sock_path):
             if body["state"] == ipc.STATE_READY:
                 break
             await asyncio.sleep(0.05)
-        request = ipc.RunBatchRequest(
-            "test/fake-embed", 1, "", "encode", 3, [ipc.RunBatchRequest.item_map(work_item(0))]
-        )
+        request = ipc.RunBatchRequest("test/fake-embed", [ipc.RunBatchRequest.item_map(work_item(0))])
         pending = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
         await asyncio.sleep(0.3)
         await server.close()
