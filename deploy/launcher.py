@@ -114,6 +114,7 @@ class Cluster:
     def _wait(self, name: str, check, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         proc = self.supervisor.children[name].proc
+        assert proc is not None  # spawned children always have one
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.state_dir}/logs/{name}.log")

@@ -39,7 +39,10 @@ def _comments(cls: type) -> dict[str, str]:
             for tok in tokenize.generate_tokens(io.StringIO(source).readline)
             if tok.type == tokenize.COMMENT
         }
-        for stmt in ast.parse(source).body[0].body:
+        node = ast.parse(source).body[0]
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt in node.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 for line in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1):
                     if line in by_line:

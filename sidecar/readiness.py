@@ -44,10 +44,13 @@ class Readiness(Settlement):
                 await self._announce()
             await asyncio.sleep(interval if self.worker.last_ok is not None else min(interval, 0.2))
 
+    async def publish_heartbeat(self, *, terminated: bool = False) -> None:
+        raise NotImplementedError  # sidecar.liveness, the layer above, publishes heartbeats
+
     async def _announce(self) -> None:
         """A heartbeat now (readiness changed), besides the periodic ones."""
         try:
-            await self.publish_heartbeat()  # type: ignore[attr-defined] - Liveness, the layer above
+            await self.publish_heartbeat()
         except Exception as exc:  # noqa: BLE001 - heartbeats are best effort
             log.debug("heartbeat publish failed: %s", exc)
 
