@@ -13,6 +13,7 @@ The default run has one victim (the sidecar, ~30 s); the whole matrix is behind 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -22,15 +23,17 @@ import pytest
 from tests.integration.cluster.test_sie_up_supervision import SieUp
 from tests.support.sdk312 import run_sdk, sdk_unavailable
 
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 LOAD = """
 import concurrent.futures, time
 import numpy as np
 from sie_sdk import SIEClient
 
+MODEL = "MODEL_ID"
 TEXTS = [f"fault text {i}" for i in range(8)]
 DURATION, THREADS = float(DURATION_S), 4
 with SIEClient(URL) as c:
-    refs = {t: np.asarray(c.encode("sie-fake", {"text": t}, provision_timeout_s=60)["dense"]) for t in TEXTS}
+    refs = {t: np.asarray(c.encode(MODEL, {"text": t}, provision_timeout_s=120)["dense"]) for t in TEXTS}
     print("REFS", flush=True)
     t0 = time.time()
 
@@ -43,8 +46,8 @@ with SIEClient(URL) as c:
                 i += 1
                 start = time.time()
                 try:
-                    r = cc.encode("sie-fake", {"text": text}, provision_timeout_s=90)
-                    ok = bool(np.allclose(np.asarray(r["dense"]), refs[text], atol=1e-6))
+                    r = cc.encode(MODEL, {"text": text}, provision_timeout_s=90)
+                    ok = bool(np.allclose(np.asarray(r["dense"]), refs[text], atol=1e-5))
                     out.append((start, time.time(), "ok" if ok else "wrong"))
                 except Exception as exc:
                     out.append((start, time.time(), f"error: {type(exc).__name__}: {exc}"[:200]))
@@ -63,8 +66,10 @@ def sdk():
         pytest.skip(reason)
 
 
-def run_victim(tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s: float = 6.0) -> dict:
-    up = SieUp(tmp_path / "state")
+def run_victim(
+    tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s: float = 6.0, model: str = "sie-fake"
+) -> dict:
+    up = SieUp(tmp_path / "state", preload=model)
     try:
         up.start()
         killed: dict[str, float] = {}
@@ -78,7 +83,8 @@ def run_victim(tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s:
         timer = threading.Timer(kill_after_s, kill)
         timer.start()
         try:
-            out = run_sdk(LOAD.replace("DURATION_S", str(duration_s)), up.gateway, timeout=duration_s + 200)
+            script = LOAD.replace("DURATION_S", str(duration_s)).replace("MODEL_ID", model)
+            out = run_sdk(script, up.gateway, timeout=duration_s + 200)
         finally:
             timer.cancel()
         assert "at" in killed, "the run ended before the kill"
@@ -96,6 +102,9 @@ def run_victim(tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s:
             "throughput_before_per_s": round(rate_before(results, killed["at"]), 1),
             "throughput_back_to_90pct_s": recovery_s(results, killed["at"]),
             "restarts": up.children()[victim]["restarts"],
+            "model_load_s": re.findall(
+                r"loaded \S+ in ([0-9.]+) s", (up.state / "logs" / "worker.log").read_text()
+            ),
             "errors": sorted({r[2] for r in results if r[2] != "ok"})[:5],
         }
         print("FAULT REPORT", report)
@@ -135,3 +144,9 @@ def test_sidecar_killed_under_load_loses_nothing(tmp_path, sdk):
 @pytest.mark.parametrize("victim", ["worker", "nats", "config", "gateway"])
 def test_fault_matrix_under_load(tmp_path, sdk, victim):
     check(run_victim(tmp_path, victim, duration_s=30.0, kill_after_s=8.0))
+
+
+@pytest.mark.slow
+def test_worker_killed_under_load_with_a_real_model(tmp_path, sdk):
+    """The longest request against the model's reload time (``model_load_s``: start, then reload)."""
+    check(run_victim(tmp_path, "worker", duration_s=40.0, kill_after_s=15.0, model=MINILM))

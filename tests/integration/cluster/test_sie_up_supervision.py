@@ -23,10 +23,11 @@ SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
 
 
 class SieUp:
-    """``python -m deploy.cli up`` as a subprocess on free ports, with sie-fake preloaded."""
+    """``python -m deploy.cli up`` as a subprocess on free ports, with ``preload`` (sie-fake) loaded."""
 
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, preload: str = "sie-fake") -> None:
         self.state = state
+        self.preload = preload
         self.ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
         self.env.update(
