@@ -123,16 +123,16 @@ MAX_DEPTH = 64  # deepest nesting of lists and maps a request body may have
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what msgpack can carry
 
 
-def check_plain(value: Any, max_depth: int = MAX_DEPTH) -> None:
+def check_plain(value: Any, max_depth: int = MAX_DEPTH, *, check_text: bool = True) -> None:
     """Refuse decoded data that no later step could carry: nesting deeper than ``max_depth``,
-    text that is not valid Unicode (a lone UTF-16 surrogate from a JSON ``\\ud800`` escape),
-    integers beyond 64 bits. Raises CodecError; iterative, so any depth is safe to inspect."""
+    integers beyond 64 bits and, with ``check_text``, text that is not valid Unicode (a lone UTF-16
+    surrogate from a JSON or YAML escape). Raises CodecError; iterative, so any depth is safe."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, dict):
+        if type(node) is dict:
             children: Any = (*node.keys(), *node.values())
-        elif isinstance(node, list):
+        elif type(node) is list:
             children = node
         else:
             children = (node,)
@@ -140,15 +140,17 @@ def check_plain(value: Any, max_depth: int = MAX_DEPTH) -> None:
         if depth >= max_depth:
             raise CodecError(f"nested deeper than {max_depth} levels")
         for child in children:
-            if isinstance(child, str):
-                try:
-                    child.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise CodecError("text is not valid Unicode (a lone UTF-16 surrogate)") from None
-            elif isinstance(child, int):
+            kind = type(child)
+            if kind is str:
+                if check_text and not child.isascii():
+                    try:
+                        child.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise CodecError("text is not valid Unicode (a lone UTF-16 surrogate)") from None
+            elif kind is int:
                 if not _INT_MIN <= child <= _INT_MAX:
                     raise CodecError("integer out of the 64-bit range")
-            elif isinstance(child, (dict, list)):
+            elif kind is dict or kind is list:
                 stack.append((child, depth + 1))
 
 

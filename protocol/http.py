@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -68,7 +69,10 @@ async def read_body(
     return b"".join(chunks)
 
 
-def loads_json(body: bytes | str) -> Any:
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def loads_json(body: bytes) -> Any:
     """json.loads for untrusted input: every malformed document (including ones that trip Python's
     recursion or int-size limits, or that decode to data no later step could carry) is a CodecError."""
     try:
@@ -77,7 +81,8 @@ def loads_json(body: bytes | str) -> Any:
         raise CodecError("nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
         raise CodecError(str(exc)) from None
-    check_plain(data)
+    # a lone surrogate can only come from a \\uD800-\\uDFFF escape: look at the text only then
+    check_plain(data, check_text=_SURROGATE_ESCAPE.search(body) is not None)
     return data
 
 
@@ -89,7 +94,7 @@ def decode_body(body: bytes, content_type: str | None) -> Any:
         if kind == "JSON":
             return loads_json(body)
         data = unpackb(body)
-        check_plain(data)
+        check_plain(data, check_text=False)  # msgpack str is strict UTF-8 already
         return data
     except CodecError as exc:
         raise invalid_input(f"Malformed {kind} body: {exc}") from None
