@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.dev-installed
 SIE_ARGS ?=
 
-.PHONY: up install dev test test-fast typecheck lint bench clean
+.PHONY: up install dev test test-fast typecheck lint bench bench-gpu clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,10 @@ lint: $(DEVSTAMP)
 
 bench: $(DEVSTAMP)
 	$(BIN)/python -m tests.benchmarks.run $(BENCH_ARGS)
+
+# needs a CUDA build of torch and a GPU; prints why it skipped elsewhere
+bench-gpu: $(DEVSTAMP)
+	$(BIN)/python -m tests.benchmarks.gpu $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .sie-state

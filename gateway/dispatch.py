@@ -30,7 +30,7 @@ from protocol.subjects import (
     work_cancel_subject,
     work_subject,
 )
-from protocol.work import WorkItem, WorkResult
+from protocol.work import ItemRef, WorkItem, WorkResult
 
 log = logging.getLogger(__name__)
 
@@ -345,14 +345,7 @@ class Dispatcher:
         if col is None:
             return False
         col.put(
-            WorkResult(
-                work_item_id=f"{request_id}.{item_index}",
-                request_id=request_id,
-                item_index=item_index,
-                success=False,
-                error=message,
-                error_code=code,
-            )
+            WorkResult.failure(ItemRef(f"{request_id}.{item_index}", request_id, item_index), code, message)
         )
         return True
 

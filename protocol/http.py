@@ -18,8 +18,8 @@ from protocol import SERVER_VERSION
 from protocol.codec import (
     CodecError,
     check_plain,
+    dumps_json,
     packb,
-    to_jsonable,
     unpackb,
     wants_msgpack_body,
     wants_msgpack_response,
@@ -146,7 +146,7 @@ def respond(
         return web.Response(
             body=packb(body), status=status, content_type="application/msgpack", headers=headers
         )
-    return json_response(to_jsonable(body), status=status, headers=headers)
+    return web.Response(body=dumps_json(body), status=status, content_type="application/json", headers=headers)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

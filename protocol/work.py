@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from protocol.codec import packb, unpackb
 from protocol.model_config import model_spec
@@ -21,6 +21,28 @@ T = TypeVar("T")
 def _from_map(cls: type[T], data: dict[str, Any]) -> T:
     names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # cls is always a dataclass
     return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class ItemIds(Protocol):
+    """What names one item of a request: a :class:`WorkItem`, or an :class:`ItemRef`."""
+
+    @property
+    def work_item_id(self) -> str: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def item_index(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ItemRef:
+    """The ids of an item whose WorkItem is not at hand (the gateway failing it on a dead letter)."""
+
+    work_item_id: str
+    request_id: str
+    item_index: int
 
 
 @dataclass
@@ -107,7 +129,7 @@ class WorkResult:
     @classmethod
     def failure(
         cls,
-        item: WorkItem,
+        item: ItemIds,
         code: str,
         message: str,
         *,

@@ -111,6 +111,7 @@ class BatchFormer:
         max_wait_ms: float,
         coalesce_ms: float,
         max_pad_share: float = 0.2,
+        in_flight: int = 1,
         name: str = "",
     ) -> None:
         #: requests announced with ``expect()`` that have not submitted yet (still tokenising)
@@ -121,9 +122,14 @@ class BatchFormer:
         self.max_wait = max_wait_ms / 1000.0
         self.coalesce = coalesce_ms / 1000.0
         self.max_pad_share = max_pad_share
+        self.window = 8 * max_requests
         self.name = name
         self._queues: dict[tuple, _Queue] = {}
         self._wakeup = asyncio.Event()
+        # batches handed to the inference thread and not finished: with two, the next batch is
+        # already queued when a forward pass ends, so an accelerator never waits for the loop
+        self._slots = asyncio.Semaphore(max(1, in_flight))
+        self._running: set[asyncio.Task] = set()
         self._closed = False
         self._task = asyncio.create_task(self._loop(), name=f"batchformer:{name}")
 
@@ -171,6 +177,8 @@ class BatchFormer:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        if self._running:
+            await asyncio.wait(self._running)
         for queue in self._queues.values():
             for p in queue.items:
                 if not p.future.done():
@@ -206,30 +214,47 @@ class BatchFormer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
                 continue
-            # flush the due queue whose head is oldest
-            due = [q for q in self._queues.values() if self._due(q, now) == 0.0]
-            await self._flush(min(due, key=lambda q: q.items[0].enqueued))
+            # flush the due queue whose head is oldest, once the inference thread has room
+            await self._slots.acquire()
+            now = time.monotonic()
+            due = [q for q in self._queues.values() if q.items and self._due(q, now) == 0.0]
+            taken = self._take(min(due, key=lambda q: q.items[0].enqueued)) if due else None
+            if taken is None:
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._execute(*taken))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
 
-    async def _flush(self, queue: _Queue) -> None:
+    def _take(self, queue: _Queue) -> tuple[RequestContext, list[_Pending]] | None:
+        """Remove the chunk holding the queue's oldest live unit; None when all were cancelled."""
         live = [p for p in queue.items if not p.future.done()]  # cancelled requests drop out here
         if not live:
             queue.items = []
-            return
-        chunks = chunk_by_cost([p.unit for p in live], self.max_cost, self.max_requests, self.max_pad_share)
+            return None
+        # bands are cut among the oldest units only: sorting a deep queue on every flush would
+        # cost the event loop time quadratic in its depth
+        window = live[: self.window]
+        chunks = chunk_by_cost([p.unit for p in window], self.max_cost, self.max_requests, self.max_pad_share)
         chunk = next(c for c in chunks if 0 in c)  # live[0] is the oldest pending unit
         taken = set(chunk)
-        batch = [live[i] for i in chunk]
         queue.items = [p for i, p in enumerate(live) if i not in taken]
-        units = [p.unit for p in batch]
-        started = time.monotonic()
+        return queue.ctx, [live[i] for i in chunk]
+
+    async def _execute(self, ctx: RequestContext, batch: list[_Pending]) -> None:
         try:
-            outputs = await self._run(queue.ctx, units)
-        except Exception as exc:  # the whole batch shares the failure
-            for p in batch:
+            started = time.monotonic()
+            try:
+                outputs = await self._run(ctx, [p.unit for p in batch])
+            except Exception as exc:  # the whole batch shares the failure
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                return
+            info = BatchInfo(started, time.monotonic(), len(batch))
+            for p, out in zip(batch, outputs, strict=True):
                 if not p.future.done():
-                    p.future.set_exception(exc)
-            return
-        info = BatchInfo(started, time.monotonic(), len(batch))
-        for p, out in zip(batch, outputs, strict=True):
-            if not p.future.done():
-                p.future.set_result((out, info))
+                    p.future.set_result((out, info))
+        finally:
+            self._slots.release()
+            self._wakeup.set()

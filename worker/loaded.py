@@ -34,6 +34,17 @@ def pick_device(setting: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def tune_process_for_cuda() -> None:
+    """Process-wide CUDA choices for serving: no attention backend that compiles per shape.
+
+    PyTorch's SDPA picks cuDNN attention for half precision, and cuDNN builds a plan for every new
+    (batch, width) shape: tens to hundreds of milliseconds on the hot path of mixed traffic.
+    """
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 class LoadedModel:
     """A loaded adapter with its own inference thread and batcher."""
 
@@ -68,6 +79,7 @@ class LoadedModel:
             max_wait_ms=s.max_batch_wait_ms,
             coalesce_ms=s.batch_coalesce_ms,
             max_pad_share=s.max_padding_share,
+            in_flight=s.forwards_in_flight or (2 if runtime.on_cuda else 1),
             name=resolved.model_id,
         )
 

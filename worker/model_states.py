@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Hashable
@@ -30,6 +31,7 @@ from worker.loaded import (
     import_adapter,
     load_signature,
     pick_device,
+    tune_process_for_cuda,
 )
 from worker.memory import MemoryManager, cuda_usage, host_usage
 from worker.results import EnsureResult
@@ -67,6 +69,14 @@ class ModelStates:
             import torch
 
             torch.set_num_threads(self.settings.torch_threads)
+        self.on_cuda = self.device.startswith("cuda")
+        if self.on_cuda:
+            tune_process_for_cuda()
+        switch_ms = self.settings.gil_switch_interval_ms or (0.5 if self.on_cuda else 0.0)
+        if switch_ms:
+            # the inference thread launches kernels one Python call at a time; each time it gives
+            # up the GIL, a busy tokenising thread keeps it for up to this interval
+            sys.setswitchinterval(switch_ms / 1000.0)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:

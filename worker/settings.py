@@ -21,6 +21,8 @@ class WorkerSettings(BaseSettings):
     # front door
     host: str = "0.0.0.0"  # bind address of sie serve
     port: int = 8080  # port of sie serve
+    serve_processes: int = Field(default=1, ge=1)  # sie serve processes sharing the port (SO_REUSEPORT), each with its own runtime on the same device; metrics are per process
+    serve_process_index: int = Field(default=0, ge=0)  # set by sie serve for the sibling processes it starts (0 = the first, which starts the others)
     # catalog
     models_dir: str = str(DEFAULT_MODELS_DIR)  # directory of model YAML files
     bundles_dir: str = str(DEFAULT_BUNDLES_DIR)  # directory of bundle YAML files
@@ -40,6 +42,8 @@ class WorkerSettings(BaseSettings):
     max_batch_wait_ms: float = 10.0  # longest wait for a batch to fill
     batch_coalesce_ms: float = 2.0  # flush early when nothing new arrived for this long
     max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share
+    forwards_in_flight: int = Field(default=0, ge=0)  # batches queued per model's inference thread; 0 = 2 on CUDA, 1 on CPU
+    gil_switch_interval_ms: float = Field(default=0.0, ge=0)  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
     # limits
     max_request_body_bytes: int = 34 * 1024 * 1024  # largest request body (413 INPUT_TOO_LONG above)
     request_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)

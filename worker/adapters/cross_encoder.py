@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from worker.adapters.base import InputTooLong, Prepared, RequestContext, apply_template
+from worker.adapters.base import Prepared, RequestContext, apply_template
 from worker.adapters.hf import HFTextAdapter
+from worker.packed import classify_cls
 
 
 def default_activation(config_path: Path, num_labels: int) -> str:
@@ -44,6 +45,7 @@ class CrossEncoderAdapter(HFTextAdapter):
         self.load_tokenizer()
         self.model = AutoModelForSequenceClassification.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
         self.model.to(self.spec.device).eval()
+        self.enable_packed(self.model)
         self.num_labels = int(self.model.config.num_labels)
         self.activation = str(
             self.spec.loadtime.get("activation")
@@ -57,14 +59,6 @@ class CrossEncoderAdapter(HFTextAdapter):
     def memory_bytes(self) -> int:
         return self.param_bytes(getattr(self, "model", None))
 
-    def _pairs(self, queries: list[str], docs: list[str], limit: int) -> tuple[list[list[int]], list[list[int]]]:
-        enc = self.tokenizer(
-            queries, docs, truncation="longest_first", max_length=limit, add_special_tokens=True,
-            return_attention_mask=False, return_token_type_ids=True,
-        )
-        types = enc.get("token_type_ids") or [[0] * len(ids) for ids in enc["input_ids"]]
-        return enc["input_ids"], types
-
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         qctx = replace(ctx, is_query=True)
         queries = [apply_template(q.get("text") or "", qctx) for q, _ in inputs]
@@ -73,21 +67,32 @@ class CrossEncoderAdapter(HFTextAdapter):
             str(doc_template).replace("{text}", d.get("text") or "") if doc_template else d.get("text") or ""
             for _, d in inputs
         ]
-        limit = self.limit(ctx)
-        ids, types = self._pairs(queries, docs, limit + 1)
-        too_long = [i for i, seq in enumerate(ids) if len(seq) > limit]
-        if too_long:
-            if not ctx.truncate:
-                first = too_long[0]
-                full = self.tokenizer(queries[first], docs[first], add_special_tokens=True)["input_ids"]
-                raise InputTooLong(first, len(full), limit)
-            redo_ids, redo_types = self._pairs([queries[i] for i in too_long], [docs[i] for i in too_long], limit)
-            for i, seq, typ in zip(too_long, redo_ids, redo_types, strict=True):
-                ids[i], types[i] = seq, typ
-        return [Prepared(cost=len(s), data=(s, t), input_tokens=len(s)) for s, t in zip(ids, types, strict=True)]
+        encs = self.encode_checked(ctx, queries, docs, "longest_first")
+        return [Prepared(cost=len(e.ids), data=(e.ids, e.type_ids), input_tokens=len(e.ids)) for e in encs]
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[float]:
+        logits = self._packed_logits(batch) if self.packed is not None else None
+        if logits is None:
+            logits = self._padded_logits(batch)
+        logits = logits.float()
+        if self.num_labels == 1:
+            scores = logits[:, 0]
+            if self.activation == "sigmoid":
+                scores = torch.sigmoid(scores)
+        elif self.num_labels == 2:
+            scores = torch.softmax(logits, dim=-1)[:, 1]
+        else:
+            scores = logits[:, 0]
+        return [float(s) for s in scores.cpu().tolist()]
+
+    def _packed_logits(self, batch: list[Prepared]) -> torch.Tensor | None:
+        types = [p.data[1] for p in batch] if self.uses_token_types else None
+        packed = self.pack([p.data[0] for p in batch], types)
+        hidden = self.packed(packed)
+        return classify_cls(self.model, hidden[packed.starts])
+
+    def _padded_logits(self, batch: list[Prepared]) -> torch.Tensor:
         width = max(p.cost for p in batch)
         ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
         types = np.zeros((len(batch), width), dtype=np.int64)
@@ -101,13 +106,4 @@ class CrossEncoderAdapter(HFTextAdapter):
         kwargs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
         if self.uses_token_types:
             kwargs["token_type_ids"] = torch.from_numpy(types).to(device)
-        logits = self.model(**kwargs).logits.float()
-        if self.num_labels == 1:
-            scores = logits[:, 0]
-            if self.activation == "sigmoid":
-                scores = torch.sigmoid(scores)
-        elif self.num_labels == 2:
-            scores = torch.softmax(logits, dim=-1)[:, 1]
-        else:
-            scores = logits[:, 0]
-        return [float(s) for s in scores.cpu().tolist()]
+        return self.model(**kwargs).logits

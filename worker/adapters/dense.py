@@ -11,6 +11,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
+from worker.packed import pool_packed
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -34,6 +35,7 @@ class DenseAdapter(HFTextAdapter):
         self.load_tokenizer()
         self.model = AutoModel.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
         self.model.to(self.spec.device).eval()
+        self.enable_packed(self.model)
         self.default_pooling = self._pooling_from_files()
 
     def _pooling_from_files(self) -> str:
@@ -93,11 +95,16 @@ class DenseAdapter(HFTextAdapter):
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:
-        ids, mask = self.pad(batch)
-        with self.activate_lora(ctx.lora):
-            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
         options = ctx.options
-        vectors = pool(hidden, mask, options.get("pooling") or self.default_pooling)
+        mode = options.get("pooling") or self.default_pooling
+        if self.packed is not None and ctx.lora is None:  # LoRA weights live in peft's modules
+            packed = self.pack([p.data for p in batch])
+            vectors = pool_packed(self.packed(packed), packed, mode)
+        else:
+            ids, mask = self.pad(batch)
+            with self.activate_lora(ctx.lora):
+                hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            vectors = pool(hidden, mask, mode)
         if options.get("normalize", True):
             vectors = torch.nn.functional.normalize(vectors.float(), p=2, dim=-1)
         out = vectors.float().cpu().numpy()

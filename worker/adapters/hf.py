@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 import torch
 
 from worker.adapters.base import Adapter, InputTooLong, Prepared, RequestContext, apply_template
+from worker.packed import PackedBatch, PackedEncoder, try_packed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,6 +37,7 @@ class HFTextAdapter(Adapter):
     """Tokenises text with the model's fast tokenizer and pads batches to their longest item."""
 
     tokenizer: Any = None
+    packed: PackedEncoder | None = None  # the encoder's packed forward, when enabled
 
     def load_tokenizer(self) -> None:
         from transformers import AutoTokenizer
@@ -45,39 +48,58 @@ class HFTextAdapter(Adapter):
             model_max = 512
         self.max_length = min(self.spec.config.max_sequence_length or model_max, model_max)
         self.pad_id = self.tokenizer.pad_token_id or 0
+        self._tokenizer_json = self.tokenizer.backend_tokenizer.to_str()
+        self._local = threading.local()
 
     def limit(self, ctx: RequestContext) -> int:
         return min(ctx.max_length or self.max_length, self.max_length)
 
-    def _encode_texts(self, texts: list[str], pairs: list[str] | None, limit: int) -> list[list[int]]:
-        enc = self.tokenizer(
-            texts,
-            pairs,
-            truncation=True if pairs is None else "only_second",
-            max_length=limit,
-            add_special_tokens=True,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )
-        return enc["input_ids"]
+    def _thread_tokenizer(self) -> Any:
+        """This thread's own Rust tokenizer (truncation is state of the tokenizer object, so one
+        shared by the tokenisation threads races: one thread's limit leaks into another's call)."""
+        local = self._local
+        tok = getattr(local, "tokenizer", None)
+        if tok is None:
+            from tokenizers import Tokenizer
+
+            tok = local.tokenizer = Tokenizer.from_str(self._tokenizer_json)
+            tok.no_padding()
+        return tok
+
+    def encode(
+        self, texts: list[str], pairs: list[str] | None, limit: int, strategy: str = "longest_first"
+    ) -> tuple[list[Any], list[bool]]:
+        """Encodings (ids, type ids) truncated to ``limit`` tokens, and which were truncated.
+
+        One pass: the tokenizer reports what truncation cut off, so over-long texts are not
+        tokenised twice.
+        """
+        tok = self._thread_tokenizer()
+        tok.enable_truncation(limit, strategy=strategy)
+        encs = tok.encode_batch(texts if pairs is None else list(zip(texts, pairs, strict=True)))
+        return encs, [bool(e.overflowing) for e in encs]
+
+    def full_length(self, text: str, pair: str | None = None) -> int:
+        """Token count of one input without truncation (for the INPUT_TOO_LONG message)."""
+        tok = self._thread_tokenizer()
+        tok.no_truncation()
+        return len(tok.encode(text, pair).ids)
+
+    def encode_checked(
+        self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None, strategy: str = "longest_first"
+    ) -> list[Any]:
+        """Encodings within the limit; over-long inputs truncated, or refused per overflow policy."""
+        limit = self.limit(ctx)
+        encs, truncated = self.encode(texts, pairs, limit, strategy)
+        if not ctx.truncate and any(truncated):
+            first = truncated.index(True)
+            raise InputTooLong(first, self.full_length(texts[first], pairs[first] if pairs else None), limit)
+        return encs
 
     def tokenize(self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None) -> list[Prepared]:
         """Token ids per text (or text pair), truncated to the limit or refused per overflow policy."""
-        limit = self.limit(ctx)
-        # one token over the limit tells truncated inputs apart without tokenising twice
-        ids = self._encode_texts(texts, pairs, limit + 1)
-        too_long = [i for i, seq in enumerate(ids) if len(seq) > limit]
-        if too_long:
-            if not ctx.truncate:
-                first = too_long[0]
-                full = self.tokenizer(texts[first], pairs[first] if pairs else None, add_special_tokens=True)
-                raise InputTooLong(first, len(full["input_ids"]), limit)
-            redo = self._encode_texts(
-                [texts[i] for i in too_long], [pairs[i] for i in too_long] if pairs else None, limit
-            )
-            for i, seq in zip(too_long, redo, strict=True):
-                ids[i] = seq
-        return [Prepared(cost=len(seq), data=seq, input_tokens=len(seq)) for seq in ids]
+        encs = self.encode_checked(ctx, texts, pairs, "longest_first" if pairs is None else "only_second")
+        return [Prepared(cost=len(e.ids), data=e.ids, input_tokens=len(e.ids)) for e in encs]
 
     def texts_of(self, ctx: RequestContext, items: list[dict[str, Any]]) -> list[str]:
         return [apply_template(item.get("text") or "", ctx) for item in items]
@@ -91,6 +113,17 @@ class HFTextAdapter(Adapter):
             mask[row, : p.cost] = 1
         device = self.spec.device
         return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+    def enable_packed(self, model: torch.nn.Module) -> None:
+        """Run ``model``'s encoder packed (worker/packed.py) where wanted and supported.
+
+        Load-time option ``packed: true|false`` forces it; by default it is on for CUDA.
+        """
+        self.packed = try_packed(model, self.spec.device, self.spec.loadtime.get("packed"))
+
+    def pack(self, seqs: list[list[int]], token_types: list[list[int]] | None = None) -> PackedBatch:
+        assert self.packed is not None
+        return self.packed.pack(seqs, self.spec.device, token_types)
 
     def model_kwargs(self) -> dict[str, Any]:
         device = self.spec.device

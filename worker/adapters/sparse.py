@@ -9,6 +9,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
+from worker.packed import mlm_head, segment_max
 
 
 def splade_vectors(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -31,6 +32,10 @@ class SpladeAdapter(HFTextAdapter):
         self.load_tokenizer()
         self.model = AutoModelForMaskedLM.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
         self.model.to(self.spec.device).eval()
+        self.enable_packed(self.model)
+        self.head = mlm_head(self.model)
+        if self.head is None:
+            self.packed = None
 
     def unload(self) -> None:
         self.model = None
@@ -43,7 +48,12 @@ class SpladeAdapter(HFTextAdapter):
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:
-        ids, mask = self.pad(batch)
-        logits = self.model(input_ids=ids, attention_mask=mask).logits
-        weights = splade_vectors(logits, mask).cpu().numpy()
+        if self.packed is not None:
+            packed = self.pack([p.data for p in batch])
+            logits = self.head(self.packed(packed))
+            weights = segment_max(torch.log1p(torch.relu(logits.float())), packed).cpu().numpy()
+        else:
+            ids, mask = self.pad(batch)
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            weights = splade_vectors(logits, mask).cpu().numpy()
         return [{"sparse": to_sparse(weights[i])} for i in range(len(batch))]

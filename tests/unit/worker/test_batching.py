@@ -130,3 +130,27 @@ async def test_failure_fails_only_its_batch_and_close_fails_pending():
         await bad[0]
     assert (await good[0])[0] == 2
     await bf.close()
+
+
+async def test_two_in_flight_queues_the_next_batch_while_one_runs():
+    started: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def run(ctx, us):
+        started.append([u.cost for u in us])
+        await release.wait()
+        return [u.cost for u in us]
+
+    former = BatchFormer(run, max_cost=10_000, max_requests=64, max_wait_ms=1, coalesce_ms=1, in_flight=2)
+    ctx = RequestContext(op="encode")
+    first = former.submit(ctx, units(3))
+    await asyncio.sleep(0.05)
+    second = former.submit(ctx, units(4))
+    await asyncio.sleep(0.05)
+    third = former.submit(ctx, units(5))
+    await asyncio.sleep(0.05)
+    assert started == [[3], [4]]  # the second batch was handed over before the first finished
+    release.set()
+    results = await asyncio.gather(*first, *second, *third)
+    assert [r[0] for r in results] == [3, 4, 5] and started[2] == [5]
+    await former.close()

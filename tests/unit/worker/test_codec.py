@@ -72,3 +72,15 @@ def test_negotiation_rules():
     assert wants_msgpack_response(None) and wants_msgpack_response("*/*")
     assert wants_msgpack_response("application/msgpack, application/json")
     assert not wants_msgpack_response("application/json")
+
+
+def test_json_responses_serialise_arrays_natively_and_nan_as_null():
+    from protocol.codec import dumps_json
+
+    vec = np.array([0.5, -1.25, np.nan], dtype=np.float32)
+    body = {"items": [{"dense": vec, "ids": np.arange(3, dtype=np.int32), "raw": b"\x00\x01",
+                       "strided": np.arange(6, dtype=np.float32)[::2], "n": np.float32(2.5)}]}
+    out = json.loads(dumps_json(body))
+    item = out["items"][0]
+    assert item["dense"] == [0.5, -1.25, None] and item["ids"] == [0, 1, 2]
+    assert item["raw"] == "AAE=" and item["strided"] == [0.0, 2.0, 4.0] and item["n"] == 2.5
