@@ -72,3 +72,31 @@ def test_a_crash_loop_gives_up_naming_the_child_and_its_log(tmp_path):
         assert sup.children["steady"].restarts == 0
     finally:
         sup.stop_all(timeout_s=5)
+
+
+def test_status_says_when_sie_up_is_not_running(tmp_path):
+    import json
+    import subprocess
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    doc = {
+        "supervisor_pid": gone.pid,
+        "children": [
+            {
+                "name": "worker",
+                "state": "running",
+                "pid": gone.pid,
+                "restarts": 2,
+                "last_exit": -9,
+                "log": "w.log",
+            }
+        ],
+    }
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    out = io.StringIO()
+    assert status(tmp_path, out) == 1
+    assert "not running" in out.getvalue()
+    line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("worker"))
+    assert line.split()[1] == "exited" and line.split()[3:5] == ["2", "-9"]
+    assert status(tmp_path / "nowhere", io.StringIO()) == 1
