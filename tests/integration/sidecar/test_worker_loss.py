@@ -75,3 +75,27 @@ async def test_a_lost_worker_returns_items_at_once_and_the_lane_resumes_on_ping(
         await stop_lane(lane, nc, client)
         worker.stop()
         await gw_nc.close()
+
+
+async def test_a_batch_longer_than_the_ack_wait_is_kept_by_progress_acks(nats_server, worker_dirs):
+    """The short ack wait only recovers dead sidecars' items: a live one's batch keeps its lease."""
+    models, bundles = worker_dirs
+    (models / "fake.yaml").write_text(model_yaml(MODEL, batch_delay_ms=4000))
+    sock = socket_path()
+    worker = WorkerProcess(sock, models, bundles).start()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, ack_wait_s=1.5))
+    try:
+        items = [gw.item("req-long", i, model_id=MODEL, text=f"long {i}", total=3) for i in range(3)]
+        for it in items:
+            await gw.publish(it)
+        got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
+        for it in items:
+            assert len(got[it.work_item_id]) == 1 and got[it.work_item_id][0].success
+        # 4 s batches, 1.5 s ack wait: nothing was delivered twice
+        assert lane.stats["received"] == 3 and lane.stats["progress"] >= 2, lane.stats
+    finally:
+        await stop_lane(lane, nc, client)
+        worker.stop()
+        await gw_nc.close()
