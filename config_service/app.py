@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -15,8 +14,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config_service.registry import ConfigError
 from config_service.service import ConfigService
-from config_service.settings import MAX_BODY_BYTES
-from protocol.http import bearer_token, config_error_detail, read_body, token_matches
+from config_service.settings import BODY_TIMEOUT_S, MAX_BODY_BYTES
+from protocol.codec import CodecError
+from protocol.http import bearer_token, config_error_detail, loads_json, read_body, token_matches
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE_KEY = web.AppKey("config_service", ConfigService)
 AUTH_KEY: web.AppKey[Auth] = web.AppKey("config_auth")
 LIMIT_KEY = web.AppKey("config_body_limit", int)
+BODY_TIMEOUT_KEY = web.AppKey("config_body_timeout", float)
 
 PUBLIC, READ, EXPORT, WRITE = "public", "read", "export", "write"
 
@@ -125,8 +126,18 @@ def _payload_too_large(limit: int, declared: int | None) -> Exception:
     return ConfigError(413, "payload_too_large", f"request body exceeds {limit} bytes")
 
 
-async def read_body_limited(request: web.Request, limit: int) -> bytes:
-    return await read_body(request, limit, too_large=_payload_too_large)
+def _body_timeout(timeout_s: float) -> Exception:
+    return ConfigError(408, "body_timeout", f"request body not received within {timeout_s:g} s")
+
+
+async def read_body_limited(request: web.Request) -> bytes:
+    return await read_body(
+        request,
+        request.app[LIMIT_KEY],
+        timeout_s=request.app[BODY_TIMEOUT_KEY],
+        too_large=_payload_too_large,
+        too_slow=_body_timeout,
+    )
 
 
 # ---- handlers ------------------------------------------------------------------------------
@@ -168,7 +179,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def post_model(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     await service.check_writable()
-    body = await read_body_limited(request, request.app[LIMIT_KEY])
+    body = await read_body_limited(request)
     status, payload = await service.add_model(body, request.headers.get("Idempotency-Key"))
     return web.json_response(payload, status=status)
 
@@ -222,11 +233,11 @@ async def get_bundle(request: web.Request) -> web.Response:
 @_kind(READ)
 async def resolve(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
-    body = await read_body_limited(request, request.app[LIMIT_KEY])
+    body = await read_body_limited(request)
     try:
-        data = json.loads(body or b"null")
-    except ValueError as exc:
-        raise ConfigError(400, "parse_error", f"Invalid JSON: {exc}") from exc
+        data = loads_json(body or b"null")
+    except CodecError as exc:
+        raise ConfigError(400, "parse_error", f"Invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(400, "parse_error", "body must be a JSON object")
     spec = data.get("model")
@@ -268,13 +279,18 @@ async def resolve(request: web.Request) -> web.Response:
 
 
 def create_app(
-    service: ConfigService, auth: Auth, *, max_body_bytes: int = MAX_BODY_BYTES
+    service: ConfigService,
+    auth: Auth,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> web.Application:
     # aiohttp's own limit sits above ours so that our 413 (with a JSON body) is what clients see.
     app = web.Application(middlewares=[middleware], client_max_size=max_body_bytes + 1024)
     app[SERVICE_KEY] = service
     app[AUTH_KEY] = auth
     app[LIMIT_KEY] = max_body_bytes
+    app[BODY_TIMEOUT_KEY] = body_timeout_s
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

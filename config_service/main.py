@@ -70,7 +70,12 @@ async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = No
         inference_token=settings.auth_token or None,
         production=settings.is_production(),
     )
-    app = create_app(service, auth, max_body_bytes=settings.config_max_body_bytes)
+    app = create_app(
+        service,
+        auth,
+        max_body_bytes=settings.config_max_body_bytes,
+        body_timeout_s=settings.config_body_timeout_s,
+    )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.config_host, settings.config_port)

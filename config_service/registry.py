@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from protocol.codec import CodecError, check_plain
 from protocol.http import config_error_detail
 from protocol.model_config import (
     MODEL_ID_RE,
@@ -287,8 +288,13 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raise ConfigError(400, "parse_error", f"Invalid YAML: body is not UTF-8 ({exc})") from exc
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        check_plain(data)
+    except (yaml.YAMLError, CodecError) as exc:
         raise ConfigError(400, "parse_error", f"Invalid YAML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(400, "parse_error", "Invalid YAML: nested too deeply") from None
+    except ValueError as exc:  # a scalar YAML cannot construct, e.g. an int past Python's digit limit
+        raise ConfigError(400, "parse_error", f"Invalid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(400, "parse_error", "Invalid YAML: the top level must be a mapping")
     return data

@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_BODY_BYTES = 1024 * 1024
+BODY_TIMEOUT_S = 30.0
 
 
 class ConfigServiceSettings(BaseSettings):
@@ -37,6 +38,7 @@ class ConfigServiceSettings(BaseSettings):
     pod_name: str | None = Field(default=None, validation_alias=AliasChoices("POD_NAME", "SIE_POD_NAME"))  # publisher identity (router_id) in deltas
     # Limits and timers.
     config_max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)  # largest POST body (413 above)
+    config_body_timeout_s: float = Field(default=BODY_TIMEOUT_S, gt=0)  # the whole POST body must arrive within this (408 after)
     config_lock_poll_s: float = Field(default=1.0, gt=0)  # how often a standby replica tries for the writer lock
     config_idempotency_ttl_s: float = Field(default=86400.0, gt=0)  # how long Idempotency-Key answers are kept
     threshold_routing_enabled: bool = False  # allow routing.policy: threshold in model configs

@@ -32,6 +32,14 @@ def _up(args: argparse.Namespace) -> int:
     return up(args.state_dir, args.port or 8080, args.config_port, args.nats_port, args.preload)
 
 
+def _status(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deploy.supervisor import status
+
+    return status(Path(args.state_dir).resolve())
+
+
 def _models_add(args: argparse.Namespace) -> int:
     from deploy.launcher import add_model
 
@@ -53,13 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the standalone worker (HTTP API + batching + models)")
     _add_serve_args(serve)
     serve.set_defaults(func=_serve)
-    up = sub.add_parser("up", help="run the whole cluster locally (nats, config service, gateway, one worker pod)")
+    up = sub.add_parser(
+        "up", help="run the whole cluster locally (nats, config service, gateway, one worker pod)"
+    )
     up.add_argument("--port", type=int, help="gateway port (default 8080)")
     up.add_argument("--config-port", type=int, default=8090, help="config service port (default 8090)")
     up.add_argument("--nats-port", type=int, default=4250, help="nats-server port (default 4250)")
     up.add_argument("--preload", help="comma-separated models the worker loads at start")
     up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, admin token")
     up.set_defaults(func=_up)
+    st = sub.add_parser("status", help="the processes of a running `sie up`, their restarts and logs")
+    st.add_argument("--state-dir", default=".sie-state", help="the state directory `sie up` was given")
+    st.set_defaults(func=_status)
     models = sub.add_parser("models", help="manage model configs in the config service")
     msub = models.add_subparsers(dest="models_command", required=True)
     add = msub.add_parser("add", help="add a model (or profiles) from a YAML file")

@@ -2,8 +2,10 @@
 
 nats-server (JetStream, file storage under the state directory) → config service (SQLite under
 the state directory) → worker (IPC front door on a Unix socket) → sidecar → gateway on :8080.
-Each process logs to ``<state>/logs/<name>.log``; if one exits, the launcher stops the others and
-exits non-zero; Ctrl-C stops them all in reverse order.
+Each process logs to ``<state>/logs/<name>.log``. Once the cluster is up, the launcher supervises
+it (deploy/supervisor.py): a child that exits is restarted with backoff while the others keep
+running; only a crash loop stops the cluster. ``sie status`` shows the children and their
+restarts. Ctrl-C stops them all in reverse order.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.supervisor import RestartPolicy, Supervisor
 from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR
 
 
@@ -65,7 +68,15 @@ class Cluster:
     bundles_dir: str = str(DEFAULT_BUNDLES_DIR)
     preload: str = ""
     machine_profile: str = "cpu"
-    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+
+    def __post_init__(self) -> None:
+        self.supervisor = Supervisor(self.state_dir, self.restart_policy)
+
+    @property
+    def procs(self) -> list[tuple[str, subprocess.Popen]]:
+        """(name, current process) of every child, in start order."""
+        return [(c.name, c.proc) for c in self.supervisor.children.values() if c.proc is not None]
 
     @property
     def nats_url(self) -> str:
@@ -98,16 +109,12 @@ class Cluster:
         }
 
     def _spawn(self, name: str, cmd: list[str], extra: dict[str, str] | None = None) -> subprocess.Popen:
-        logs = self.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        proc = subprocess.Popen(cmd, env={**self.env(), **(extra or {})}, stdout=out, stderr=subprocess.STDOUT)
-        self.procs.append((name, proc))
-        return proc
+        return self.supervisor.spawn(name, cmd, {**self.env(), **(extra or {})})
 
     def _wait(self, name: str, check, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        proc = dict(self.procs)[name]
+        proc = self.supervisor.children[name].proc
+        assert proc is not None  # spawned children always have one
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.state_dir}/logs/{name}.log")
@@ -146,20 +153,10 @@ class Cluster:
         say(f"gateway         {self.gateway_url}")
 
     def stop(self) -> None:
-        for _name, proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for _name, proc in reversed(self.procs):
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        self.procs.clear()
+        self.supervisor.stop_all()
 
     def supervise(self) -> int:
-        """Block until Ctrl-C/SIGTERM (0) or until a process dies (1)."""
+        """Restart children that exit; block until Ctrl-C/SIGTERM (0) or a crash loop (1)."""
         stop = {"flag": False}
 
         def _handler(signum, frame):
@@ -167,16 +164,9 @@ class Cluster:
 
         signal.signal(signal.SIGTERM, _handler)
         try:
-            while not stop["flag"]:
-                for name, proc in self.procs:
-                    if proc.poll() is not None:
-                        print(f"{name} exited with {proc.returncode}; stopping the cluster "
-                              f"(log: {self.state_dir}/logs/{name}.log)", file=sys.stderr)
-                        return 1
-                time.sleep(0.5)
+            return self.supervisor.run(lambda: stop["flag"])
         except KeyboardInterrupt:
-            pass
-        return 0
+            return 0
 
 
 def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, preload: str | None) -> int:

@@ -6,9 +6,12 @@ holds exactly this table, so a new setting cannot go undocumented.
 
 from __future__ import annotations
 
+import ast
 import inspect
-import re
+import io
 import sys
+import textwrap
+import tokenize
 
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
@@ -20,22 +23,31 @@ PROCESSES = [
     ("config service", "config_service.settings", "ConfigServiceSettings"),
 ]
 
-_COMMENT = re.compile(r"^\s+(\w+)\s*:[^#]*?#\s*(.+)$")
-
 
 def _comments(cls: type) -> dict[str, str]:
+    """Field name → the comment on its assignment (on any of its lines, so a formatter may wrap it)."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not (isinstance(klass, type) and issubclass(klass, BaseSettings)) or klass is BaseSettings:
             continue
         try:
-            source = inspect.getsource(klass)
+            source = textwrap.dedent(inspect.getsource(klass))
         except (OSError, TypeError):
             continue
-        for line in source.splitlines():
-            m = _COMMENT.match(line)
-            if m:
-                out[m.group(1)] = m.group(2).strip()
+        by_line = {
+            tok.start[0]: tok.string.lstrip("#").strip()
+            for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT
+        }
+        node = ast.parse(source).body[0]
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                for line in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1):
+                    if line in by_line:
+                        out[stmt.target.id] = by_line[line]
+                        break
     return out
 
 
@@ -64,7 +76,7 @@ def _default(field) -> str:
         return "—"
     repo = str(Path(__file__).resolve().parents[1])
     if isinstance(value, str) and value.startswith(repo):
-        value = "<install>" + value[len(repo):]
+        value = "<install>" + value[len(repo) :]
     return f"`{value}`"
 
 

@@ -99,6 +99,7 @@ class Gateway:
         self.dlq = DLQForwarder(nc, self.dispatcher, self.metrics)
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False  # background loops end on this too: library code may swallow a cancel
         self.started_at = time.time()
 
     @property
@@ -133,6 +134,7 @@ class Gateway:
         await self.registry.start(self.nc, self.metrics)
 
     async def stop(self) -> None:
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -153,7 +155,7 @@ class Gateway:
 
     async def _housekeeping(self) -> None:
         last_sweep = 0.0
-        while True:
+        while not self._stopping:
             await asyncio.sleep(1.0)
             try:
                 self.workers.prune()

@@ -94,6 +94,8 @@ class Dispatcher:
         # cannot overshoot max_stream_pending
         self._admitted_since: dict[str, int] = {}
         self._sub: Subscription | None = None
+        # set (and replaced) at every NATS reconnect: publishes waiting for an ack send again
+        self._reconnected = asyncio.Event()
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -109,9 +111,13 @@ class Dispatcher:
                 col.future.cancel()
 
     def on_reconnect(self) -> None:
-        """After a NATS reconnect streams may be gone (memory storage): ensure them again."""
+        """After a NATS reconnect streams may be gone (memory storage): ensure them again; publishes
+        still waiting for their ack (the publish or its ack may have died with the old connection)
+        are sent again at once rather than after their timeout."""
         self._ensured.clear()
         self._pending_cache.clear()
+        self._reconnected.set()
+        self._reconnected = asyncio.Event()
 
     @property
     def pending_requests(self) -> int:
@@ -269,7 +275,7 @@ class Dispatcher:
         headers = {"Nats-Msg-Id": msg_id}
         for attempt in range(2):
             try:
-                await self.js.publish(subject, payload, headers=headers, timeout=self.publish_timeout_s)
+                await self._publish_until_acked(subject, payload, headers)
                 return
             except nats.js.errors.NoStreamResponseError:
                 # stream gone (NATS restarted with memory storage, or deleted): ensure and retry once
@@ -309,6 +315,26 @@ class Dispatcher:
                 raise SIEError(
                     ErrorCode.QUEUE_UNAVAILABLE, "Work queue unavailable; retry later", retry_after=2
                 ) from None
+
+    async def _publish_until_acked(self, subject: str, payload: bytes, headers: dict[str, str]) -> None:
+        """js.publish, sent again when the connection is re-established before the ack arrives
+        (Nats-Msg-Id makes a repeated publish land once)."""
+        while True:
+            reconnected = asyncio.ensure_future(self._reconnected.wait())
+            pub = asyncio.ensure_future(
+                self.js.publish(subject, payload, headers=headers, timeout=self.publish_timeout_s)
+            )
+            try:
+                await asyncio.wait({pub, reconnected}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                pub.cancel()
+                raise
+            finally:
+                reconnected.cancel()
+            if pub.done():
+                pub.result()  # raises what the publish raised
+                return
+            pub.cancel()
 
     def reply_subject(self, request_id: str) -> str:
         return reply_subject(self.router_id, request_id)

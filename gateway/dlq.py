@@ -2,7 +2,10 @@
 
 Every gateway replica receives each advisory; ``Nats-Msg-Id = dlq-advisory:{id}`` lets the stream's
 duplicate window keep one copy. When the dead item belongs to one of this gateway's pending
-requests, that item is failed at once instead of waiting for the deadline.
+requests, that item is failed at once instead of waiting for the deadline. Once forwarded, the
+dead message is deleted from its work stream, so that it no longer counts as queued work (the
+QUEUE_FULL admission counts the stream's messages). Undecodable messages never get here: the
+sidecar writes them to the DLQ and terminates them at once.
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import json
 import logging
 
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode
-from protocol.subjects import MAX_DELIVERIES_ADVISORY, dlq_subject
+from protocol.subjects import MAX_DELIVERIES_ADVISORY, dlq_subject, work_model_token
 from protocol.work import WorkItem
 
 log = logging.getLogger(__name__)
@@ -53,9 +57,7 @@ class DLQForwarder:
         token = "unknown"
         try:
             stored = await self.js.get_msg(stream, seq)
-            parts = (stored.subject or "").split(".")
-            if len(parts) >= 6:
-                token = parts[5]
+            token = work_model_token(stored.subject or "")
             try:
                 item = WorkItem.from_msgpack(stored.data or b"")
                 if item.router_id == self.dispatcher.router_id:
@@ -75,3 +77,10 @@ class DLQForwarder:
         except Exception as exc:
             self.metrics.dlq_failures.inc()
             log.warning("DLQ forward failed: %s", exc)
+            return  # keep the message in the work stream: it is the only copy
+        try:
+            await self.js.delete_msg(stream, seq)
+        except nats.js.errors.NotFoundError:
+            pass  # another gateway replica deleted it first
+        except Exception as exc:
+            log.info("could not delete dead-lettered message %s/%s: %s", stream, seq, exc)

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway import responses
 from gateway.core import GATEWAY_KEY, Gateway, Provisioning
+from gateway.settings import GatewaySettings
 from protocol import SERVER_VERSION, http
 from protocol.codec import wants_msgpack_response
 from protocol.errors import SIEError, format_retry_after
@@ -34,9 +35,10 @@ def error_response(err: SIEError, *, openai: bool = False) -> web.Response:
     return http.openai_error_response(err) if openai else http.error_response(err)
 
 
-async def read_body(request: web.Request, max_bytes: int) -> Any:
-    """The decoded body (msgpack or JSON per Content-Type), refused with 413 beyond ``max_bytes``."""
-    raw = await http.read_body(request, max_bytes)
+async def read_body(request: web.Request, settings: GatewaySettings) -> Any:
+    """The decoded body (msgpack or JSON per Content-Type): 413 beyond the size limit, 408 when it does not
+    arrive within the body timeout, 400 when it does not decode."""
+    raw = await http.read_body(request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s)
     return http.decode_body(raw, request.headers.get("Content-Type"))
 
 

@@ -33,6 +33,7 @@ class GatewaySettings(BaseSettings):
     gateway_port: int = 8080  # HTTP listen port
     gateway_request_timeout_s: float = Field(default=120.0, gt=0)  # deadline for a request's results; then 504
     gateway_max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # larger request bodies get 413
+    gateway_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)
     gateway_max_items: int = Field(default=4096, gt=0)  # most items per encode/extract request (400 above)
     gateway_max_score_items: int = Field(default=1000, gt=0)  # most documents per score request (400 above)
     gateway_max_stream_pending: int = Field(default=50_000, gt=0)  # stream messages above which requests get 503 QUEUE_FULL

@@ -120,6 +120,41 @@ def unpackb(data: bytes, *, max_bin_len: int = -1) -> Any:
         raise CodecError(f"invalid MessagePack body: {exc}") from exc
 
 
+MAX_DEPTH = 64  # deepest nesting of lists and maps a request body may have
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # what msgpack can carry
+
+
+def check_plain(value: Any, max_depth: int = MAX_DEPTH, *, check_text: bool = True) -> None:
+    """Refuse decoded data that no later step could carry: nesting deeper than ``max_depth``,
+    integers beyond 64 bits and, with ``check_text``, text that is not valid Unicode (a lone UTF-16
+    surrogate from a JSON or YAML escape). Raises CodecError; iterative, so any depth is safe."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if type(node) is dict:
+            children: Any = (*node.keys(), *node.values())
+        elif type(node) is list:
+            children = node
+        else:
+            children = (node,)
+            depth -= 1
+        if depth >= max_depth:
+            raise CodecError(f"nested deeper than {max_depth} levels")
+        for child in children:
+            kind = type(child)
+            if kind is str:
+                if check_text and not child.isascii():
+                    try:
+                        child.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise CodecError("text is not valid Unicode (a lone UTF-16 surrogate)") from None
+            elif kind is int:
+                if not _INT_MIN <= child <= _INT_MAX:
+                    raise CodecError("integer out of the 64-bit range")
+            elif kind is dict or kind is list:
+                stack.append((child, depth + 1))
+
+
 def to_jsonable(obj: Any) -> Any:
     """Turn a response structure into JSON-encodable values (arrays become nested lists)."""
     if isinstance(obj, dict):

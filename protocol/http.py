@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -15,6 +17,7 @@ from aiohttp import web
 from protocol import SERVER_VERSION
 from protocol.codec import (
     CodecError,
+    check_plain,
     dumps_json,
     packb,
     unpackb,
@@ -32,40 +35,69 @@ def _input_too_long(limit: int, declared: int | None) -> Exception:
     return SIEError(ErrorCode.INPUT_TOO_LONG, message, status=413)
 
 
+def _body_timeout(timeout_s: float) -> Exception:
+    return SIEError(ErrorCode.INVALID_INPUT, f"Request body not received within {timeout_s:g} s", status=408)
+
+
 async def read_body(
     request: web.Request,
     limit: int,
     *,
+    timeout_s: float,
     too_large: Callable[[int, int | None], Exception] = _input_too_long,
+    too_slow: Callable[[float], Exception] = _body_timeout,
 ) -> bytes:
     """The request body, refused beyond ``limit`` bytes before buffering it all: the declared
-    Content-Length is checked first, then the bytes as they arrive. ``too_large(limit, declared)``
-    builds the error (default: 413 INPUT_TOO_LONG)."""
+    Content-Length is checked first, then the bytes as they arrive. The whole body must arrive within
+    ``timeout_s`` (a slow client, or one whose Content-Length exceeds what it sends, must not hold the
+    connection). ``too_large(limit, declared)`` and ``too_slow(timeout_s)`` build the errors
+    (default: 413 INPUT_TOO_LONG, 408 INVALID_INPUT)."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_large(limit, declared)
     chunks = []
     size = 0
-    async for chunk in request.content.iter_chunked(1 << 16):
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit, None)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit, None)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise too_slow(timeout_s) from None
     return b"".join(chunks)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def loads_json(body: bytes) -> Any:
+    """json.loads for untrusted input: every malformed document (including ones that trip Python's
+    recursion or int-size limits, or that decode to data no later step could carry) is a CodecError."""
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise CodecError("nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
+        raise CodecError(str(exc)) from None
+    # a lone surrogate can only come from a \\uD800-\\uDFFF escape: look at the text only then
+    check_plain(data, check_text=_SURROGATE_ESCAPE.search(body) is not None)
+    return data
 
 
 def decode_body(body: bytes, content_type: str | None) -> Any:
     if not body:
         raise invalid_input("request body is empty")
-    if wants_msgpack_body(content_type):
-        try:
-            return unpackb(body)
-        except CodecError as exc:
-            raise invalid_input(f"Malformed MessagePack body: {exc}") from None
+    kind = "MessagePack" if wants_msgpack_body(content_type) else "JSON"
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid_input(f"Malformed JSON body: {exc}") from None
+        if kind == "JSON":
+            return loads_json(body)
+        data = unpackb(body)
+        check_plain(data, check_text=False)  # msgpack str is strict UTF-8 already
+        return data
+    except CodecError as exc:
+        raise invalid_input(f"Malformed {kind} body: {exc}") from None
 
 
 def base_headers(request_id: str | None = None) -> dict[str, str]:
@@ -202,4 +234,3 @@ def token_matches(token: str, candidates: Iterable[str | None]) -> bool:
         if candidate:
             found |= hmac.compare_digest(token.encode("utf-8"), candidate.encode("utf-8"))
     return found
-

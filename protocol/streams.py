@@ -30,7 +30,9 @@ DEFAULT_STREAM_REPLICAS = 1
 # Nats-Msg-Id = work_item_id dedupe window: a publish retried within it cannot enqueue an item twice.
 DEFAULT_DUPLICATE_WINDOW_S = 120.0
 
-DEFAULT_ACK_WAIT_S = 30.0
+# Short on purpose: a sidecar progress-ACKs what it holds every ack_wait/3 while a batch or a model
+# load runs, so only a dead sidecar's items wait out the ack wait, and they are redelivered in seconds.
+DEFAULT_ACK_WAIT_S = 3.0
 DEFAULT_MAX_DELIVER = 20
 DEFAULT_MAX_ACK_PENDING = 1000
 

@@ -14,6 +14,11 @@ WORK_CANCEL_PREFIX = "work_cancel"
 DLQ_PREFIX = "sie.dlq"
 DLQ_STREAM = "DEAD_LETTERS"
 MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>"
+# Headers of a dead letter the sidecar writes itself (a work message terminated as undecodable):
+# the body is the original message, these say why and where it came from.
+DLQ_REASON_HEADER = "SIE-DLQ-Reason"
+DLQ_SUBJECT_HEADER = "SIE-DLQ-Subject"
+DLQ_STREAM_SEQ_HEADER = "SIE-DLQ-Stream-Seq"
 
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -92,3 +97,9 @@ def work_cancel_subject(router_id: str, request_id: str) -> str:
 
 def dlq_subject(model_token: str) -> str:
     return f"{DLQ_PREFIX}.{model_token}"
+
+
+def work_model_token(subject: str) -> str:
+    """The model token of a work subject ``sie.work.{pool}.{profile}.{bundle}.{model}`` ("unknown" else)."""
+    parts = (subject or "").split(".")
+    return parts[5] if len(parts) == 6 and subject.startswith(WORK_PREFIX + ".") and parts[5] else "unknown"

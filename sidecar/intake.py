@@ -93,8 +93,8 @@ class Intake(Scheduling):
             if not isinstance(item.options, dict):
                 raise ValueError("options must be a map")
         except _ALWAYS_ERROR as exc:
-            log.warning("NAK undecodable work item on %s: %s", msg.subject, exc)
-            await self._raw_nak(msg, self.settings.nak_delay_s)
+            log.warning("dead-lettering undecodable work item on %s: %s", msg.subject, exc)
+            await self._dead_letter(msg, f"undecodable work item: {exc}")
             return
         if not is_valid_reply_subject(item.reply_subject):
             log.warning(
@@ -106,6 +106,10 @@ class Intake(Scheduling):
             return
         if item.request_id in self.tombstones:
             await self._raw_ack(msg, drop=True)
+            return
+        if not self.worker.fresh(self._worker_stale_after_s()):
+            # fetched just as the worker went away: give it back for other pods
+            await self._raw_nak(msg, self._transport_nak_delay())
             return
         d = Delivery(
             msg=msg,

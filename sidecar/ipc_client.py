@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from protocol import ipc
@@ -51,6 +52,9 @@ class IpcClient:
         self._connect_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
         self._closed = False
+        # Called with the reason when an open connection is lost (the worker died or closed it),
+        # before the calls in flight on it fail: the lane reacts to the event, not to a timer.
+        self.on_disconnect: Callable[[str], None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -109,9 +113,15 @@ class IpcClient:
             self._drop(writer, reason)
 
     def _drop(self, writer: asyncio.StreamWriter, reason: str) -> None:
+        lost = self._writer is writer and not self._closed
         if self._writer is writer:
             self._reader = self._writer = None
         writer.close()
+        if lost and self.on_disconnect is not None:
+            try:
+                self.on_disconnect(reason)
+            except Exception:  # noqa: BLE001 - never let a callback break the connection cleanup
+                log.exception("on_disconnect callback failed")
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():

@@ -11,7 +11,8 @@ situation                                             action
 success / permanent error outcome                     publish WorkResult to reply_subject, then ACK
 reply publish fails                                   no ACK (redelivered after ack_wait)
 reply subject not ``_INBOX.``                         ACK-drop
-undecodable msgpack / malformed subject               NAK ``nak_delay_s``
+undecodable work item                                 DLQ copy with the reason, then TERM (leaves the stream)
+subject outside the lane                              NAK ``nak_delay_s``
 unknown operation                                     error result INVALID_INPUT + ACK
 model loading on the worker                           progress-ACK and recheck (no delivery spent)
 retry_later, IPC transport error, missing outcome     NAK ``nak_delay_s``
@@ -48,6 +49,7 @@ __all__ = ["Delivery", "LaneConsumer", "ModelScheduler", "WorkerHealth"]
 class LaneConsumer(Intake):
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self.ipc.on_disconnect = self._worker_lost
         await self.ensure_jetstream()
         self._cancel_sub = await self.nc.subscribe(f"{WORK_CANCEL_PREFIX}.>", cb=self._on_cancel)
         self._sub = await self.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)

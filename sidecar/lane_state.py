@@ -90,4 +90,5 @@ class LaneState:
             "dropped": 0,
             "batches": 0,
             "progress": 0,
+            "dead_lettered": 0,
         }

@@ -22,12 +22,24 @@ log = logging.getLogger("sie.sidecar")
 
 
 async def connect_nats(settings: SidecarSettings) -> NatsClient:
+    async def disconnected() -> None:
+        log.warning("NATS disconnected")
+
+    async def reconnected() -> None:
+        log.info("NATS reconnected")
+
+    async def error_cb(exc: Exception) -> None:
+        log.warning("NATS error: %s", exc)
+
     return await nats.connect(
         settings.nats_url,
         name=f"sie-sidecar-{settings.worker_id}",
         inbox_prefix=WORKER_INBOX_PREFIX,
         max_reconnect_attempts=-1,
         reconnect_time_wait=2,
+        disconnected_cb=disconnected,
+        reconnected_cb=reconnected,
+        error_cb=error_cb,
     )
 
 

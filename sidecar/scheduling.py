@@ -111,8 +111,9 @@ class Scheduling(Liveness):
             except IpcTransportError as exc:
                 log.warning("RunBatch of %d items for %s failed: %s", len(live), sched.spec, exc)
                 sched.ready = False
+                delay = self._transport_nak_delay()
                 for d in live:
-                    await self._nak(d, s.nak_delay_s)
+                    await self._nak(d, delay)
                 return
             except IpcRemoteError as exc:
                 delay = s.overflow_nak_delay_s if exc.code == ipc.IPC_DRAINING else s.nak_delay_s

@@ -14,6 +14,13 @@ from nats.aio.msg import Msg
 
 from protocol import ipc
 from protocol.errors import ErrorCode
+from protocol.subjects import (
+    DLQ_REASON_HEADER,
+    DLQ_STREAM_SEQ_HEADER,
+    DLQ_SUBJECT_HEADER,
+    dlq_subject,
+    work_model_token,
+)
 from protocol.work import WorkResult
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.lane_state import LaneState
@@ -112,6 +119,31 @@ class Settlement(LaneState):
             await msg.ack()
         except Exception as exc:  # noqa: BLE001 - redelivered later; nothing else to do
             log.warning("ack failed: %s", exc)
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        """A message no retry can fix (undecodable): write it to the DLQ with ``reason``, then
+        terminate it, which also removes it from the work stream, instead of NAKing it until
+        max_deliver runs out."""
+        self.stats["dead_lettered"] += 1
+        reason = " ".join(reason.encode("ascii", "backslashreplace").decode().split())[:400] or "dead"
+        try:
+            seq = msg.metadata.sequence.stream
+        except Exception:  # noqa: BLE001 - not a JetStream delivery: nothing to terminate
+            seq = None
+        headers = {DLQ_REASON_HEADER: reason, DLQ_SUBJECT_HEADER: msg.subject}
+        if seq is not None:
+            headers[DLQ_STREAM_SEQ_HEADER] = str(seq)
+            headers["Nats-Msg-Id"] = f"dlq-term:{self.stream}:{seq}"
+        try:
+            await self.js.publish(
+                dlq_subject(work_model_token(msg.subject)), msg.data, headers=headers, timeout=2
+            )
+        except Exception as exc:  # noqa: BLE001 - still terminate: a poison message must not circulate
+            log.warning("DLQ publish of a dead work message failed: %s", exc)
+        try:
+            await self.nc.publish(msg.reply, b"+TERM " + reason.encode())
+        except Exception as exc:  # noqa: BLE001
+            log.warning("term failed: %s", exc)
 
     async def _raw_nak(self, msg: Msg, delay_s: float) -> None:
         self.stats["naked"] += 1

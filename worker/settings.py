@@ -46,6 +46,7 @@ class WorkerSettings(BaseSettings):
     gil_switch_interval_ms: float = Field(default=0.0, ge=0)  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
     # limits
     max_request_body_bytes: int = 34 * 1024 * 1024  # largest request body (413 INPUT_TOO_LONG above)
+    request_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)
     max_items_per_request: int = 4096  # most items in one encode/extract request (400 above)
     max_score_items: int = 1000  # most items in one score request (400 above)
     max_item_text_bytes: int = 2 * 1024 * 1024  # largest UTF-8 text of one item (400 above)

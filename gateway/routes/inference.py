@@ -28,7 +28,7 @@ async def _itemised_request(
     """The common start of encode and extract: body within limits, item count, options, route."""
     gw = gateway_of(request)
     model = request.match_info["model"]
-    data = await read_body(request, gw.settings.gateway_max_body_bytes)
+    data = await read_body(request, gw.settings)
     req: EncodeRequest | ExtractRequest = parse_request(model_cls, data)
     if len(req.items) > gw.settings.gateway_max_items:
         raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
@@ -73,7 +73,7 @@ async def handle_encode(request: web.Request) -> web.Response:
 async def handle_score(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     model = request.match_info["model"]
-    data = await read_body(request, gw.settings.gateway_max_body_bytes)
+    data = await read_body(request, gw.settings)
     req = parse_request(ScoreRequest, data)
     if len(req.items) > gw.settings.gateway_max_score_items:
         raise invalid_input(

@@ -32,7 +32,7 @@ async def handle_embeddings(request: web.Request) -> web.Response:
 
 
 async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
-    data = await read_body(request, gw.settings.gateway_max_body_bytes)
+    data = await read_body(request, gw.settings)
     req = openai.parse_embeddings_request(data, max_inputs=gw.settings.gateway_max_items)
     model, inputs = req.model, req.inputs
     route = openai.resolve_model(gw.registry.resolve, model)

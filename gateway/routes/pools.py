@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -11,6 +10,8 @@ from gateway.http_common import (
     gateway_of,
 )
 from gateway.pools import PoolStore
+from protocol import http
+from protocol.codec import CodecError
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
 
@@ -22,10 +23,11 @@ def _pools(request: web.Request) -> PoolStore:
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
+    settings = gateway_of(request).settings
+    raw = await http.read_body(request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s)
     try:
-        return json.loads(raw) if raw else None
-    except (ValueError, UnicodeDecodeError):
+        return http.loads_json(raw) if raw else None
+    except CodecError:
         raise invalid_input("Pool body must be JSON") from None
 
 

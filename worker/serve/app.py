@@ -79,7 +79,7 @@ def _check_machine_profile(request: web.Request, settings: WorkerSettings) -> No
 
 async def _decoded(request: web.Request) -> Any:
     settings = request.app[SETTINGS]
-    body = await read_body(request, settings.max_request_body_bytes)
+    body = await read_body(request, settings.max_request_body_bytes, timeout_s=settings.request_body_timeout_s)
     return decode_body(body, request.headers.get("Content-Type"))
 
 

@@ -43,3 +43,11 @@ def test_a_work_item_names_its_model_spec():
     assert item.model_spec == "org/m:fast"
     item.profile_id = "default"
     assert item.model_spec == "org/m"
+
+
+def test_work_model_token_names_the_dead_letter_subject():
+    from protocol.subjects import work_model_token, work_subject
+
+    assert work_model_token(work_subject("default", "cpu", "default", "acme/m.v1")) == "acme__m_dot_v1"
+    for subject in ("", "sie.work.default.cpu", "other.a.b.c.d.e", "sie.work.a.b.c.d.e.f"):
+        assert work_model_token(subject) == "unknown"

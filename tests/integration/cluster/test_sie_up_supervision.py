@@ -1,0 +1,156 @@
+"""``sie up`` as a supervisor (issue 12): kill -9 of a child under ``sie up`` restarts that child
+(the others keep running), ``sie status`` counts the restart, and the cluster serves again."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.cluster import wait_for_worker
+from tests.support.nats_server import free_port
+
+REPO = Path(__file__).resolve().parents[3]
+SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
+
+
+class SieUp:
+    """``python -m deploy.cli up`` as a subprocess on free ports, with ``preload`` (sie-fake) loaded."""
+
+    def __init__(self, state: Path, preload: str = "sie-fake") -> None:
+        self.state = state
+        self.preload = preload
+        self.ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
+        self.env.update(
+            {
+                "SIE_HF_OFFLINE": "1",
+                "HF_HUB_OFFLINE": "1",
+                "SIE_TORCH_THREADS": "1",
+                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
+                "SIE_GATEWAY_WORKER_WARMUP_S": "1",
+            }
+        )
+        self.gateway = f"http://127.0.0.1:{self.ports['gw']}"
+        self.proc: subprocess.Popen | None = None
+        self.pids: set[int] = set()
+
+    def start(self) -> SieUp:
+        cmd = [
+            sys.executable,
+            "-m",
+            "deploy.cli",
+            "up",
+            "--port",
+            str(self.ports["gw"]),
+            "--config-port",
+            str(self.ports["cfg"]),
+            "--nats-port",
+            str(self.ports["nats"]),
+            "--state-dir",
+            str(self.state),
+            "--preload",
+            "sie-fake",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + 120  # generous: only guards against a hang
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.gateway + "/readyz", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.3)
+        wait_for_worker(self.gateway)
+        return self
+
+    def children(self) -> dict[str, dict]:
+        doc = json.loads((self.state / "status.json").read_text())
+        rows = {c["name"]: c for c in doc["children"]}
+        self.pids |= {c["pid"] for c in rows.values() if c["pid"]}
+        return rows
+
+    def status_command(self) -> tuple[int, str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "deploy.cli", "status", "--state-dir", str(self.state)],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return out.returncode, out.stdout + out.stderr
+
+    def stop(self) -> str:
+        output = ""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc is not None:
+            output = self.proc.stdout.read()
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return output
+
+
+def encode_until_ok(gateway: str, text: str, timeout: float = 120.0) -> httpx.Response:
+    """What a retrying client does: retry transport errors and retryable statuses until a 200."""
+    deadline = time.monotonic() + timeout  # generous: only guards against a hang
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(
+                gateway + "/v1/encode/sie-fake", json={"items": [{"text": text}]}, headers=SDK, timeout=30
+            )
+            if r.status_code == 200:
+                return r
+            last = (r.status_code, r.text[:200])
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.2)
+    raise AssertionError(f"no 200 within {timeout} s: {last}")
+
+
+@pytest.fixture
+def sie_up(tmp_path):
+    up = SieUp(tmp_path / "state")
+    try:
+        yield up.start()
+    finally:
+        print(up.stop())
+
+
+def test_a_killed_worker_is_restarted_and_the_cluster_serves_again(sie_up):
+    before = sie_up.children()
+    assert set(before) == {"nats", "config", "worker", "sidecar", "gateway"}
+    assert len(encode_until_ok(sie_up.gateway, "before").json()["items"][0]["dense"]["values"]) == 384
+    os.kill(before["worker"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60  # generous: only guards against a hang
+    while sie_up.children()["worker"]["restarts"] < 1:
+        assert time.monotonic() < deadline, sie_up.children()
+        time.sleep(0.1)
+    after = sie_up.children()
+    assert after["worker"]["pid"] != before["worker"]["pid"] and after["worker"]["last_exit"] == -9
+    for name in ("nats", "config", "sidecar", "gateway"):  # the others kept running, untouched
+        assert after[name]["pid"] == before[name]["pid"] and after[name]["restarts"] == 0
+    assert len(encode_until_ok(sie_up.gateway, "after").json()["items"][0]["dense"]["values"]) == 384
+    rc, out = sie_up.status_command()
+    assert rc == 0, out
+    worker_row = next(line for line in out.splitlines() if line.startswith("worker"))
+    assert worker_row.split()[1:5] == ["running", str(after["worker"]["pid"]), "1", "-9"], out
+    assert sie_up.proc.poll() is None  # sie up itself kept running
+    assert "worker exited with -9" in sie_up.stop()

@@ -1,0 +1,84 @@
+"""Inputs that once answered 500 (issue 12): each is a 400 with the contract's code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.integration.gateway.conftest import DENSE, RERANK
+from tests.integration.gateway.fake_worker import FakeWorker
+from tests.integration.gateway.test_gateway_flow import post, wait_workers
+
+JSON = {"Content-Type": "application/json", "Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
+DEEP = "[" * 1000 + "]" * 1000
+HUGE_INT = "1" + "0" * 4400
+
+BAD_BODIES = [
+    pytest.param(f"/v1/encode/{DENSE}", '{"items":[{"text":"\\ud800"}]}', id="encode-lone-surrogate"),
+    pytest.param(f"/v1/encode/{DENSE}", '{"items":[{"text":"ok","id":"\\udfff"}]}', id="encode-surrogate-id"),
+    pytest.param("/v1/embeddings", f'{{"model":"{DENSE}","input":"\\ud800"}}', id="openai-lone-surrogate"),
+    pytest.param(
+        "/v1/embeddings", f'{{"model":"{DENSE}","input":["a","\\udc00x"]}}', id="openai-list-surrogate"
+    ),
+    pytest.param(
+        f"/v1/score/{RERANK}", '{"query":{"text":"\\ud800"},"items":[{"text":"a"}]}', id="score-query"
+    ),
+    pytest.param(f"/v1/encode/{DENSE}", f'{{"items":{DEEP}}}', id="encode-deep"),
+    pytest.param(f"/v1/encode/{DENSE}", f'{{"items":[{{"text":"a"}}],"options":{DEEP}}}', id="options-deep"),
+    pytest.param("/v1/embeddings", DEEP, id="openai-deep"),
+    pytest.param(
+        f"/v1/encode/{DENSE}", f'{{"items":[{{"text":"a"}}],"options":{{"x":{HUGE_INT}}}}}', id="huge-int"
+    ),
+    pytest.param(f"/v1/score/{RERANK}", HUGE_INT, id="score-huge-int"),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), BAD_BODIES)
+async def test_malformed_input_is_a_400_with_the_contract_code(nats_server, start_gateway, path, body):
+    h = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1").start()
+    try:
+        await wait_workers(h)
+        async with h.session.post(h.url(path), data=body.encode(), headers=JSON) as resp:
+            raw = await resp.read()
+            assert resp.status == 400, raw
+            doc = json.loads(raw)
+            if path == "/v1/embeddings":
+                assert doc["error"]["type"] == "invalid_request_error", doc
+            else:
+                assert doc["detail"]["code"] == "INVALID_INPUT", doc
+            assert resp.headers["X-SIE-Error-Code"] == "INVALID_INPUT"
+        status, _, good = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "still fine"}]})
+        assert status == 200, good
+    finally:
+        await w.stop()
+
+
+async def test_a_body_shorter_than_its_content_length_times_out(nats_server, start_gateway):
+    h = await start_gateway(gateway_body_timeout_s=1.0)
+    host, port = h.server.host, h.server.port
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            f"POST /v1/encode/{DENSE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f'Accept: application/json\r\nContent-Length: 1000\r\n\r\n{{"items":'.encode()
+        )
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)  # generous: "no hang"
+        assert head.split(b" ")[1] == b"408", head
+        assert b"X-SIE-Error-Code: INVALID_INPUT" in head
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "body", [DEEP, HUGE_INT, '{"name":"\\ud800"}'], ids=["deep", "huge-int", "surrogate"]
+)
+async def test_malformed_pool_body_is_a_400(start_gateway, body):
+    h = await start_gateway()
+    async with h.session.post(h.url("/v1/pools"), data=body.encode(), headers=JSON) as resp:
+        raw = await resp.read()
+        assert resp.status == 400, raw
+        assert resp.headers["X-SIE-Error-Code"] == "INVALID_INPUT"

@@ -1,0 +1,44 @@
+"""Dead letters (issue 12): a work item that ran out of deliveries is forwarded to DEAD_LETTERS,
+its request item fails at once, and it is deleted from the work stream, so that the QUEUE_FULL
+admission (which counts the stream's messages) no longer counts it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol.subjects import DLQ_STREAM, pool_stream_name
+from tests.integration.gateway.conftest import DENSE
+from tests.integration.gateway.fake_worker import FakeWorker
+from tests.integration.gateway.test_gateway_flow import post, wait_workers
+
+
+async def never_answers(item, worker):
+    return None  # takes the item and never acks it: every delivery times out
+
+
+async def test_a_dead_item_is_forwarded_removed_from_the_stream_and_not_counted(nats_server, start_gateway):
+    h = await start_gateway(gateway_max_stream_pending=1, gateway_request_timeout_s=30.0)
+    js = h.nc.jetstream()
+    stuck = await FakeWorker(nats_server.url, "stuck", handler=never_answers, ack_wait_s=0.5, max_deliver=2).start()
+    try:
+        await wait_workers(h)
+        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "doomed"}]})
+        assert status >= 500 and "dead-lettered" in str(body), body  # failed at once, not at the deadline
+        assert len(stuck.seen) == 2
+        work = pool_stream_name("default")
+        for _ in range(100):  # generous: only guards against a hang
+            if (await js.stream_info(work)).state.messages == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert (await js.stream_info(work)).state.messages == 0
+        assert (await js.stream_info(DLQ_STREAM)).state.messages == 1
+    finally:
+        await stuck.kill()
+    # with the dead message gone the one-slot queue admits a new request (no QUEUE_FULL)
+    await asyncio.sleep(0.3)  # past the gateway's cached stream size
+    good = await FakeWorker(nats_server.url, "good").start()
+    try:
+        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "admitted"}]})
+        assert status == 200, body
+    finally:
+        await good.stop()

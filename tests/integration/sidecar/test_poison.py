@@ -1,0 +1,76 @@
+"""Poison messages (issue 12): an undecodable work message is written to the DLQ with the reason and
+terminated at once (no NAK cycle through max_deliver), which also removes it from the work stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.js.api import StreamConfig
+
+from protocol.streams import dlq_stream_config
+from protocol.subjects import (
+    DLQ_REASON_HEADER,
+    DLQ_STREAM,
+    DLQ_SUBJECT_HEADER,
+    normalize_id,
+    pool_stream_name,
+)
+from tests.integration.sidecar.support import (
+    Gateway,
+    InProcessWorker,
+    connect,
+    model_yaml,
+    sidecar_settings,
+    socket_path,
+    start_lane,
+    stop_lane,
+    wait_until,
+)
+
+MODEL = "test/fake-embed"
+POISON = b"\xc1 not msgpack at all"
+
+
+async def test_an_undecodable_message_is_dead_lettered_at_once_and_leaves_the_work_stream(nats_server):
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    js = gw_nc.jetstream()
+    await js.add_stream(StreamConfig(**dlq_stream_config(storage="memory")))
+    gw = await Gateway(gw_nc).start()
+    arrivals: list[tuple[float, object]] = []
+
+    async def on_dead(msg) -> None:
+        arrivals.append((time.monotonic(), msg))
+
+    await gw_nc.subscribe("sie.dlq.>", cb=on_dead)
+    async with InProcessWorker(sock, model_yaml(MODEL)):
+        # nak_delay_s and ack_wait long: a NAK or redelivery cycle could not finish within the waits below
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, nak_delay_s=30.0))
+        try:
+            good = gw.item("req-ok", 0, model_id=MODEL, text="fine")
+            await gw.publish(good)
+            await gw.wait_for([good.work_item_id])  # the lane is pulling
+            sent = time.monotonic()
+            await gw.publish_raw(MODEL, POISON)
+            await wait_until(lambda: arrivals, 10)  # generous: only guards against a hang
+            took, msg = arrivals[0][0] - sent, arrivals[0][1]
+            print(f"undecodable message reached the DLQ {took * 1000:.0f} ms after it was published")
+            assert msg.subject == f"sie.dlq.{normalize_id(MODEL)}"
+            assert msg.data == POISON
+            assert msg.headers[DLQ_REASON_HEADER].startswith("undecodable work item:")
+            assert msg.headers[DLQ_SUBJECT_HEADER].endswith(normalize_id(MODEL))
+            assert (await js.stream_info(DLQ_STREAM)).state.messages == 1  # kept in DEAD_LETTERS
+            # terminated, not NAKed: no longer in the work stream, nothing redelivered
+            work = pool_stream_name("default")
+            await wait_until(lambda: lane.stats["dead_lettered"] == 1, 10)
+            for _ in range(100):
+                if (await js.stream_info(work)).state.messages == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await js.stream_info(work)).state.messages == 0
+            assert lane.stats["naked"] == 0
+            assert lane.stats["received"] == 2
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()

@@ -1,0 +1,102 @@
+"""The supervisor behind ``sie up``: restart with backoff, keep the others running, count restarts,
+give up on a crash loop naming the child and its log; ``sie status`` reads its state file."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import time
+
+from deploy.supervisor import RestartPolicy, Supervisor, read_status, status
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+CRASHER = [sys.executable, "-c", "import sys; print('boom', flush=True); sys.exit(3)"]
+FAST = RestartPolicy(backoff_base_s=0.01, backoff_max_s=0.05, crash_loop_restarts=5, crash_loop_window_s=60)
+
+
+def _until(cond, timeout: float = 20.0) -> None:  # generous: only guards against a hang
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def test_backoff_grows_from_an_immediate_first_restart():
+    p = RestartPolicy(backoff_base_s=1.0, backoff_max_s=30.0)
+    assert [p.backoff(n) for n in range(7)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
+
+
+def test_a_killed_child_is_restarted_and_the_others_keep_running(tmp_path):
+    said: list[str] = []
+    sup = Supervisor(tmp_path, FAST, say=said.append)
+    try:
+        victim = sup.spawn("victim", SLEEPER, dict(os.environ))
+        other = sup.spawn("other", SLEEPER, dict(os.environ))
+        os.kill(victim.pid, signal.SIGKILL)
+        _until(lambda: (sup.check(), sup.children["victim"].restarts == 1)[1])
+        new = sup.children["victim"].proc
+        assert new.pid != victim.pid and new.poll() is None
+        assert sup.children["other"].proc is other and other.poll() is None
+        assert sup.children["other"].restarts == 0
+        assert any("victim exited with -9" in s and "victim.log" in s for s in said), said
+        doc = read_status(tmp_path)
+        rows = {c["name"]: c for c in doc["children"]}
+        assert rows["victim"]["restarts"] == 1 and rows["victim"]["last_exit"] == -9
+        assert rows["victim"]["pid"] == new.pid and rows["victim"]["state"] == "running"
+        out = io.StringIO()
+        assert status(tmp_path, out) == 0  # this process is the supervisor: "running"
+        line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("victim"))
+        assert line.split()[1:5] == ["running", str(new.pid), "1", "-9"], out.getvalue()
+    finally:
+        sup.stop_all(timeout_s=5)
+    assert all(c.proc.poll() is not None for c in sup.children.values())
+    assert {c["state"] for c in read_status(tmp_path)["children"]} == {"stopped"}
+
+
+def test_a_crash_loop_gives_up_naming_the_child_and_its_log(tmp_path):
+    said: list[str] = []
+    sup = Supervisor(tmp_path, FAST, say=said.append)
+    try:
+        sup.spawn("steady", SLEEPER, dict(os.environ))
+        sup.spawn("crasher", CRASHER, dict(os.environ))
+        deadline = time.monotonic() + 30  # generous: only guards against a hang
+        assert sup.run(lambda: time.monotonic() > deadline, interval_s=0.01) == 1
+        crasher = sup.children["crasher"]
+        assert crasher.restarts == 5 and crasher.state == "crash-loop"
+        assert "crasher is crash-looping" in said[-1] and str(tmp_path / "logs" / "crasher.log") in said[-1]
+        assert (tmp_path / "logs" / "crasher.log").read_text().count("boom") == 6
+        assert sup.children["steady"].restarts == 0
+    finally:
+        sup.stop_all(timeout_s=5)
+
+
+def test_status_says_when_sie_up_is_not_running(tmp_path):
+    import json
+    import subprocess
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    doc = {
+        "supervisor_pid": gone.pid,
+        "children": [
+            {
+                "name": "worker",
+                "state": "running",
+                "pid": gone.pid,
+                "restarts": 2,
+                "last_exit": -9,
+                "log": "w.log",
+            }
+        ],
+    }
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    out = io.StringIO()
+    assert status(tmp_path, out) == 1
+    assert "not running" in out.getvalue()
+    line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("worker"))
+    assert line.split()[1] == "exited" and line.split()[3:5] == ["2", "-9"]
+    assert status(tmp_path / "nowhere", io.StringIO()) == 1
