@@ -88,21 +88,13 @@ class CLIPAdapter(HFTextAdapter):
     def load(self) -> None:
         from transformers import AutoModel
 
-        self.load_tokenizer()
+        self.load_model(AutoModel)
         self.image_processor = load_image_processor(self.spec.weights_dir or "")
-        self.model = AutoModel.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
-        self.model.to(self.spec.device).eval()
         opts = self.spec.loadtime
         self.max_image_bytes = int(opts.get("max_image_bytes") or 20 * 1024 * 1024)
         self.max_image_pixels = int(opts.get("max_image_pixels") or 40_000_000)
         self.pad_to_window = opts.get("text_padding") == "max_length"
         self.text_mask = bool(opts.get("text_attention_mask", True))
-
-    def unload(self) -> None:
-        self.model = None
-
-    def memory_bytes(self) -> int:
-        return self.param_bytes(getattr(self, "model", None))
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         units: list[Prepared | None] = [None] * len(inputs)

@@ -70,8 +70,7 @@ class ColBERTAdapter(HFTextAdapter):
         from transformers import AutoModel
 
         root = Path(self.spec.weights_dir or "")
-        self.load_tokenizer()
-        self.model = AutoModel.from_pretrained(str(root), **self.model_kwargs())
+        self.load_model(AutoModel)
         weight, bias = find_projection(root)
         dtype = next(self.model.parameters()).dtype
         self.linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
@@ -79,7 +78,6 @@ class ColBERTAdapter(HFTextAdapter):
             self.linear.weight.copy_(weight)
             if bias is not None:
                 self.linear.bias.copy_(bias)
-        self.model.to(self.spec.device).eval()
         self.linear.to(device=self.spec.device, dtype=dtype).eval()
         self._settings(root)
 
@@ -111,12 +109,11 @@ class ColBERTAdapter(HFTextAdapter):
         )
 
     def unload(self) -> None:
-        self.model = None
-        self.peft_model = None
+        super().unload()
         self.linear = None
 
     def memory_bytes(self) -> int:
-        return self.param_bytes(getattr(self, "model", None)) + self.param_bytes(getattr(self, "linear", None))
+        return super().memory_bytes() + self.param_bytes(getattr(self, "linear", None))
 
     # ---- preparation -----------------------------------------------------------------------
     def limit(self, ctx: RequestContext) -> int:

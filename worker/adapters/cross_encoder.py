@@ -43,9 +43,7 @@ class CrossEncoderAdapter(HFTextAdapter):
     def load(self) -> None:
         from transformers import AutoModelForSequenceClassification
 
-        self.load_tokenizer()
-        self.model = AutoModelForSequenceClassification.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
-        self.model.to(self.spec.device).eval()
+        self.load_model(AutoModelForSequenceClassification)
         self.enable_packed(self.model)
         self.num_labels = int(self.model.config.num_labels)
         self.activation = str(
@@ -53,13 +51,6 @@ class CrossEncoderAdapter(HFTextAdapter):
             or default_activation(Path(self.spec.weights_dir or "") / "config.json", self.num_labels)
         )
         self.uses_token_types = "token_type_ids" in getattr(self.tokenizer, "model_input_names", [])
-
-    def unload(self) -> None:
-        self.model = None
-        self.peft_model = None
-
-    def memory_bytes(self) -> int:
-        return self.param_bytes(getattr(self, "model", None))
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         qctx = replace(ctx, is_query=True)

@@ -39,9 +39,7 @@ class DenseAdapter(HFTextAdapter):
     def load(self) -> None:
         from transformers import AutoModel
 
-        self.load_tokenizer()
-        self.model = AutoModel.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
-        self.model.to(self.spec.device).eval()
+        self.load_model(AutoModel)
         self.enable_packed(self.model)
         self.default_pooling = self._pooling_from_files()
 
@@ -57,13 +55,6 @@ class DenseAdapter(HFTextAdapter):
             if data.get("pooling_mode_lasttoken"):
                 return "last"
         return "mean"
-
-    def unload(self) -> None:
-        self.model = None
-        self.peft_model = None
-
-    def memory_bytes(self) -> int:
-        return self.param_bytes(getattr(self, "model", None))
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         return self.tokenize(ctx, self.texts_of(ctx, inputs))

@@ -42,6 +42,20 @@ class HFTextAdapter(Adapter):
     packed: PackedEncoder | None = None  # the encoder's packed forward, when enabled
     peft_model: Any = None  # the PeftModel wrapping ``model`` once a LoRA is loaded
 
+    def load_model(self, auto_cls: Any) -> None:
+        """The tokenizer, then the transformers model (``auto_cls``: AutoModel, AutoModelFor...) in
+        eval mode on the device."""
+        self.load_tokenizer()
+        self.model = auto_cls.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
+        self.model.to(self.spec.device).eval()
+
+    def unload(self) -> None:
+        self.model = None
+        self.peft_model = None
+
+    def memory_bytes(self) -> int:
+        return self.param_bytes(self.model)
+
     def load_tokenizer(self) -> None:
         from transformers import AutoTokenizer
 

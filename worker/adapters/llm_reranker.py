@@ -39,7 +39,7 @@ class LLMRerankerAdapter(HFTextAdapter):
     def load(self) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.load_tokenizer()
+        self.load_model(AutoModelForCausalLM)
         opts = self.spec.loadtime
         self.prefix_ids = self.tokenizer.encode(str(opts.get("prefix") or ""), add_special_tokens=False)
         self.suffix_ids = self.tokenizer.encode(str(opts.get("suffix") or ""), add_special_tokens=False)
@@ -47,8 +47,6 @@ class LLMRerankerAdapter(HFTextAdapter):
         self.default_instruction = str(opts.get("default_instruction") or DEFAULT_INSTRUCTION)
         self.yes_id = self._single_token(str(opts.get("yes_token") or "yes"))
         self.no_id = self._single_token(str(opts.get("no_token") or "no"))
-        self.model = AutoModelForCausalLM.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
-        self.model.to(self.spec.device).eval()
 
     def _single_token(self, text: str) -> int:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -56,13 +54,6 @@ class LLMRerankerAdapter(HFTextAdapter):
             raise SIEError(ErrorCode.MODEL_LOAD_FAILED, f"answer token {text!r} is {len(ids)} tokens, not one",
                            status=502)
         return int(ids[0])
-
-    def unload(self) -> None:
-        self.model = None
-        self.peft_model = None
-
-    def memory_bytes(self) -> int:
-        return self.param_bytes(getattr(self, "model", None))
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         instruction = ctx.instruction or self.default_instruction

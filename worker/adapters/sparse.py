@@ -30,20 +30,11 @@ class SpladeAdapter(HFTextAdapter):
     def load(self) -> None:
         from transformers import AutoModelForMaskedLM
 
-        self.load_tokenizer()
-        self.model = AutoModelForMaskedLM.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
-        self.model.to(self.spec.device).eval()
+        self.load_model(AutoModelForMaskedLM)
         self.enable_packed(self.model)
         self.head = mlm_head(self.model)
         if self.head is None:
             self.packed = None
-
-    def unload(self) -> None:
-        self.model = None
-        self.peft_model = None
-
-    def memory_bytes(self) -> int:
-        return self.param_bytes(getattr(self, "model", None))
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         return self.tokenize(ctx, self.texts_of(ctx, inputs))
