@@ -81,10 +81,13 @@ class Batcher:
         head = self.head_time
         return None if head is None else head + limits.max_wait_s
 
-    def ready(self, now: float, limits: BatchLimits, *, draining: bool = False) -> bool:
+    def ready(self, now: float, limits: BatchLimits, *, flush_now: bool = False) -> bool:
+        """Whether to cut a batch now: full, oversize, waited ``max_wait_s``, or ``flush_now``
+        (the lane drains, or the worker has nothing of this model to run, so waiting for more
+        items would only add latency)."""
         if not self.pending:
             return False
-        if draining:
+        if flush_now:
             return True
         if self.pending_cost >= limits.max_cost or len(self.pending) >= limits.max_requests:
             return True
@@ -126,10 +129,10 @@ class Batcher:
 
 
 def oldest_ready(
-    batchers: list[Batcher], now: float, limits: BatchLimits, *, draining: bool = False
+    batchers: list[Batcher], now: float, limits: BatchLimits, *, flush_now: bool = False
 ) -> Batcher | None:
     """First-come-first-served across batchers: the ready one whose head is oldest."""
-    ready = [b for b in batchers if b.ready(now, limits, draining=draining)]
+    ready = [b for b in batchers if b.ready(now, limits, flush_now=flush_now)]
     return min(ready, key=lambda b: b.head_time or 0.0) if ready else None
 
 

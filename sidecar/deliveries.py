@@ -42,6 +42,7 @@ class ModelScheduler:
     batchers: dict[tuple[str, str], Batcher] = field(default_factory=dict)
     ready: bool = False
     generation: int = -1  # IPC connection generation the readiness was learned on
+    running: int = 0  # batches of this model on the worker now
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
 

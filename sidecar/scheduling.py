@@ -51,8 +51,10 @@ class Scheduling(Liveness):
                 while True:
                     await self._drop_cancelled(sched)
                     now = time.monotonic()
+                    # an idle worker gets what is pending at once; a busy one lets batches fill
                     batcher = oldest_ready(
-                        list(sched.batchers.values()), now, sched.limits, draining=self.draining
+                        list(sched.batchers.values()), now, sched.limits,
+                        flush_now=self.draining or sched.running == 0,
                     )
                     if batcher is not None:
                         break
@@ -69,6 +71,7 @@ class Scheduling(Liveness):
                     continue
                 for d in batch:
                     d.in_flight = True
+                sched.running += 1
                 task = asyncio.create_task(self._run_batch(sched, batch))
                 self._batch_tasks.add(task)
                 task.add_done_callback(self._batch_tasks.discard)
@@ -134,6 +137,7 @@ class Scheduling(Liveness):
                     continue
                 await self._settle(sched, d, queue.pop(0), dispatched)
         finally:
+            sched.running -= 1
             self.inflight_batches -= 1
             self._update_saturation()
             self._batch_slots.release()

@@ -81,7 +81,7 @@ _ST_CACHE: dict = {}
 
 
 async def http_load(url: str, texts: list[str], per_request: int, clients: int, seconds: float,
-                    max_requests: int = 100_000) -> tuple[float, float, float]:
+                    max_requests: int = 100_000, model: str = D) -> tuple[float, float, float]:
     lat: list[float] = []
     done = 0
     stop = time.perf_counter() + seconds
@@ -96,7 +96,7 @@ async def http_load(url: str, texts: list[str], per_request: int, clients: int, 
             items = [{"text": texts[(i + k) % len(texts)]} for k in range(per_request)]
             i += per_request
             t = time.perf_counter()
-            async with session.post(f"{url}/v1/encode/{D}", data=packb({"items": items}), headers=headers) as r:
+            async with session.post(f"{url}/v1/encode/{model}", data=packb({"items": items}), headers=headers) as r:
                 body = await r.read()
                 if r.status != 200:
                     raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads for server and in-process peer")
     ap.add_argument("--quick", action="store_true", help="1 repeat, 3 s runs (a smoke run)")
     ap.add_argument("--families", action="store_true", help="add score/extract rows (tests/benchmarks/families.py)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="add the cluster path (sie up's launcher) interleaved with sie serve, every round printed")
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.repeats = 3.0, 1
@@ -197,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"padded-token share, mixed 8-256 token sentences, 16 clients x 1 sent/req: "
           f"{ours:.1%} (arrival-order batching of the same requests: {fifo:.1%})")
+    if args.cluster:
+        print()
+        for line in bench_cluster(texts, args.seconds, args.repeats, args.threads):
+            print(line)
     if args.families:
         from tests.benchmarks.families import bench_score_extract
 
@@ -204,6 +210,45 @@ def main(argv: list[str] | None = None) -> int:
         for line in bench_score_extract(seconds=args.seconds, threads=args.threads):
             print(line)
     return 0
+
+
+def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int) -> list[str]:
+    """The cluster path (gateway → JetStream → sidecar → worker) beside ``sie serve``, same inputs,
+    interleaved round by round; MiniLM rows, then the zero-cost ``sie-fake`` rows that measure
+    the path itself (its throughput, and the p50 it adds at one client)."""
+    import tempfile
+
+    from deploy.launcher import Cluster
+    from tests.support.nats_server import free_port
+
+    os.environ.update({"SIE_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "SIE_HF_OFFLINE": "1"})
+    workloads = [(D, 32, 4), (D, 1, 16), ("sie-fake", 1, 1), ("sie-fake", 1, 32), ("sie-fake", 32, 8)]
+    lines = [f"cluster path vs sie serve, {rounds} rounds x {seconds:.0f} s, every round "
+             f"(items/s, p50/p99 ms; ratio = cluster/serve)"]
+    head = f"{'round':>5} {'workload':34} {'serve/s':>9} {'cluster/s':>9} {'ratio':>6} {'serve p50/p99':>15} {'cluster p50/p99':>17}"
+    lines += [head, "-" * len(head)]
+    with tempfile.TemporaryDirectory(prefix="sie-bench-cluster-") as tmp, \
+            ServeProcess(env={"SIE_TORCH_THREADS": str(threads), "SIE_PRELOAD_MODELS": f"{D},sie-fake"}) as server:
+        cluster = Cluster(state_dir=Path(tmp), gateway_port=free_port(), config_port=free_port(),
+                          nats_port=free_port(), preload=f"{D},sie-fake")
+        try:
+            cluster.start(say=lambda line: None)
+            for model, per_req, clients in workloads:  # warm-up: shapes, connections, lanes
+                for url in (server.url, cluster.gateway_url):
+                    asyncio.run(http_load(url, texts, per_req, clients, 1.0, model=model))
+            for rnd in range(rounds):
+                for model, per_req, clients in workloads:
+                    s_rate, s50, s99 = asyncio.run(http_load(server.url, texts, per_req, clients, seconds, model=model))
+                    c_rate, c50, c99 = asyncio.run(http_load(cluster.gateway_url, texts, per_req, clients, seconds,
+                                                             model=model))
+                    name = f"{'MiniLM' if model == D else model}, {per_req}/req x {clients} clients"
+                    line = (f"{rnd + 1:>5} {name:34} {s_rate:9.1f} {c_rate:9.1f} {c_rate / s_rate:6.2f} "
+                            f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f}")
+                    print(line, file=sys.stderr, flush=True)
+                    lines.append(line)
+        finally:
+            cluster.stop()
+    return lines
 
 
 if __name__ == "__main__":

@@ -200,3 +200,21 @@ async def test_heartbeat_json_shape(nats_server):
         finally:
             await stop_lane(lane, nc, client)
     await gw_nc.close()
+
+
+async def test_an_idle_worker_gets_a_lone_item_without_the_batch_wait(nats_server):
+    """With a batch wait of ten minutes, lone items still run: the worker has nothing of the model
+    to do, so waiting for a fuller batch would only add latency (items batch while it is busy)."""
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    async with InProcessWorker(sock, model_yaml(MODEL)):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=600_000))
+        try:
+            for n in range(3):
+                item = gw.item(f"lone-{n}", 0, model_id=MODEL, text="one item alone", total=1)
+                await gw.publish(item)
+                got = await gw.wait_for([item.work_item_id], timeout=30)
+                assert got[item.work_item_id][0].success
+        finally:
+            await stop_lane(lane, nc, client)

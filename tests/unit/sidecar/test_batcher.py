@@ -80,7 +80,7 @@ def test_draining_flushes_immediately():
     b = Batcher("encode", "")
     b.add(Entry(1, arrived=1.0))
     assert not b.ready(1.0, LIMITS)
-    assert b.ready(1.0, LIMITS, draining=True)
+    assert b.ready(1.0, LIMITS, flush_now=True)
 
 
 def test_count_cap_limits_a_batch():
