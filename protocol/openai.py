@@ -2,7 +2,8 @@
 
 Request (unknown fields ignored): ``model`` (string), ``input`` (a string or an array of strings;
 token-id arrays are refused), ``encoding_format`` (``float`` or ``base64``: little-endian float32
-bytes), ``dimensions`` (accepted only when equal to the model's native dense dimension). Response:
+bytes), ``dimensions`` (Matryoshka: the first N components, re-normalised; 1 ≤ N ≤ the model's
+native dense dimension). Response:
 ``{object: "list", data: [{object: "embedding", embedding, index}], model, usage}``; usage counts
 the worker's tokens, or estimates ``max(1, characters // 4)`` when it has none.
 """
@@ -60,14 +61,28 @@ def parse_embeddings_request(data: Any, *, max_inputs: int) -> EmbeddingsRequest
     return EmbeddingsRequest(model, inputs, fmt, data.get("dimensions"))
 
 
-def check_dimensions(requested: Any, native: int | None) -> None:
-    """``dimensions`` is accepted only when absent or equal to the model's native dense dimension."""
-    if requested is not None and requested != native:
+def dimension_options(requested: Any, native: int | None) -> dict[str, Any]:
+    """Encode options for ``dimensions``: none when absent or native, ``output_dim`` (Matryoshka
+    truncation) below it; INVALID_INPUT for anything else."""
+    if requested is None or requested == native:
+        return {}
+    if not isinstance(requested, int) or isinstance(requested, bool) or native is None or not 0 < requested < native:
         raise invalid_input(
-            f"dimensions={requested} is not supported; the model's native dimension is {native}",
+            f"dimensions must be an integer from 1 to the model's dimension {native}, got {requested!r}",
             param="dimensions",
             openai_code="unsupported_field",
         )
+    return {"output_dim": requested}
+
+
+def models_response(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """``GET /v1/models`` for both kinds of client: SIE clients read ``models``, OpenAI clients
+    ``object``/``data``."""
+    return {
+        "models": entries,
+        "object": "list",
+        "data": [{"id": e["name"], "object": "model", "created": 0, "owned_by": "sie"} for e in entries],
+    }
 
 
 def embedding_row(values: Any, index: int, encoding_format: EncodingFormat) -> dict[str, Any]:

@@ -36,7 +36,7 @@ async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
     req = openai.parse_embeddings_request(data, max_inputs=gw.settings.gateway_max_items)
     model, inputs = req.model, req.inputs
     route = openai.resolve_model(gw.registry.resolve, model)
-    openai.check_dimensions(req.dimensions, openai.dense_dimension(route.resolved, model))
+    options = openai.dimension_options(req.dimensions, openai.dense_dimension(route.resolved, model))
     runtime = route.resolved.runtime_options
     instruction = runtime.get("instruction")
     is_query = bool(runtime.get("is_query", False))
@@ -46,7 +46,7 @@ async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
             gw.work_item(
                 lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
                 total=len(inputs), operation="encode", item={"text": inputs[i]}, output_types=["dense"],
-                output_dtype="float32", instruction=instruction, is_query=is_query, options={},
+                output_dtype="float32", instruction=instruction, is_query=is_query, options=options,
             )
             for i in range(len(inputs))
         ]  # fmt: skip

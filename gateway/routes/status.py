@@ -12,7 +12,7 @@ from gateway.core import Gateway
 from gateway.http_common import (
     gateway_of,
 )
-from protocol import SERVER_VERSION
+from protocol import SERVER_VERSION, openai
 
 
 def _model_state(gw: Gateway, name: str) -> tuple[bool, int]:
@@ -39,7 +39,7 @@ async def handle_models(request: web.Request) -> web.Response:
                 "worker_count": n,
             }
         )
-    return web.json_response({"models": entries})
+    return web.json_response(openai.models_response(entries))
 
 
 async def handle_model(request: web.Request) -> web.Response:

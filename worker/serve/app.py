@@ -27,10 +27,11 @@ from protocol.http import (
     unexpected_error,
 )
 from protocol.openai import (
-    check_dimensions,
     dense_dimension,
+    dimension_options,
     embedding_row,
     embeddings_response,
+    models_response,
     parse_embeddings_request,
     resolve_model,
 )
@@ -143,7 +144,7 @@ def _entries(runtime: Runtime) -> list[dict[str, Any]]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_response({"models": _entries(request.app[RUNTIME])}, headers=base_headers())
+    return json_response(models_response(_entries(request.app[RUNTIME])), headers=base_headers())
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -196,9 +197,9 @@ async def openai_embeddings(request: web.Request) -> web.Response:
             await _decoded(request), max_inputs=request.app[SETTINGS].max_items_per_request
         )
         resolved = resolve_model(runtime.catalog.resolve, req.model)
-        check_dimensions(req.dimensions, dense_dimension(resolved, req.model))
+        options = dimension_options(req.dimensions, dense_dimension(resolved, req.model))
         result = await runtime.encode(req.model, [{"text": t} for t in req.inputs],
-                                      {"output_types": ["dense"], "output_dtype": "float32"})
+                                      {"output_types": ["dense"], "output_dtype": "float32", "options": options})
     except SIEError as exc:
         return openai_error_response(exc)
     rows = [embedding_row(item["dense"]["values"], i, req.encoding_format) for i, item in enumerate(result.items)]

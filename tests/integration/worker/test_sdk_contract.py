@@ -111,6 +111,12 @@ def test_check_28_openai_embeddings(server):
     b64 = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": "a", "encoding_format": "base64"})
     vec = np.frombuffer(base64.b64decode(b64.json()["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(vec, native["items"][0]["dense"]["values"], rtol=0, atol=1e-6)
+    short = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": ["a", "b"], "dimensions": 64})
+    for d, item in zip(short.json()["data"], native["items"], strict=True):  # Matryoshka: truncated, re-normalised
+        head = np.asarray(item["dense"]["values"][:64])
+        np.testing.assert_allclose(d["embedding"], head / np.linalg.norm(head), rtol=0, atol=1e-6)
+    listed = httpx.get(f"{server.url}/v1/models").json()
+    assert D in [m["id"] for m in listed["data"]] and D in [m["name"] for m in listed["models"]]
     bad = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": "a", "dimensions": 385})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "unsupported_field"
     missing = httpx.post(f"{server.url}/v1/embeddings", json={"model": "no/such", "input": "a"})

@@ -9,7 +9,8 @@ import pytest
 
 from protocol.errors import ErrorCode, SIEError
 from protocol.openai import (
-    check_dimensions,
+    dimension_options,
+    models_response,
     embedding_row,
     embeddings_response,
     parse_embeddings_request,
@@ -55,14 +56,22 @@ def test_bad_requests_name_the_field(data, param, message):
     assert err.param == param and err.message.startswith(message)
 
 
-def test_dimensions_only_when_native():
-    check_dimensions(None, 384)
-    check_dimensions(384, 384)
-    with pytest.raises(SIEError) as exc_info:
-        check_dimensions(128, 384)
-    err = exc_info.value
-    assert err.code == ErrorCode.INVALID_INPUT and err.param == "dimensions"
-    assert err.extra["openai_code"] == "unsupported_field" and "384" in err.message
+def test_dimensions_below_native_truncate_and_others_are_refused():
+    assert dimension_options(None, 384) == {} and dimension_options(384, 384) == {}
+    assert dimension_options(128, 384) == {"output_dim": 128}
+    for bad in (385, 0, -1, "128", True, 1.5):
+        with pytest.raises(SIEError) as exc_info:
+            dimension_options(bad, 384)
+        err = exc_info.value
+        assert err.code == ErrorCode.INVALID_INPUT and err.param == "dimensions"
+        assert err.extra["openai_code"] == "unsupported_field" and "384" in err.message
+
+
+def test_models_list_answers_sie_and_openai_clients():
+    body = models_response([{"name": "a/b", "loaded": True}, {"name": "c:bf16", "loaded": False}])
+    assert body["models"][0]["loaded"] is True
+    assert body["object"] == "list" and [m["id"] for m in body["data"]] == ["a/b", "c:bf16"]
+    assert all(m["object"] == "model" for m in body["data"])
 
 
 def test_rows_as_floats_or_little_endian_base64():
