@@ -31,14 +31,18 @@ from gateway.routes.pools import (
     handle_pool_renew,
 )
 from gateway.routes.status import (
+    STATUS_SOCKETS,
     handle_health,
     handle_healthz,
+    handle_index,
     handle_metrics,
     handle_model,
     handle_models,
     handle_readyz,
+    handle_ws_cluster_status,
 )
 from gateway.settings import GatewaySettings
+from protocol.http import close_status_sockets
 
 __all__ = ["GATEWAY_KEY", "create_app"]
 
@@ -53,6 +57,7 @@ def create_app(
     gateway = Gateway(settings, nc, registry, router_id=router_id)
     app = web.Application(client_max_size=settings.gateway_max_body_bytes + 1, middlewares=[error_middleware])
     app[GATEWAY_KEY] = gateway
+    app[STATUS_SOCKETS] = set()
     r = app.router
     r.add_post("/v1/encode/{model:.+}", handle_encode)
     r.add_post("/v1/score/{model:.+}", handle_score)
@@ -60,7 +65,9 @@ def create_app(
     r.add_post("/v1/embeddings", handle_embeddings)
     r.add_get("/v1/models", handle_models)
     r.add_get("/v1/models/{model:.+}", handle_model)
+    r.add_get("/", handle_index)
     r.add_get("/health", handle_health)
+    r.add_get("/ws/cluster-status", handle_ws_cluster_status)
     r.add_get("/healthz", handle_healthz)
     r.add_get("/readyz", handle_readyz)
     r.add_get("/metrics", handle_metrics)
@@ -86,6 +93,10 @@ def create_app(
     async def on_cleanup(app: web.Application) -> None:
         await gateway.stop()
 
+    async def on_shutdown(app: web.Application) -> None:
+        await close_status_sockets(app[STATUS_SOCKETS])
+
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app

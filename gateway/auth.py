@@ -31,7 +31,7 @@ def check(
     if not enabled:
         return
     path = request.path
-    if path in PROBES or (exempt_operational and path in OPERATIONAL):
+    if path in PROBES or (exempt_operational and (path in OPERATIONAL or path.startswith("/ws/"))):
         return
     if not tokens and not admin_token:
         raise SIEError(ErrorCode.INTERNAL_ERROR, "Auth is enabled but no tokens are configured", status=500)

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from protocol import SERVER_VERSION
 from protocol.codec import (
@@ -234,3 +234,37 @@ def token_matches(token: str, candidates: Iterable[str | None]) -> bool:
         if candidate:
             found |= hmac.compare_digest(token.encode("utf-8"), candidate.encode("utf-8"))
     return found
+
+
+async def stream_status(request: web.Request, frame: Callable[[], dict[str, Any]], interval_s: float,
+                        sockets: set[web.WebSocketResponse]) -> web.WebSocketResponse:
+    """A status WebSocket (``watch()`` in the SDKs): one JSON text frame from ``frame()`` at once, then
+    one every ``interval_s`` until the client goes. ``sockets`` holds the open ones, so that a
+    shutting-down server can close them (:func:`close_status_sockets`) instead of waiting on them."""
+    ws = web.WebSocketResponse(heartbeat=30.0)
+    await ws.prepare(request)
+    sockets.add(ws)
+    try:
+        while not ws.closed:
+            await ws.send_str(dumps_json({"timestamp": time.time(), **frame()}).decode())
+            try:
+                msg = await asyncio.wait_for(ws.receive(), timeout=interval_s)
+            except TimeoutError:
+                continue
+            if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                break
+    except (ConnectionResetError, RuntimeError):  # the client went while a frame was being sent
+        pass
+    finally:
+        sockets.discard(ws)
+    return ws
+
+
+async def close_status_sockets(sockets: set[web.WebSocketResponse]) -> None:
+    for ws in list(sockets):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
+
+
+def index_body(kind: str, routes: list[str]) -> dict[str, Any]:
+    """``GET /``: what this server is and where to look next."""
+    return {"name": "sie-cluster", "type": kind, "version": SERVER_VERSION, "routes": routes}

@@ -13,6 +13,12 @@ from gateway.http_common import (
     gateway_of,
 )
 from protocol import SERVER_VERSION, openai
+from protocol.http import index_body, stream_status
+
+#: the open ``/ws/cluster-status`` sockets (closed at shutdown)
+STATUS_SOCKETS = web.AppKey("status_sockets", set)
+INDEX_ROUTES = ["/v1/encode/{model}", "/v1/score/{model}", "/v1/extract/{model}", "/v1/embeddings", "/v1/models",
+                "/v1/pools", "/v1/configs/models", "/health", "/ws/cluster-status", "/metrics"]
 
 
 def _model_state(gw: Gateway, name: str) -> tuple[bool, int]:
@@ -50,7 +56,21 @@ async def handle_model(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
+    return web.json_response(health_body(gateway_of(request)), headers={"X-SIE-Server-Version": SERVER_VERSION})
+
+
+async def handle_ws_cluster_status(request: web.Request) -> web.WebSocketResponse:
+    """``watch()``: the /health body as a JSON frame every second."""
     gw = gateway_of(request)
+    return await stream_status(request, lambda: health_body(gw), 1.0, request.app[STATUS_SOCKETS])
+
+
+async def handle_index(request: web.Request) -> web.Response:
+    return web.json_response(index_body("gateway", INDEX_ROUTES))
+
+
+def health_body(gw: Gateway) -> dict[str, Any]:
+    """What the cluster looks like from this gateway: workers, lanes' models, capacity."""
     healthy = gw.workers.healthy()
     workers = []
     for w in gw.workers.all():
@@ -106,7 +126,7 @@ async def handle_health(request: web.Request) -> web.Response:
         "workers": workers,
         "models": list(models.values()),
     }
-    return web.json_response(body, headers={"X-SIE-Server-Version": SERVER_VERSION})
+    return body
 
 
 async def handle_healthz(request: web.Request) -> web.Response:

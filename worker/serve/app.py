@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import time
@@ -15,14 +16,17 @@ from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_requ
 from protocol.errors import SIEError, invalid_input
 from protocol.http import (
     base_headers,
+    close_status_sockets,
     decode_body,
     error_for_http_exception,
     error_response,
+    index_body,
     json_response,
     new_request_id,
     openai_error_response,
     read_body,
     respond,
+    stream_status,
     timing_headers,
     unexpected_error,
 )
@@ -45,6 +49,9 @@ RUNTIME = web.AppKey("runtime", Runtime)
 SETTINGS = web.AppKey("settings", WorkerSettings)
 METRICS = web.AppKey("metrics", ServeMetrics)
 REQUEST_ID = web.RequestKey("request_id", str)
+STATUS_SOCKETS = web.AppKey("status_sockets", set)
+INDEX_ROUTES = ["/v1/encode/{model}", "/v1/score/{model}", "/v1/extract/{model}", "/v1/embeddings", "/v1/models",
+                "/health", "/ws/status", "/metrics", "/readyz"]
 
 
 def _timing_headers(result: Result) -> dict[str, str]:
@@ -174,6 +181,45 @@ async def health(request: web.Request) -> web.Response:
     })
 
 
+def status_frame(runtime: Runtime, settings: WorkerSettings) -> dict[str, Any]:
+    """One ``/ws/status`` frame (what the SDK's ``watch()`` shows for a worker)."""
+    used, total = runtime.memory_usage()
+    on_cuda = runtime.device.startswith("cuda")
+    loaded = runtime.loaded_models()
+    return {
+        "ready": runtime.ready,
+        "name": settings.worker_id,
+        "machine_profile": settings.machine_profile or runtime.device,
+        "pool_name": settings.pool,
+        "gpu_count": 1 if on_cuda else 0,
+        "bundle": settings.bundle,
+        "bundle_config_hash": runtime.bundle_config_hash(pool=settings.pool),
+        "loaded_models": loaded,
+        "loading_models": runtime.loading_models(),
+        "max_batch_requests": settings.max_batch_requests,
+        "queue_depth": runtime.queue_depth(),
+        "saturated": runtime.queue_depth() >= settings.max_batch_requests,
+        "server": {
+            "version": SERVER_VERSION,
+            "uptime_seconds": round(time.time() - runtime.started_at, 1),
+            "user": getpass.getuser(),
+            "working_dir": os.getcwd(),
+            "pid": os.getpid(),
+        },
+        "gpus": [{"device": runtime.device, "memory_used_bytes": used, "memory_total_bytes": total}] if on_cuda else [],
+        "models": [{"name": name, "state": "loaded"} for name in loaded],
+    }
+
+
+async def ws_status(request: web.Request) -> web.WebSocketResponse:
+    runtime, settings = request.app[RUNTIME], request.app[SETTINGS]
+    return await stream_status(request, lambda: status_frame(runtime, settings), 0.2, request.app[STATUS_SOCKETS])
+
+
+async def index(request: web.Request) -> web.Response:
+    return json_response(index_body("worker", INDEX_ROUTES))
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -236,13 +282,16 @@ def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.
     app[RUNTIME] = runtime
     app[SETTINGS] = settings
     app[METRICS] = ServeMetrics()
+    app[STATUS_SOCKETS] = set()
     app.router.add_post("/v1/encode/{model:.+}", encode)
     app.router.add_post("/v1/score/{model:.+}", score)
     app.router.add_post("/v1/extract/{model:.+}", extract)
     app.router.add_post("/v1/embeddings", openai_embeddings)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
+    app.router.add_get("/", index)
     app.router.add_get("/health", health)
+    app.router.add_get("/ws/status", ws_status)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/livez", healthz)
     app.router.add_get("/readyz", readyz)
@@ -254,6 +303,10 @@ def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.
     async def _stop(app: web.Application) -> None:
         await runtime.close()
 
+    async def _close_sockets(app: web.Application) -> None:
+        await close_status_sockets(app[STATUS_SOCKETS])
+
     app.on_startup.append(_start)
+    app.on_shutdown.append(_close_sockets)
     app.on_cleanup.append(_stop)
     return app

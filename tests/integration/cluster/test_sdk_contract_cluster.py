@@ -399,3 +399,23 @@ def test_check_29_config_round_trip_and_gateway_mirror(cluster):
     assert r.status_code == 405
     metrics = httpx.get(gw + "/metrics").text
     assert f"sie_gateway_config_epoch {float(epoch1)}" in metrics
+
+
+def test_watch_cluster_status_and_index_with_public_sdk(cluster, sdk):
+    """``watch()`` in auto mode finds the gateway (/health says type gateway) and streams
+    /ws/cluster-status frames shaped like /health (contract 5.5)."""
+    out = sdk_run(
+        """
+        import itertools, json
+        from sie_sdk import SIEClient
+        with SIEClient(URL) as c:
+            frames = [json.loads(json.dumps(m, default=str)) for m in itertools.islice(c.watch(), 2)]
+        print(json.dumps({"frames": frames}))
+        """,
+        cluster.gateway_url,
+    )
+    frames = out["frames"]
+    assert len(frames) == 2 and all(f["type"] == "gateway" and f["cluster"]["worker_count"] >= 1 for f in frames)
+    assert any(w["loaded_models"] for w in frames[-1]["workers"])
+    index = httpx.get(cluster.gateway_url + "/").json()
+    assert index["type"] == "gateway" and "/ws/cluster-status" in index["routes"]

@@ -132,3 +132,24 @@ def test_check_30_json_fallback(server):
     err = httpx.post(f"{server.url}/v1/encode/no/such", json={"items": [{"text": "x"}]},
                      headers={"Accept": "application/json"})
     assert err.status_code == 404 and "detail" in err.json()
+
+
+def test_watch_status_stream_and_index_with_public_sdk(server, sdk):
+    """``watch()`` (contract 5.5) against ``sie serve``: /ws/status frames, then ``GET /``."""
+    out = run_sdk(
+        """
+        import itertools, json
+        from sie_sdk import SIEClient
+        with SIEClient(URL) as c:
+            frames = [dict(m) if isinstance(m, dict) else getattr(m, "__dict__", m)
+                      for m in itertools.islice(c.watch(mode="worker"), 3)]
+        print(json.dumps({"frames": [json.loads(json.dumps(f, default=str)) for f in frames]}))
+        """,
+        server.url,
+    )
+    frames = out["frames"]
+    assert len(frames) == 3
+    assert all(f["ready"] is True and D in f["loaded_models"] and f["server"]["pid"] > 0 for f in frames)
+    assert frames[0]["timestamp"] <= frames[2]["timestamp"]
+    index = httpx.get(server.url + "/").json()
+    assert index["type"] == "worker" and "/ws/status" in index["routes"]

@@ -10,9 +10,9 @@ import pytest
 from protocol.errors import ErrorCode, SIEError
 from protocol.openai import (
     dimension_options,
-    models_response,
     embedding_row,
     embeddings_response,
+    models_response,
     parse_embeddings_request,
     resolve_model,
 )
