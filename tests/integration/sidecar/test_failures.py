@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from nats.js.api import StreamConfig
 
 from protocol.streams import stream_config
@@ -21,15 +20,6 @@ from tests.integration.sidecar.support import (
 )
 
 MODEL = "test/fake-embed"
-
-
-@pytest.fixture
-def worker_dirs(tmp_path):
-    models = tmp_path / "models"
-    bundles = tmp_path / "bundles"
-    models.mkdir()
-    bundles.mkdir()
-    return models, bundles
 
 
 async def test_worker_killed_mid_batch_items_are_redelivered_and_answered(nats_server, worker_dirs):

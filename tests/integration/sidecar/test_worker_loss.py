@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from protocol.subjects import health_subject
 from tests.integration.sidecar.support import (
     Gateway,
@@ -23,15 +21,6 @@ from tests.integration.sidecar.support import (
 )
 
 MODEL = "test/fake-embed"
-
-
-@pytest.fixture
-def worker_dirs(tmp_path):
-    models = tmp_path / "models"
-    bundles = tmp_path / "bundles"
-    models.mkdir()
-    bundles.mkdir()
-    return models, bundles
 
 
 async def test_a_lost_worker_returns_items_at_once_and_the_lane_resumes_on_ping(nats_server, worker_dirs):
