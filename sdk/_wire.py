@@ -465,6 +465,8 @@ def parse_encode(
             out["multivector"] = _array(
                 multi.get("values") if isinstance(multi, dict) else None, "encode", "multivector.values"
             )
+        if raw.get("truncated"):  # truncation reported per item: tokens before and after
+            out.update(truncated=True, input_tokens=raw.get("input_tokens"), used_tokens=raw.get("used_tokens"))
         if timing:
             out["timing"] = dict(timing)
         if meta:

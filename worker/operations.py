@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from protocol.errors import invalid_input
+from worker.adapters.base import Prepared
 from worker.execution import Execution
 from worker.plans import Plan, plan_encode, plan_extract, plan_score
 from worker.postprocess import encode_item, matryoshka
@@ -29,14 +30,19 @@ class Operations(Execution):
         timing = Timing()
         units, raws = await self._infer(lm, plan.ctx, items, direct, timing)
         t = time.monotonic()
-        out = await self._postprocess(self._encode_outputs, plan, raws, items)
+        out = await self._postprocess(self._encode_outputs, plan, raws, items, units)
         timing.postprocessing_ms = (time.monotonic() - t) * 1000
         timing.total_ms = (time.monotonic() - t0) * 1000
         return Result(out, timing, sum(u.input_tokens for u in units))
 
-    def _encode_outputs(self, plan: Plan, raws: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[dict]:
+    def _encode_outputs(self, plan: Plan, raws: list[dict[str, Any]], items: list[dict[str, Any]],
+                        units: list[Prepared]) -> list[dict]:
         raws = requested_outputs(plan, raws)
-        return [encode_item(raw, plan.output_dtype, plan.dims, item.get("id")) for raw, item in zip(raws, items, strict=True)]
+        return [
+            encode_item(raw, plan.output_dtype, plan.dims, item.get("id"), unit.full_tokens if unit.truncated else 0,
+                        unit.input_tokens)
+            for raw, item, unit in zip(raws, items, units, strict=True)
+        ]
 
     async def score(self, spec: str, query: dict[str, Any], items: list[dict[str, Any]],
                     instruction: Any = None, options: dict[str, Any] | None = None,

@@ -65,11 +65,20 @@ class RequestContext:
 
 @dataclass
 class Prepared:
-    """One unit of forward work: ``cost`` is its token count (what padding is measured in)."""
+    """One unit of forward work: ``cost`` is its token count (what padding is measured in).
+
+    ``input_tokens`` counts the tokens the forward pass sees; ``full_tokens`` the input's tokens
+    before truncation, when truncation cut some off (0 when it did not).
+    """
 
     cost: int
     data: Any
     input_tokens: int = 0
+    full_tokens: int = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.full_tokens > self.input_tokens
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -34,6 +34,15 @@ def attn_implementation(device: str) -> str:
     return "sdpa"
 
 
+def full_tokens(enc: Any) -> int:
+    """Tokens of the input before truncation: the kept ones plus what truncation moved to the
+    encoding's overflow (without the special tokens each overflow piece gets again); 0 when
+    nothing was cut."""
+    if not enc.overflowing:
+        return 0
+    return len(enc.ids) + sum(len(o.ids) - sum(o.special_tokens_mask) for o in enc.overflowing)
+
+
 class HFTextAdapter(Adapter):
     """Tokenises text with the model's fast tokenizer and pads batches to their longest item."""
 
@@ -118,7 +127,8 @@ class HFTextAdapter(Adapter):
     def tokenize(self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None) -> list[Prepared]:
         """Token ids per text (or text pair), truncated to the limit or refused per overflow policy."""
         encs = self.encode_checked(ctx, texts, pairs, "longest_first" if pairs is None else "only_second")
-        return [Prepared(cost=len(e.ids), data=e.ids, input_tokens=len(e.ids)) for e in encs]
+        return [Prepared(cost=len(e.ids), data=e.ids, input_tokens=len(e.ids), full_tokens=full_tokens(e))
+                for e in encs]
 
     def texts_of(self, ctx: RequestContext, items: list[dict[str, Any]]) -> list[str]:
         return [apply_template(item.get("text") or "", ctx) for item in items]

@@ -144,3 +144,17 @@ def test_llm_reranker_with_lora_equals_peft(checkpoints, tmp_path):
         assert abs(score - torch.softmax(torch.stack([logits[no], logits[yes]]), dim=0)[1].item()) < 1e-5
     base = a.forward(RequestContext(op="score"), units)
     assert max(abs(x - y) for x, y in zip(scores, base, strict=True)) > 1e-4
+
+
+def test_truncation_is_reported_per_item_through_sie_serve():
+    from sdk import SIEClient
+
+    d = "sentence-transformers/all-MiniLM-L6-v2"  # max_sequence_length 256
+    with ServeProcess(env={"SIE_PRELOAD_MODELS": d}) as srv, SIEClient(srv.url) as client:
+        long_text = "word " * 300
+        short, long = client.encode(d, [{"text": "short"}, {"text": long_text}])
+        assert "truncated" not in short
+        assert long["truncated"] is True and long["used_tokens"] == 256 and long["input_tokens"] == 302
+        raw = httpx.post(f"{srv.url}/v1/encode/{d}", json={"items": [{"text": long_text}]},
+                         headers={"Accept": "application/json"}, timeout=60).json()
+        assert raw["items"][0]["input_tokens"] == 302 and raw["items"][0]["used_tokens"] == 256
