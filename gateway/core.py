@@ -254,18 +254,19 @@ class Gateway:
         request[REQUEST_ID_KEY] = request_id
         timeout = self.settings.gateway_request_timeout_s
         items = build(lane, request_id, self.dispatcher.reply_subject(request_id), time.time() + timeout)
+        payloads = [item.to_msgpack() for item in items]  # encoded once: checked here, published as is
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:
-            for item in items:
-                size = len(item.to_msgpack())
-                if size > max_payload - 1024:
+            for item, payload in zip(items, payloads, strict=True):
+                if len(payload) > max_payload - 1024:
                     raise invalid_input(
-                        f"Item {item.item_index} is {size} bytes; the work queue takes at most {max_payload - 1024}",
+                        f"Item {item.item_index} is {len(payload)} bytes; the work queue takes at most "
+                        f"{max_payload - 1024}",
                         param="items",
                     )
         t0 = time.monotonic()
         results = await self.dispatcher.run(
-            request_id, lane, route.model_id, items, operation=operation, deadline=t0 + timeout
+            request_id, lane, route.model_id, items, payloads, operation=operation, deadline=t0 + timeout
         )
         self.demand.clear(lane.machine_profile, lane.bundle)
         self.demand.clear("any", lane.bundle)

@@ -204,11 +204,13 @@ class Dispatcher:
         lane: Lane,
         model_id: str,
         items: list[WorkItem],
+        payloads: list[bytes],
         *,
         operation: str,
         deadline: float,
     ) -> list[WorkResult]:
-        """Publish ``items`` (already carrying ids and reply subject) and wait for every result.
+        """Publish ``items`` (already carrying ids and reply subject; ``payloads`` are their msgpack
+        encodings, made once by the caller) and wait for every result.
 
         ``deadline`` is a ``time.monotonic()`` instant. Raises SIEError on publish failure (the work is
         cancelled) or GATEWAY_TIMEOUT; cancellation of the caller (client gone) cancels the work.
@@ -224,7 +226,7 @@ class Dispatcher:
         finished = False
         try:
             t0 = time.monotonic()
-            await self._publish_all(subject, lane.pool, items, deadline)
+            await self._publish_all(subject, lane.pool, items, payloads, deadline)
             self.metrics.items_published.labels(operation).inc(len(items))
             self.metrics.publish_seconds.labels(operation).observe(time.monotonic() - t0)
             remaining = deadline - time.monotonic()
@@ -246,14 +248,14 @@ class Dispatcher:
                 # shield: the caller may itself be cancelled (client disconnected)
                 await asyncio.shield(self.cancel(request_id, reason))
 
-    async def _publish_all(self, subject: str, pool: str, items: list[WorkItem], deadline: float) -> None:
-        async def one(item: WorkItem) -> None:
-            payload = item.to_msgpack()
+    async def _publish_all(self, subject: str, pool: str, items: list[WorkItem], payloads: list[bytes],
+                           deadline: float) -> None:
+        async def one(item: WorkItem, payload: bytes) -> None:
             async with self._sem:
                 await self._publish(subject, pool, item.work_item_id, payload)
 
         timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
-        tasks = [asyncio.ensure_future(one(i)) for i in items]
+        tasks = [asyncio.ensure_future(one(i, p)) for i, p in zip(items, payloads, strict=True)]
         try:
             done, pending = await asyncio.wait(tasks, timeout=timeout)
         except asyncio.CancelledError:
