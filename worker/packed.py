@@ -276,18 +276,18 @@ def mlm_head(model: Any) -> torch.nn.Module | None:
     return head if isinstance(head, torch.nn.Module) else None
 
 
-def classify_cls(model: Any, cls_hidden: torch.Tensor) -> torch.Tensor | None:
-    """Logits of a transformers ``*ForSequenceClassification`` from its ``[B, H]`` first-token states.
+def classifier_head(model: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The head of a transformers ``*ForSequenceClassification`` as a function of its ``[B, H]``
+    first-token states, or None for layouts it does not know (they keep the transformers path).
 
     BERT pools (dense + tanh) the first token and classifies; RoBERTa's head takes the first token
-    of ``[B, S, H]`` features itself. None for other layouts (they keep the transformers path).
+    of ``[B, S, H]`` features itself.
     """
-    features = cls_hidden.unsqueeze(1)
     model_type = getattr(model.config, "model_type", None)
-    if model_type == "bert" and getattr(model.bert, "pooler", None) is not None:
-        return model.classifier(model.dropout(model.bert.pooler(features)))
+    if model_type == "bert" and getattr(getattr(model, "bert", None), "pooler", None) is not None:
+        return lambda cls: model.classifier(model.dropout(model.bert.pooler(cls.unsqueeze(1))))
     if model_type in ROBERTA_TYPES:
-        return model.classifier(features)
+        return lambda cls: model.classifier(cls.unsqueeze(1))
     return None
 
 

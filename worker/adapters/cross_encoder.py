@@ -22,7 +22,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext, apply_template
 from worker.adapters.hf import HFTextAdapter
-from worker.packed import classify_cls
+from worker.packed import classifier_head
 
 
 def default_activation(config_path: Path, num_labels: int) -> str:
@@ -45,6 +45,9 @@ class CrossEncoderAdapter(HFTextAdapter):
 
         self.load_model(AutoModelForSequenceClassification)
         self.enable_packed(self.model)
+        self.head = classifier_head(self.model)
+        if self.head is None:  # a head layout the packed path does not know: all transformers
+            self.packed = None
         self.num_labels = int(self.model.config.num_labels)
         self.activation = str(
             self.spec.loadtime.get("activation")
@@ -65,8 +68,9 @@ class CrossEncoderAdapter(HFTextAdapter):
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[float]:
-        logits = self._packed_logits(batch) if self.runs_packed(ctx) else None
-        if logits is None:
+        if self.runs_packed(ctx):
+            logits = self._packed_logits(batch)
+        else:
             with self.activate_lora(ctx.lora):
                 logits = self._padded_logits(batch)
         logits = logits.float()
@@ -80,11 +84,11 @@ class CrossEncoderAdapter(HFTextAdapter):
             scores = logits[:, 0]
         return [float(s) for s in scores.cpu().tolist()]
 
-    def _packed_logits(self, batch: list[Prepared]) -> torch.Tensor | None:
+    def _packed_logits(self, batch: list[Prepared]) -> torch.Tensor:
         types = [p.data[1] for p in batch] if self.uses_token_types else None
         packed = self.pack([p.data[0] for p in batch], types)
         hidden = self.packed(packed)
-        return classify_cls(self.model, hidden[packed.starts])
+        return self.head(hidden[packed.starts])
 
     def _padded_logits(self, batch: list[Prepared]) -> torch.Tensor:
         width = max(p.cost for p in batch)

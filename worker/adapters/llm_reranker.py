@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from protocol.errors import ErrorCode, SIEError
@@ -81,7 +80,7 @@ class LLMRerankerAdapter(HFTextAdapter):
         ids, mask = self.pad(batch)  # right padding: each prompt's last real token is at its length - 1
         with self.activate_lora(ctx.lora):
             logits = self.model(input_ids=ids, attention_mask=mask).logits
-        last = torch.as_tensor(np.array([p.cost - 1 for p in batch]), device=logits.device)
+        last = torch.tensor([p.cost - 1 for p in batch], device=logits.device)
         rows = logits[torch.arange(len(batch), device=logits.device), last]
         pair = torch.stack([rows[:, self.no_id], rows[:, self.yes_id]], dim=1).float()
         return [float(s) for s in torch.softmax(pair, dim=1)[:, 1].cpu().tolist()]

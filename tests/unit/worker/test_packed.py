@@ -29,7 +29,7 @@ from protocol.model_config import ModelConfig
 from worker.adapters.base import LoadSpec, RequestContext
 from worker.packed import (
     PackedBatch,
-    classify_cls,
+    classifier_head,
     mlm_head,
     pool_packed,
     reference_varlen_attention,
@@ -145,7 +145,7 @@ def test_heads_on_packed_rows_equal_transformers():
         with torch.no_grad():
             ref = model(input_ids=ids, attention_mask=mask).logits
             batch = encoder.pack(seqs, "cpu")
-            got = classify_cls(model, encoder(batch)[batch.starts])
+            got = classifier_head(model)(encoder(batch)[batch.starts])
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     mlm = XLMRobertaForMaskedLM(small(XLMRobertaConfig)).eval()
     encoder = try_packed(mlm, "cpu", True)
@@ -164,6 +164,11 @@ def test_unknown_architectures_keep_the_transformers_path():
 
     model = DistilBertModel(DistilBertConfig(dim=64, n_layers=1, n_heads=2, hidden_dim=64, vocab_size=100))
     assert try_packed(model, "cpu", True) is None
+    from transformers import DistilBertForSequenceClassification
+
+    distil = DistilBertForSequenceClassification(
+        DistilBertConfig(dim=64, n_layers=1, n_heads=2, hidden_dim=64, vocab_size=100))
+    assert classifier_head(distil) is None  # the cross-encoder then runs it on the transformers path
     assert try_packed(BertModel(small(BertConfig)), "cpu", None) is None  # default: CUDA only
 
 
