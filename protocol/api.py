@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from protocol.errors import invalid_input
 
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
-OVERFLOW_POLICIES = ("default", "truncate_text", "error")
+OVERFLOW_POLICIES = ("default", "truncate_text", "error", "chunk")
 
 
 class Item(BaseModel):
@@ -72,7 +72,44 @@ class ExtractRequest(BaseModel):
     params: ExtractParams | None = None
 
 
+class TokenizeParams(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    options: dict[str, Any] | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /v1/tokenize/{model}``: the model's own tokenizer over each item's text
+    (``params.options.add_special_tokens``, default true; ``profile`` picks a profile)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    items: list[Item]
+    params: TokenizeParams | None = None
+
+
 M = TypeVar("M", bound=BaseModel)
+
+
+def truncation_totals(entries: list[Any]) -> tuple[int, int]:
+    """(items truncated, tokens truncation cut off) over result entries (encode/extract items,
+    score entries) that report ``truncated`` with ``input_tokens`` (before) and ``used_tokens``."""
+    items = dropped = 0
+    for e in entries:
+        if isinstance(e, dict) and e.get("truncated"):
+            items += 1
+            dropped += max(0, int(e.get("input_tokens") or 0) - int(e.get("used_tokens") or 0))
+    return items, dropped
+
+
+def usage(input_tokens: int | None, truncated_items: int, dropped_tokens: int) -> dict[str, int]:
+    """A response's ``usage`` map: ``input_tokens`` (when counted), and the truncation totals:
+    ``truncated_items`` (items whose input was cut to the model's limit) and ``dropped_tokens``
+    (the tokens those cuts removed)."""
+    out = {"truncated_items": int(truncated_items), "dropped_tokens": int(dropped_tokens)}
+    if input_tokens is not None:
+        out = {"input_tokens": int(input_tokens), **out}
+    return out
 
 
 def parse_request(model: type[M], data: Any) -> M:
@@ -99,5 +136,9 @@ __all__ = [
     "ExtractRequest",
     "Item",
     "ScoreRequest",
+    "TokenizeParams",
+    "TokenizeRequest",
     "parse_request",
+    "truncation_totals",
+    "usage",
 ]

@@ -7,7 +7,9 @@ same bytes to ``sie.config.models._all``. Gateways and sidecars decode it with
 and newer producers interoperate.
 
 An empty ``model_config`` is a pure epoch bump: the receiver only advances its epoch (and
-re-exports when it wants the full state).
+re-exports when it wants the full state). A *tombstone* (``deleted: true``, ``model_id`` set, no
+``model_config``) removes the model: the receiver drops it from its catalog (a worker unloads it).
+A replace (``PUT``) is an ordinary delta carrying the new full config.
 """
 
 from __future__ import annotations
@@ -42,10 +44,16 @@ class ConfigDelta(BaseModel):
     pool: str = "default"
     bundle_pool_config_hashes: dict[str, dict[str, str]] = Field(default_factory=dict)
     bundle_adapters: dict[str, list[str]] = Field(default_factory=dict)
+    # A tombstone: ``model_id`` was deleted (or no longer routes to this bundle).
+    deleted: bool = False
 
     @property
     def is_epoch_bump(self) -> bool:
-        return not self.model_config_yaml
+        return not self.model_config_yaml and not self.is_tombstone
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.deleted and bool(self.model_id)
 
     def expected_hash(self, bundle: str | None = None, pool: str | None = None) -> str:
         """The hash a worker of ``bundle``/``pool`` must report after applying this delta."""

@@ -3,16 +3,21 @@
 Framing: ``[4-byte big-endian unsigned length][msgpack map]``, at most ``MAX_FRAME_BYTES`` per frame;
 a clean EOF between frames ends the connection. Envelopes:
 
-* request  ``{version, method, request_id, body}``
+* request  ``{version, method, request_id, body}`` (+ optional ``traceparent``, see protocol.tracing)
 * response ``{version, request_id, ok, body, error}`` (``ok=false`` is a logical error: no retry/reconnect)
 
 One connection multiplexes concurrent calls: the client picks ``request_id`` and the server answers
 each request when it is done, in any order.
 
 The method bodies are plain msgpack maps with named keys; unknown keys are ignored and missing optional
-keys take defaults, like every other schema in ``protocol``. A RunBatch item is a WorkItem map (the
-same keys the gateway publishes); an ItemOutcome is a WorkResult map plus ``disposition`` and
-``nak_delay_ms``.
+keys take defaults, like every other schema in ``protocol``.
+
+RunBatch carries bytes both ways, so nothing on the hot path is encoded or decoded twice: each item
+is the work message exactly as the gateway published it (the sidecar forwards ``msg.data``; the
+worker decodes it once), and each ItemOutcome carries the WorkResult already encoded (``result``)
+that the sidecar publishes to the reply inbox as is, beside what the sidecar needs to settle the
+delivery (``work_item_id``, ``disposition``, ``error_code``, ``nak_delay_ms``) and the item's token
+count (``input_tokens``), from which the sidecar learns to predict tokens for its batch costs.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ RUN_BATCH = "RunBatch"
 DRAIN = "Drain"
 APPLY_MODEL_CONFIG = "ApplyModelConfig"
 REPLACE_MODEL_CONFIGS = "ReplaceModelConfigs"
-METHODS = (PING, ENSURE_MODEL_READY, RUN_BATCH, DRAIN, APPLY_MODEL_CONFIG, REPLACE_MODEL_CONFIGS)
+METRICS = "Metrics"  # answer {"text": <Prometheus text exposition of the worker's metrics>}
+METHODS = (PING, ENSURE_MODEL_READY, RUN_BATCH, DRAIN, APPLY_MODEL_CONFIG, REPLACE_MODEL_CONFIGS, METRICS)
 
 # EnsureModelReady states
 STATE_READY = "ready"
@@ -133,8 +139,14 @@ async def write_frame(
 # --------------------------------------------------------------------------- envelopes
 
 
-def request_envelope(method: str, request_id: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"version": IPC_VERSION, "method": method, "request_id": request_id, "body": body or {}}
+def request_envelope(
+    method: str, request_id: str, body: dict[str, Any] | None = None, *, traceparent: str | None = None
+) -> dict[str, Any]:
+    """``traceparent`` (optional, W3C): the caller's span, which the worker's spans continue."""
+    envelope = {"version": IPC_VERSION, "method": method, "request_id": request_id, "body": body or {}}
+    if traceparent:
+        envelope["traceparent"] = traceparent
+    return envelope
 
 
 def response_envelope(
@@ -171,6 +183,10 @@ class PingResponse:
     bundle_config_hash: str = ""
     loaded_models: list[str] = field(default_factory=list)
     loading_models: list[str] = field(default_factory=list)
+    # routable name (M or M:P) → loaded | loading | failed, for profiles with an instance
+    model_states: dict[str, str] = field(default_factory=dict)
+    # routable name → the message of its last failed load
+    failed_models: dict[str, str] = field(default_factory=dict)
 
     def to_map(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,31 +217,33 @@ class EnsureModelReadyResponse:
 
 @dataclass
 class RunBatchRequest:
-    """One batch for the worker: the items (one model spec, operation and LoRA, formed by the
-    sidecar) carry everything the worker runs them with; ``model_id`` names the batch in logs."""
+    """One batch for the worker, formed by the sidecar (one model spec and one group key, see
+    :attr:`protocol.work.WorkItem.group_key`); ``model_id`` names the batch in logs and
+    ``worker_id`` is what the results say ran them."""
 
     model_id: str  # model spec: "M" or "M:profile"
-    items: list[dict[str, Any]]  # WorkItem maps
+    items: list[bytes]  # work messages as published
+    worker_id: str = ""
 
     def to_map(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"model_id": self.model_id, "items": self.items, "worker_id": self.worker_id}
 
     @classmethod
     def from_map(cls, data: dict[str, Any]) -> RunBatchRequest:
         return _from_map(cls, data)
 
-    @staticmethod
-    def item_map(item: WorkItem) -> dict[str, Any]:
-        return {k: v for k, v in asdict(item).items() if v is not None}
-
     def work_items(self) -> list[WorkItem]:
-        """Decode the items (ValueError if one lacks required keys)."""
+        """Decode the items (ValueError if one is not an encoded work item)."""
+        if not isinstance(self.items, list):
+            raise ValueError("items must be a list")
         out = []
         for raw in self.items:
-            if not isinstance(raw, dict):
-                raise ValueError("batch item must be a map")
+            if not isinstance(raw, bytes):
+                raise ValueError("batch item must be an encoded work item")
             try:
-                out.append(_from_map(WorkItem, raw))
+                out.append(WorkItem.from_msgpack(raw))
+            except CodecError as exc:
+                raise ValueError(f"batch item is not msgpack: {exc}") from exc
             except TypeError as exc:
                 raise ValueError(f"batch item is missing fields: {exc}") from exc
         return out
@@ -245,16 +263,19 @@ def disposition_for(success: bool, error_code: str | None) -> str:
 
 
 def outcome_from_result(result: WorkResult) -> dict[str, Any]:
-    """An ItemOutcome map: the WorkResult's keys plus disposition and nak_delay_ms."""
-    out = {k: v for k, v in asdict(result).items() if v is not None}
-    out["disposition"] = disposition_for(result.success, result.error_code)
-    if out["disposition"] == NAK_RETRY and result.retry_after_s is not None:
-        out["nak_delay_ms"] = int(result.retry_after_s * 1000)
+    """The ItemOutcome of ``result``: the encoded result, and how the sidecar settles its delivery."""
+    disposition = disposition_for(result.success, result.error_code)
+    out: dict[str, Any] = {"work_item_id": result.work_item_id, "disposition": disposition}
+    if result.error_code is not None:
+        out["error_code"] = result.error_code
+    if result.input_tokens is not None:
+        out["input_tokens"] = result.input_tokens  # the sidecar learns its cost estimate from it
+    if disposition == NAK_RETRY:
+        if result.retry_after_s is not None:
+            out["nak_delay_ms"] = int(result.retry_after_s * 1000)
+    else:
+        out["result"] = result.to_msgpack()
     return out
-
-
-def result_from_outcome(outcome: dict[str, Any]) -> WorkResult:
-    return _from_map(WorkResult, outcome)
 
 
 def run_batch_response(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -298,7 +319,6 @@ __all__ = [
     "read_frame_bytes",
     "request_envelope",
     "response_envelope",
-    "result_from_outcome",
     "run_batch_response",
     "write_frame",
 ]

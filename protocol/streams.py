@@ -15,6 +15,7 @@ from typing import Any, Literal
 from protocol.subjects import (
     DLQ_PREFIX,
     DLQ_STREAM,
+    INTERACTIVE,
     lane_durable,
     lane_filter,
     pool_stream_name,
@@ -140,16 +141,18 @@ def lane_consumer_config(
     machine_profile: str,
     bundle: str,
     *,
+    priority: str = INTERACTIVE,
     ack_wait_s: float = DEFAULT_ACK_WAIT_S,
     max_deliver: int = DEFAULT_MAX_DELIVER,
     max_ack_pending: int = DEFAULT_MAX_ACK_PENDING,
 ) -> dict[str, Any]:
-    """ConsumerConfig kwargs of the lane durable ``{pool}_{profile}_{bundle}`` (shared by a lane's pods)."""
-    durable = lane_durable(pool, machine_profile, bundle)
+    """ConsumerConfig kwargs of a lane durable (shared by a lane's pods): ``{pool}_{profile}_{bundle}``
+    for interactive work, ``…_bulk`` for bulk work."""
+    durable = lane_durable(pool, machine_profile, bundle, priority)
     return {
         "durable_name": durable,
         "name": durable,
-        "filter_subject": lane_filter(pool, machine_profile, bundle),
+        "filter_subject": lane_filter(pool, machine_profile, bundle, priority),
         "ack_policy": "explicit",
         "deliver_policy": "all",
         "ack_wait": float(ack_wait_s),

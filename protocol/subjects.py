@@ -20,6 +20,13 @@ DLQ_REASON_HEADER = "SIE-DLQ-Reason"
 DLQ_SUBJECT_HEADER = "SIE-DLQ-Subject"
 DLQ_STREAM_SEQ_HEADER = "SIE-DLQ-Stream-Seq"
 
+# Priority classes. Interactive work travels on the lane's subjects, bulk work on the same subjects
+# with a trailing ``.bulk`` token, consumed by a second durable of the lane (the sidecar pulls
+# interactive first and fills the rest of its capacity with bulk).
+INTERACTIVE = "interactive"
+BULK = "bulk"
+PRIORITIES = (INTERACTIVE, BULK)
+
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -42,18 +49,32 @@ def lane_prefix(pool: str, machine_profile: str, bundle: str) -> str:
     return f"{WORK_PREFIX}.{lane_token(pool)}.{lane_token(machine_profile)}.{lane_token(bundle)}."
 
 
-def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str) -> str:
-    return lane_prefix(pool, machine_profile, bundle) + normalize_id(model_id)
+def _check_priority(priority: str) -> str:
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
+    return priority
 
 
-def lane_filter(pool: str, machine_profile: str, bundle: str) -> str:
-    return lane_prefix(pool, machine_profile, bundle) + "*"
+def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str, priority: str = INTERACTIVE) -> str:
+    subject = lane_prefix(pool, machine_profile, bundle) + normalize_id(model_id)
+    return subject + ".bulk" if _check_priority(priority) == BULK else subject
+
+
+def lane_filter(pool: str, machine_profile: str, bundle: str, priority: str = INTERACTIVE) -> str:
+    prefix = lane_prefix(pool, machine_profile, bundle)
+    return prefix + "*.bulk" if _check_priority(priority) == BULK else prefix + "*"
 
 
 def in_lane(subject: str, prefix: str) -> bool:
-    """True when ``subject`` is a work subject of the lane ``prefix`` (see :func:`lane_prefix`)."""
-    model_token = subject[len(prefix) :] if subject.startswith(prefix) else ""
-    return bool(model_token) and "." not in model_token
+    """True when ``subject`` is a work subject (either class) of the lane ``prefix`` (see :func:`lane_prefix`)."""
+    tokens = (subject[len(prefix) :] if subject.startswith(prefix) else "").split(".")
+    return bool(tokens[0]) and (len(tokens) == 1 or (len(tokens) == 2 and tokens[1] == BULK))
+
+
+def subject_priority(subject: str) -> str:
+    """The priority class of a work subject: bulk when it ends in ``.bulk``, interactive otherwise."""
+    parts = (subject or "").split(".")
+    return BULK if len(parts) == 7 and parts[6] == BULK else INTERACTIVE
 
 
 def pool_stream_name(pool: str) -> str:
@@ -61,11 +82,12 @@ def pool_stream_name(pool: str) -> str:
 
 
 def pool_stream_subjects(pool: str) -> list[str]:
-    return [f"{WORK_PREFIX}.{lane_token(pool)}.*.*.*"]
+    return [f"{WORK_PREFIX}.{lane_token(pool)}.*.*.*", f"{WORK_PREFIX}.{lane_token(pool)}.*.*.*.{BULK}"]
 
 
-def lane_durable(pool: str, machine_profile: str, bundle: str) -> str:
-    return f"{lane_token(pool)}_{lane_token(machine_profile)}_{lane_token(bundle)}"
+def lane_durable(pool: str, machine_profile: str, bundle: str, priority: str = INTERACTIVE) -> str:
+    name = f"{lane_token(pool)}_{lane_token(machine_profile)}_{lane_token(bundle)}"
+    return name + "_bulk" if _check_priority(priority) == BULK else name
 
 
 def inbox_prefix(router_id: str) -> str:
@@ -100,6 +122,7 @@ def dlq_subject(model_token: str) -> str:
 
 
 def work_model_token(subject: str) -> str:
-    """The model token of a work subject ``sie.work.{pool}.{profile}.{bundle}.{model}`` ("unknown" else)."""
+    """The model token of a work subject ``sie.work.{pool}.{profile}.{bundle}.{model}[.bulk]`` ("unknown" else)."""
     parts = (subject or "").split(".")
-    return parts[5] if len(parts) == 6 and subject.startswith(WORK_PREFIX + ".") and parts[5] else "unknown"
+    shaped = len(parts) == 6 or (len(parts) == 7 and parts[6] == BULK)
+    return parts[5] if shaped and subject.startswith(WORK_PREFIX + ".") and parts[5] else "unknown"

@@ -6,6 +6,7 @@ missing optional keys take their defaults, so either side can add fields without
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol, TypeVar
@@ -13,14 +14,30 @@ from typing import Any, Protocol, TypeVar
 from protocol.codec import packb, unpackb
 from protocol.model_config import model_spec
 
-OPERATIONS = ("encode", "score", "extract")
+OPERATIONS = ("encode", "score", "extract", "tokenize")
 
 T = TypeVar("T")
 
 
 def _from_map(cls: type[T], data: dict[str, Any]) -> T:
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # cls is always a dataclass
+    names = _names(cls)
     return cls(**{k: v for k, v in data.items() if k in names})
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+def _set_fields(obj: Any) -> dict[str, Any]:
+    """The fields of dataclass ``obj`` that are not None, shallow (``asdict`` deep-copies every
+    nested map and list, which costs more than encoding them)."""
+    return {k: v for k in _names(type(obj)) if (v := getattr(obj, k)) is not None}
 
 
 class ItemIds(Protocol):
@@ -74,9 +91,14 @@ class WorkItem:
     output_schema: dict[str, Any] | None = None
     deadline: float | None = None
     bundle: str | None = None
+    # Items with equal keys run in one forward pass with the same parameters (see group_key);
+    # the gateway stamps it once per request, so neither the sidecar nor the worker derives it.
+    batch_key: str | None = None
+    traceparent: str | None = None  # W3C trace context of the request (protocol.tracing)
+    tracestate: str | None = None
 
     def to_msgpack(self) -> bytes:
-        return packb({k: v for k, v in asdict(self).items() if v is not None})
+        return packb(_set_fields(self))
 
     @classmethod
     def from_msgpack(cls, data: bytes) -> WorkItem:
@@ -94,6 +116,23 @@ class WorkItem:
     def lora(self) -> str | None:
         value = self.options.get("lora") or self.options.get("lora_id")
         return str(value) if value else None
+
+    @property
+    def group_key(self) -> str:
+        """The key of the items that may share a batch: the stamped ``batch_key``, else derived
+        (a producer that did not stamp one)."""
+        return self.batch_key or batch_key(
+            self.operation, self.model_id, self.profile_id, self.output_types, self.output_dtype,
+            self.instruction, self.is_query, self.options, self.labels, self.output_schema,
+        )
+
+
+def batch_key(*params: Any) -> str:
+    """A short digest of everything that decides how an item runs: operation, model and profile,
+    output types and dtype, instruction, query flag, options (LoRA among them), labels, schema.
+    Items of one request share it; equal parameters in another request give the same key (maps
+    compare in their key order, so a reordered map only costs a shared batch, never a wrong one)."""
+    return hashlib.blake2b(packb(list(params)), digest_size=12).hexdigest()
 
 
 @dataclass
@@ -115,9 +154,12 @@ class WorkResult:
     retry_after_s: float | None = None
     input_tokens: int | None = None
     error_extra: dict[str, Any] | None = None
+    #: truncation totals of the item (score: of its whole request): items cut, tokens cut off
+    truncated_items: int = 0
+    dropped_tokens: int = 0
 
     def to_msgpack(self) -> bytes:
-        return packb({k: v for k, v in asdict(self).items() if v is not None})
+        return packb(_set_fields(self))
 
     @classmethod
     def from_msgpack(cls, data: bytes) -> WorkResult:
@@ -172,11 +214,16 @@ class Heartbeat:
     memory_total_bytes: int = 0
     unsupported_models: list[str] = field(default_factory=list)
     timestamp: float = 0.0
+    # routable name (M or M:P) → loaded | loading | failed, for profiles with an instance
+    model_states: dict[str, str] = field(default_factory=dict)
+    # routable name → the message of its last failed load on this worker
+    failed_models: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         data = asdict(self)
-        if not data["unsupported_models"]:
-            del data["unsupported_models"]
+        for key in ("unsupported_models", "model_states", "failed_models"):
+            if not data[key]:
+                del data[key]
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod

@@ -51,3 +51,23 @@ def test_work_model_token_names_the_dead_letter_subject():
     assert work_model_token(work_subject("default", "cpu", "default", "acme/m.v1")) == "acme__m_dot_v1"
     for subject in ("", "sie.work.default.cpu", "other.a.b.c.d.e", "sie.work.a.b.c.d.e.f"):
         assert work_model_token(subject) == "unknown"
+
+
+def test_bulk_work_has_its_own_subjects_and_durable():
+    from protocol.streams import lane_consumer_config
+    from protocol.subjects import lane_durable, pool_stream_subjects, subject_priority, work_model_token
+
+    prefix = lane_prefix("default", "cpu", "default")
+    bulk = work_subject("default", "cpu", "default", "acme/m", "bulk")
+    assert bulk == prefix + "acme__m.bulk"
+    assert lane_filter("default", "cpu", "default", "bulk") == prefix + "*.bulk"
+    assert in_lane(bulk, prefix) and subject_priority(bulk) == "bulk"
+    assert subject_priority(work_subject("default", "cpu", "default", "acme/m")) == "interactive"
+    assert work_model_token(bulk) == "acme__m"
+    assert not in_lane(prefix + "acme__m.other", prefix)
+    assert lane_durable("default", "cpu", "default", "bulk") == "default_cpu_default_bulk"
+    cfg = lane_consumer_config("default", "cpu", "default", priority="bulk")
+    assert cfg["durable_name"] == "default_cpu_default_bulk" and cfg["filter_subject"] == prefix + "*.bulk"
+    assert pool_stream_subjects("default") == ["sie.work.default.*.*.*", "sie.work.default.*.*.*.bulk"]
+    with pytest.raises(ValueError):
+        work_subject("default", "cpu", "default", "acme/m", "urgent")
