@@ -45,13 +45,15 @@ class BatchStats:
         total = self.real_tokens + self.padded_tokens
         return self.padded_tokens / total if total else 0.0
 
-    def record(self, units: list[Prepared]) -> None:
+    def record(self, units: list[Prepared]) -> tuple[int, int]:
+        """Count one forward pass; returns its (real tokens, pad positions)."""
         width = max(u.cost for u in units)
         real = sum(u.cost for u in units)
         self.forwards += 1
         self.units += len(units)
         self.real_tokens += real
         self.padded_tokens += width * len(units) - real
+        return real, width * len(units) - real
 
 
 @dataclass

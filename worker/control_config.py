@@ -78,6 +78,21 @@ class ControlConfig(ModelStates):
         if old is not None and old != config:
             await self._drop_stale_entries(config.sie_id)
 
+    async def remove_model_config(self, model_id: str, *, bundle_adapters: list[str] | None = None) -> None:
+        """A tombstone: the model goes (the image's own config of that id, if any, comes back) and
+        its loaded entries are unloaded."""
+        if bundle_adapters is not None:
+            self._control_adapters = list(bundle_adapters)
+        baseline = self._baseline.get(model_id)
+        if baseline is not None:
+            self.catalog.put(baseline)
+            self._note_support(baseline)
+        else:
+            self.catalog.remove(model_id)
+            self.unsupported_models.discard(model_id)
+        log.info("model %s removed by the control plane%s", model_id, " (image config restored)" if baseline else "")
+        await self._drop_stale_entries(model_id)
+
     async def replace_model_configs(
         self, configs: list[ModelConfig], *, bundle_adapters: list[str] | None = None
     ) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import Any
 
+from protocol import tracing
 from protocol.catalog import Resolved
 from protocol.errors import invalid_input
 from worker.adapters.base import Prepared, RequestContext
@@ -49,7 +50,8 @@ class Execution(OomRecovery):
             lm.former.expect()
         t = time.monotonic()
         try:
-            units = await self._prepare(lm, ctx, inputs)
+            with tracing.span("worker.tokenize", attributes={"items": len(inputs)}):
+                units = await self._prepare(lm, ctx, inputs)
         except BaseException:
             if not direct:
                 lm.former.unexpect()
@@ -70,7 +72,13 @@ class Execution(OomRecovery):
             outputs: list[Any] = [None] * len(units)
             for chunk in chunk_by_cost(units, lm.max_cost, lm.max_requests, self.settings.max_padding_share):
                 started = time.monotonic()
-                outs = await lm.run(ctx, [units[i] for i in chunk])
+                with tracing.span("worker.forward") as span:
+                    if span is not None:
+                        costs = [units[i].cost for i in chunk]
+                        padded = max(costs) * len(costs) - sum(costs)
+                        tracing.set_attributes(span, model=lm.model_id, batch_size=len(chunk), tokens=sum(costs),
+                                               padding_share=padded / max(1, padded + sum(costs)))
+                    outs = await lm.run(ctx, [units[i] for i in chunk])
                 timing.queue_ms = max(timing.queue_ms, (started - submitted) * 1000)
                 timing.inference_ms += (time.monotonic() - started) * 1000
                 for i, out in zip(chunk, outs, strict=True):

@@ -22,10 +22,13 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from protocol import ipc
+from protocol import eventloop, ipc, tracing
 from protocol.errors import ErrorCode, SIEError
-from protocol.model_config import ModelConfig, parse_model_yaml
+from protocol.logs import setup_logging
+from protocol.model_config import ModelConfig
 from protocol.work import WorkItem, WorkResult
+from worker.ipc_config import ConfigCalls
+from worker.metrics import WorkerMetrics
 from worker.results import EnsureResult
 
 log = logging.getLogger("sie.worker.ipc")
@@ -39,10 +42,13 @@ class WorkerRuntime(Protocol):
 
     ready: bool
     unsupported_models: set[str]
+    metrics: WorkerMetrics
 
     def loaded_models(self) -> list[str]: ...
 
     def loading_models(self) -> list[str]: ...
+
+    def profile_states(self) -> dict[str, tuple[str, str | None]]: ...
 
     async def ensure_ready(self, spec: str) -> EnsureResult: ...
 
@@ -58,9 +64,11 @@ class WorkerRuntime(Protocol):
         self, configs: list[ModelConfig], *, bundle_adapters: list[str] | None = None
     ) -> None: ...
 
+    async def remove_model_config(self, model_id: str, *, bundle_adapters: list[str] | None = None) -> None: ...
 
-class IpcHandler:
-    """Method dispatch over a :class:`WorkerRuntime`."""
+
+class IpcHandler(ConfigCalls):
+    """Method dispatch over a :class:`WorkerRuntime` (config calls: :mod:`worker.ipc_config`)."""
 
     def __init__(self, runtime: WorkerRuntime, *, worker_id: str | None = None) -> None:
         self.runtime = runtime
@@ -87,6 +95,8 @@ class IpcHandler:
             return await self.apply_model_config(body)
         if method == ipc.REPLACE_MODEL_CONFIGS:
             return await self.replace_model_configs(body)
+        if method == ipc.METRICS:
+            return {"text": self.runtime.metrics.render()}
         raise IpcMethodError(f"unknown method {method!r}")
 
     async def _tracked(self, coro):
@@ -107,6 +117,7 @@ class IpcHandler:
     # ---- methods ---------------------------------------------------------------------------
     def ping(self, body: dict[str, Any]) -> dict[str, Any]:
         self.last_ping_monotonic = time.monotonic()
+        states = self.runtime.profile_states()
         return ipc.PingResponse(
             timestamp_ms=int(body.get("timestamp_ms") or time.time() * 1000),
             worker_id=self.worker_id,
@@ -114,6 +125,8 @@ class IpcHandler:
             bundle_config_hash=self._bundle_hash(),
             loaded_models=list(self.runtime.loaded_models()),
             loading_models=list(self.runtime.loading_models()),
+            model_states={spec: state for spec, (state, _) in states.items()},
+            failed_models={spec: err for spec, (state, err) in states.items() if state == "failed" and err},
         ).to_map()
 
     async def ensure_model_ready(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -175,10 +188,10 @@ class IpcHandler:
                 for it in items
             ]
         elapsed_ms = (time.perf_counter() - started) * 1000
+        worker_id = req.worker_id if isinstance(req.worker_id, str) and req.worker_id else self.worker_id
         outcomes = []
         for item, res in zip(items, results, strict=True):
-            if not res.worker_id:
-                res.worker_id = self.worker_id
+            res.worker_id = worker_id
             if not res.processing_ms:
                 res.processing_ms = elapsed_ms
             res.work_item_id = res.work_item_id or item.work_item_id
@@ -198,77 +211,6 @@ class IpcHandler:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), budget)
         return {"acknowledged": True, "inflight": len(self._inflight)}
-
-    def _bundle_hash(self, body: dict[str, Any] | None = None) -> str:
-        """The runtime's hash; a config call's body may scope it (``pool_scoped``, ``bundle_adapters``)."""
-        pool: str | None = ""  # this worker's own pool
-        adapters: list[str] | None = None
-        if body is not None:
-            if body.get("pool_scoped") is False:
-                pool = None  # the control plane sent only the unscoped hash
-            sent = body.get("bundle_adapters")
-            if isinstance(sent, list) and all(isinstance(a, str) for a in sent):
-                adapters = sent
-        try:
-            return str(self.runtime.bundle_config_hash(pool=pool, adapters=adapters))
-        except Exception:  # noqa: BLE001 - a hash problem must not fail Ping
-            log.exception("bundle_config_hash failed")
-            return ""
-
-    @staticmethod
-    def _adapters(body: dict[str, Any]) -> list[str] | None:
-        adapters = body.get("bundle_adapters")
-        if isinstance(adapters, list) and adapters and all(isinstance(a, str) for a in adapters):
-            return list(adapters)
-        return None
-
-    def _parse(self, model_id: Any, yaml_text: Any) -> tuple[ModelConfig | None, str | None]:
-        """(config or None, rejected model id or None); an empty config is a pure epoch bump."""
-        if not isinstance(yaml_text, str) or not yaml_text.strip():
-            return None, None
-        try:
-            return parse_model_yaml(yaml_text), None
-        except Exception as exc:  # noqa: BLE001 - schema rejection → unsupported
-            log.warning("model config for %s rejected: %s", model_id, exc)
-            return None, str(model_id or "?")
-
-    def _unsupported(self, rejected: list[str]) -> list[str]:
-        return sorted(set(self.runtime.unsupported_models) | set(rejected))
-
-    async def apply_model_config(self, body: dict[str, Any]) -> dict[str, Any]:
-        config, rejected = self._parse(body.get("model_id"), body.get("model_config"))
-        if config is not None:
-            await self.runtime.apply_model_config(config, bundle_adapters=self._adapters(body))
-        self.config_version += 1
-        return {
-            "applied": rejected is None,
-            "bundle_config_hash": self._bundle_hash(body),
-            "config_version": self.config_version,
-            "unsupported_models": self._unsupported([rejected] if rejected else []),
-        }
-
-    async def replace_model_configs(self, body: dict[str, Any]) -> dict[str, Any]:
-        models = body.get("models") or []
-        rejected: list[str] = []
-        configs = []
-        for entry in models if isinstance(models, list) else []:
-            if not isinstance(entry, dict):
-                continue
-            config, bad = self._parse(entry.get("model_id"), entry.get("model_config"))
-            if bad:
-                rejected.append(bad)
-            elif config is not None:
-                configs.append(config)
-        await self.runtime.replace_model_configs(configs, bundle_adapters=self._adapters(body))
-        self.config_version += 1
-        return {
-            "applied": not rejected,
-            "bundle_config_hash": self._bundle_hash(body),
-            "config_version": self.config_version,
-            "applied_models": [c.sie_id for c in configs],
-            "applied_profiles": sum(len(c.profiles) for c in configs),
-            "unsupported_models": self._unsupported(rejected),
-        }
 
 
 class IpcMethodError(Exception):
@@ -347,9 +289,11 @@ class IpcServer:
                 writer.write(frame)
                 await writer.drain()
 
-        async def call(request_id: Any, method: str, body: dict[str, Any]) -> None:
+        async def call(request_id: Any, method: str, body: dict[str, Any], parent: Any) -> None:
+            traced = tracing.span(f"worker.{method}", parent=parent) if isinstance(parent, str) else None
             try:
-                result = await self.handler.handle(method, body)
+                with traced or contextlib.nullcontext():
+                    result = await self.handler.handle(method, body)
                 envelope = ipc.response_envelope(request_id, ok=True, body=result)
             except IpcMethodError as exc:
                 envelope = ipc.error_envelope(request_id, exc.code, str(exc))
@@ -394,7 +338,7 @@ class IpcServer:
                         ipc.error_envelope(request_id, ipc.IPC_BAD_REQUEST, "request needs method and a map body")
                     )
                     continue
-                task = asyncio.create_task(call(request_id, method, body))
+                task = asyncio.create_task(call(request_id, method, body, request.get("traceparent")))
                 calls.add(task)
                 task.add_done_callback(calls.discard)
         except asyncio.CancelledError:
@@ -448,11 +392,12 @@ def main() -> None:
     from worker.settings import WorkerSettings
 
     settings = WorkerSettings()
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    asyncio.run(_amain(settings))
+    setup_logging(settings.log_level, settings.log_format)
+    tracing.setup_tracing("sie-worker")
+    try:
+        eventloop.run(_amain(settings))
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -87,8 +87,10 @@ class LoadedModel:
         """One forward pass (with OOM recovery) on this model's inference thread."""
         loop = asyncio.get_running_loop()
         outputs = await loop.run_in_executor(self.executor, self._runtime.forward_with_recovery, self, ctx, units)
+        real = padded = 0
         if self.adapter.token_costed:
-            self.stats.record(units)
+            real, padded = self.stats.record(units)
+        self._runtime.metrics.observe_batch(self.model_id, len(units), real, padded)
         return outputs
 
     def touch(self) -> None:

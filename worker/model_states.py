@@ -21,7 +21,7 @@ from typing import Any
 
 from protocol.catalog import Catalog, Resolved
 from protocol.errors import ErrorCode, SIEError
-from protocol.model_config import ModelConfig
+from protocol.model_config import ModelConfig, model_spec
 from worker.adapters.base import Adapter, LoadSpec, Prepared, RequestContext, is_oom
 from worker.batching import BatchStats
 from worker.loaded import (
@@ -34,6 +34,7 @@ from worker.loaded import (
     tune_process_for_cuda,
 )
 from worker.memory import MemoryManager, cuda_usage, host_usage
+from worker.metrics import WorkerMetrics
 from worker.results import EnsureResult
 from worker.settings import WorkerSettings
 from worker.weights import Source, WeightCache, WeightsError, weight_bytes
@@ -44,7 +45,7 @@ log = logging.getLogger("worker.runtime")
 class ModelStates:
     def __init__(self, settings: WorkerSettings | None = None, catalog: Catalog | None = None) -> None:
         self.settings = settings or WorkerSettings()
-        self.catalog = catalog or Catalog.from_dirs(self.settings.models_dir, self.settings.bundles_dir)
+        self.catalog = catalog if catalog is not None else Catalog.from_dirs(self.settings.models_dir, self.settings.bundles_dir)
         self.device = pick_device(self.settings.device)
         self._entries: dict[tuple, ModelEntry] = {}
         self.cpu_pool = ThreadPoolExecutor(max_workers=self.settings.cpu_workers, thread_name_prefix="cpu")
@@ -58,6 +59,7 @@ class ModelStates:
         )
         self._monitor: asyncio.Task | None = None
         self.recovery_events: deque[tuple[str, str]] = deque(maxlen=256)  # (model, OOM recovery step)
+        self.metrics = WorkerMetrics(self)
         self.started_at = time.time()
         self.ready = False
         # Control-plane config state (ApplyModelConfig / ReplaceModelConfigs from the sidecar).
@@ -123,6 +125,21 @@ class ModelStates:
     def loading_models(self) -> list[str]:
         return sorted({e.model_id for e in self._entries.values() if e.state == "loading"})
 
+    def profile_states(self) -> dict[str, tuple[str, str | None]]:
+        """Routable name (``M`` or ``M:P``) → (loaded | loading | failed, last load error message) for
+        every profile with an instance; what the sidecar's heartbeat tells gateways per profile."""
+        out: dict[str, tuple[str, str | None]] = {}
+        for model_id in sorted({e.model_id for e in tuple(self._entries.values()) if e.state != "absent"}):
+            config = self.catalog.get(model_id)
+            if config is None:
+                continue
+            for name in sorted(config.profiles):
+                state, err = self.model_state(model_id, name)
+                if state != "available":
+                    message = str(err.get("message", ""))[:500] if err else None
+                    out[model_spec(model_id, name)] = (state, message)
+        return out
+
     def model_state(self, model_id: str, profile: str | None = None) -> tuple[str, dict[str, Any] | None]:
         """(state, last_error) of a model, or of one profile's loaded instance, for /v1/models.
 
@@ -168,7 +185,7 @@ class ModelStates:
     async def _load(self, entry: ModelEntry, resolved: Resolved) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        log.info("loading %s (profile %s, attempt %d)", resolved.model_id, resolved.profile_name, entry.attempts)
+        log.info("loading %s (profile %s, attempt %d)…", resolved.model_id, resolved.profile_name, entry.attempts)
         try:
             adapter = await loop.run_in_executor(self._load_pool, self._build_adapter, resolved, entry.key)
         except asyncio.CancelledError:
@@ -178,12 +195,16 @@ class ModelStates:
             entry.error = self._load_error(resolved, exc, entry.attempts)
             entry.state = "failed"
             entry.failed_at = time.monotonic()
-            log.error("loading %s failed: %s", resolved.model_id, entry.error.message)
+            self.metrics.model_load_failures.labels(resolved.model_id).inc()
+            log.error("loading %s… failed after %.1f s: %s", resolved.model_id, time.monotonic() - started,
+                      entry.error.message)
             return
         entry.loaded = LoadedModel(self, entry.key, resolved, adapter)
         entry.error = None
         entry.state = "loaded"
-        log.info("loaded %s in %.1f s", resolved.model_id, time.monotonic() - started)
+        load_s = time.monotonic() - started
+        self.metrics.model_load_seconds.labels(resolved.model_id).observe(load_s)
+        log.info("loading %s… done in %.1f s", resolved.model_id, load_s)
         await self.memory.relieve(keep=entry.key)
 
     def _build_adapter(self, resolved: Resolved, key: tuple) -> Adapter:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from protocol import params as request_params
+from protocol import tracing
 from protocol.errors import invalid_input
 from worker.adapters.base import Prepared
-from worker.execution import Execution
-from worker.plans import Plan, plan_encode, plan_extract, plan_score
-from worker.postprocess import encode_item, matryoshka
-from worker.results import Result, Timing, extract_item, rank_scores
+from worker.adapters.hf import HFTextAdapter
+from worker.chunking import Chunking
+from worker.plans import Plan, plan_encode, plan_extract, plan_score, requested_outputs
+from worker.postprocess import encode_item
+from worker.results import Result, Timing, extract_item, rank_scores, truncation
 
 
-class Operations(Execution):
+class Operations(Chunking):
     # ---- public operations -----------------------------------------------------------------
     async def encode(self, spec: str, items: list[dict[str, Any]], params: dict[str, Any] | None = None,
                      *, direct: bool = False) -> Result:
@@ -26,21 +29,27 @@ class Operations(Execution):
 
     async def encode_plan(self, plan: Plan, items: list[dict[str, Any]], *, direct: bool, t0: float) -> Result:
         self._check_items(plan.resolved, items)
+        if plan.chunk is not None:
+            timing = Timing()
+            chunked, tokens = await self.encode_chunked(plan, items, direct, timing)
+            timing.total_ms = (time.monotonic() - t0) * 1000
+            return Result(chunked, timing, tokens)
         lm = await self._ready_model(plan.resolved)
         timing = Timing()
         units, raws = await self._infer(lm, plan.ctx, items, direct, timing)
         t = time.monotonic()
-        out = await self._postprocess(self._encode_outputs, plan, raws, items, units)
+        with tracing.span("worker.postprocess"):
+            out = await self._postprocess(self._encode_outputs, plan, raws, items, units)
         timing.postprocessing_ms = (time.monotonic() - t) * 1000
         timing.total_ms = (time.monotonic() - t0) * 1000
-        return Result(out, timing, sum(u.input_tokens for u in units))
+        self.metrics.observe_request(lm.model_id, timing)
+        return Result(out, timing, sum(u.input_tokens for u in units), item_tokens=[u.input_tokens for u in units])
 
     def _encode_outputs(self, plan: Plan, raws: list[dict[str, Any]], items: list[dict[str, Any]],
                         units: list[Prepared]) -> list[dict]:
         raws = requested_outputs(plan, raws)
         return [
-            encode_item(raw, plan.output_dtype, plan.dims, item.get("id"), unit.full_tokens if unit.truncated else 0,
-                        unit.input_tokens)
+            {**encode_item(raw, plan.output_dtype, plan.dims, item.get("id")), **truncation(unit)}
             for raw, item, unit in zip(raws, items, units, strict=True)
         ]
 
@@ -55,13 +64,19 @@ class Operations(Execution):
         if len(items) > self.settings.max_score_items:
             raise invalid_input(f"At most {self.settings.max_score_items} items can be scored at once", param="items")
         self._check_items(resolved, [query, *items])
-        lm = await self._ready_model(resolved)
         timing = Timing()
+        if plan.chunk is not None:
+            entries, tokens = await self.score_chunked(plan, query, items, direct, timing)
+            timing.total_ms = (time.monotonic() - t0) * 1000
+            return Result(entries, timing, tokens, query_id=query.get("id"))
+        lm = await self._ready_model(resolved)
         units, scores = await self._infer(lm, plan.ctx, [(query, item) for item in items], direct, timing)
         t = time.monotonic()
-        entries = rank_scores(scores, items)
+        with tracing.span("worker.postprocess"):
+            entries = rank_scores(scores, items, units)
         timing.postprocessing_ms = (time.monotonic() - t) * 1000
         timing.total_ms = (time.monotonic() - t0) * 1000
+        self.metrics.observe_request(lm.model_id, timing)
         return Result(entries, timing, sum(u.input_tokens for u in units), query_id=query.get("id"))
 
     async def extract(self, spec: str, items: list[dict[str, Any]], params: dict[str, Any] | None = None,
@@ -75,19 +90,33 @@ class Operations(Execution):
         lm = await self._ready_model(resolved)
         timing = Timing()
         units, raws = await self._infer(lm, plan.ctx, items, direct, timing)
-        out = [extract_item(raw, item, i) for i, (raw, item) in enumerate(zip(raws, items, strict=True))]
+        out = [extract_item(raw, item, i, unit)
+               for i, (raw, item, unit) in enumerate(zip(raws, items, units, strict=True))]
         timing.total_ms = (time.monotonic() - t0) * 1000
-        return Result(out, timing, sum(u.input_tokens for u in units))
+        self.metrics.observe_request(lm.model_id, timing)
+        return Result(out, timing, sum(u.input_tokens for u in units), item_tokens=[u.input_tokens for u in units])
 
+    async def tokenize(self, spec: str, items: list[dict[str, Any]], options: dict[str, Any] | None = None,
+                       *, direct: bool = False) -> Result:
+        """The model's own tokenizer over each item's text: tokens, ids, character offsets, count.
 
-def requested_outputs(plan: Plan, raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Derived outputs first (MUVERA: multivector → dense; Matryoshka truncation), before
-    quantisation, then only the outputs the client asked for (intermediate ones dropped)."""
-    requested = plan.requested_outputs
-    if "muvera" in plan.options and "dense" in requested:
-        from worker.muvera import muvera_outputs
+        No forward pass, so nothing is batched (``direct`` is accepted for symmetry)."""
+        t0 = time.monotonic()
+        resolved = self.catalog.resolve(spec, options if isinstance(options, dict) else None)
+        merged = request_params.merged_options(resolved, options)
+        special = request_params.add_special_tokens(merged)
+        if not resolved.config.inputs.text:
+            raise invalid_input(f"Model '{resolved.routable_id}' does not take text", param="model")
+        self._check_items(resolved, items)
+        lm = await self._ready_model(resolved)
+        if not isinstance(lm.adapter, HFTextAdapter) or lm.adapter.tokenizer is None:
+            raise invalid_input(f"Model '{resolved.routable_id}' has no tokenizer to expose", param="model")
+        adapter = lm.adapter
+        texts = [item.get("text") or "" for item in items]
+        spans = await self._postprocess(adapter.token_spans, texts, special)
+        out = [{**({"id": item["id"]} if item.get("id") is not None else {}), **s}
+               for item, s in zip(items, spans, strict=True)]
+        timing = Timing(tokenization_ms=(time.monotonic() - t0) * 1000)
+        timing.total_ms = timing.tokenization_ms
+        return Result(out, timing, sum(s["count"] for s in spans))
 
-        raws = muvera_outputs(plan, raws)
-    if plan.options.get("output_dim") is not None and "dense" in requested:
-        raws = matryoshka(raws, int(plan.options["output_dim"]), bool(plan.options.get("normalize", True)))
-    return [{k: v for k, v in raw.items() if k in requested} for raw in raws]

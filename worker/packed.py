@@ -16,6 +16,7 @@ weight, so memory stays the same.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -33,7 +34,11 @@ ROBERTA_TYPES = frozenset({"roberta", "xlm-roberta", "camembert"})
 SUPPORTED_TYPES = frozenset({"bert"}) | ROBERTA_TYPES
 
 
-def _find_varlen_kernel() -> tuple[str, Callable[..., torch.Tensor] | None]:
+@functools.cache
+def varlen_kernel() -> tuple[str, Callable[..., torch.Tensor] | None]:
+    """The fused variable-length attention kernel: flash-attn, else PyTorch's own. Looked up at the
+    first CUDA forward, not at import: importing torch's (it imports torch._dynamo) took a second of
+    every CPU worker's start, and with it of every restart."""
     try:
         from flash_attn import flash_attn_varlen_func
 
@@ -46,9 +51,6 @@ def _find_varlen_kernel() -> tuple[str, Callable[..., torch.Tensor] | None]:
         return "torch_varlen", varlen_attn
     except ImportError:
         return "reference", None
-
-
-VARLEN_KERNEL_NAME, _VARLEN_KERNEL = _find_varlen_kernel()
 
 
 @dataclass
@@ -131,9 +133,11 @@ def reference_varlen_attention(
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     """Variable-length attention: a fused kernel on CUDA in half precision, the reference elsewhere."""
-    if _VARLEN_KERNEL is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        cu = batch.cu_seqlens
-        return _VARLEN_KERNEL(q, k, v, cu, cu, batch.max_len, batch.max_len)
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        kernel = varlen_kernel()[1]
+        if kernel is not None:
+            cu = batch.cu_seqlens
+            return kernel(q, k, v, cu, cu, batch.max_len, batch.max_len)
     return reference_varlen_attention(q, k, v, batch.lengths)
 
 

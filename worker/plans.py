@@ -13,6 +13,7 @@ from protocol import params as request_params
 from protocol.catalog import Resolved, model_dims
 from protocol.errors import invalid_input
 from worker.adapters.base import RequestContext
+from worker.postprocess import matryoshka
 
 
 @dataclass
@@ -24,16 +25,8 @@ class Plan:
     options: dict[str, Any] = field(default_factory=dict)
     #: outputs the client asked for; ctx.output_types is what the forward pass computes
     requested_outputs: tuple[str, ...] = ()
-
-
-def _max_length(options: dict[str, Any], is_query: bool) -> int | None:
-    value = options.get("query_max_length") if is_query else None
-    value = value or options.get("max_seq_length")
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise invalid_input("max_seq_length must be a positive integer", param="max_seq_length")
-    return value
+    #: overflow_policy chunk: how to split over-long inputs (None: truncate or refuse them)
+    chunk: request_params.ChunkSpec | None = None
 
 
 def _lora(options: dict[str, Any]) -> str | None:
@@ -44,6 +37,7 @@ def _lora(options: dict[str, Any]) -> str | None:
 def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
     options = request_params.merged_options(resolved, params.get("options"))
     requested = tuple(request_params.output_types(resolved, options, params.get("output_types")))
+    request_params.pooling(options)
     dtype = request_params.output_dtype(params.get("output_dtype"), options)
     is_query = bool(options.get("is_query", False))
     if "muvera" in options and "dense" in requested:
@@ -58,13 +52,17 @@ def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
         instruction=request_params.instruction(params.get("instruction"), options),
         lora=_lora(options),
         options_json=RequestContext.canonical_options(options),
-        max_length=_max_length(options, is_query),
+        max_length=request_params.max_length(options, is_query),
         truncate=request_params.truncates(options),
     )
     dims = model_dims(resolved.config)
     if options.get("output_dim") is not None:
         dims = {**dims, "dense": _output_dim(options["output_dim"], dims.get("dense"))}
-    return Plan(resolved, ctx, dtype, dims, options, requested)
+    chunk = request_params.chunking(options, "encode")
+    if chunk is not None and (requested != ("dense",) or "muvera" in options):
+        raise invalid_input("overflow_policy 'chunk' gives dense vectors only (output_types ['dense'], no MUVERA)",
+                            param="overflow_policy")
+    return Plan(resolved, ctx, dtype, dims, options, requested, chunk)
 
 
 def _output_dim(value: Any, native: int | None) -> int:
@@ -95,16 +93,17 @@ def plan_score(resolved: Resolved, instruction: Any, request_options: dict[str, 
         instruction=request_params.instruction(instruction, options),
         lora=_lora(options),  # cross-encoders and LLM rerankers take LoRA adapters too
         options_json=RequestContext.canonical_options(options),
-        max_length=_max_length(options, False),
+        max_length=request_params.max_length(options, False),
         truncate=request_params.truncates(options),
     )
-    return Plan(resolved, ctx, options=options)
+    return Plan(resolved, ctx, options=options, chunk=request_params.chunking(options, "score"))
 
 
 def plan_extract(resolved: Resolved, params: dict[str, Any]) -> Plan:
     if resolved.config.tasks.extract is None:
         raise invalid_input(f"Model '{resolved.routable_id}' does not support extraction")
     options = request_params.merged_options(resolved, params.get("options"))
+    request_params.chunking(options, "extract")  # refused: extraction does not chunk
     labels = params.get("labels") or options.get("labels") or []
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise invalid_input("labels must be a list of strings", param="labels")
@@ -117,7 +116,20 @@ def plan_extract(resolved: Resolved, params: dict[str, Any]) -> Plan:
             {**options, "output_schema": params.get("output_schema")} if params.get("output_schema") else options
         ),
         labels=tuple(labels),
-        max_length=_max_length(options, False),
+        max_length=request_params.max_length(options, False),
         truncate=request_params.truncates(options),
     )
     return Plan(resolved, ctx, options=options)
+
+
+def requested_outputs(plan: Plan, raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Derived outputs first (MUVERA: multivector → dense; Matryoshka truncation), before
+    quantisation, then only the outputs the client asked for (intermediate ones dropped)."""
+    requested = plan.requested_outputs
+    if "muvera" in plan.options and "dense" in requested:
+        from worker.muvera import muvera_outputs
+
+        raws = muvera_outputs(plan, raws)
+    if plan.options.get("output_dim") is not None and "dense" in requested:
+        raws = matryoshka(raws, int(plan.options["output_dim"]), bool(plan.options.get("normalize", True)))
+    return [{k: v for k, v in raw.items() if k in requested} for raw in raws]

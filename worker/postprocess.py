@@ -51,13 +51,8 @@ def matryoshka(raws: list[dict[str, Any]], dim: int, normalize: bool) -> list[di
     return out
 
 
-def encode_item(raw: dict[str, Any], dtype: str, dims: dict[str, int], item_id: str | None,
-                truncated_from: int = 0, used_tokens: int = 0) -> dict[str, Any]:
-    """Raw adapter output → one encode response item with quantised arrays.
-
-    ``truncated_from``: the input's token count when truncation shortened it; the item then says
-    ``truncated: true`` with its ``input_tokens`` (before) and ``used_tokens`` (what was encoded).
-    """
+def encode_item(raw: dict[str, Any], dtype: str, dims: dict[str, int], item_id: str | None) -> dict[str, Any]:
+    """Raw adapter output → one encode response item with quantised arrays."""
     out: dict[str, Any] = {}
     if item_id is not None:
         out["id"] = item_id
@@ -87,6 +82,4 @@ def encode_item(raw: dict[str, Any], dtype: str, dims: dict[str, int], item_id: 
             "dtype": wire_dtype(dtype),
             "values": quantize_rows(mv, dtype),
         }
-    if truncated_from:
-        out.update(truncated=True, input_tokens=truncated_from, used_tokens=used_tokens)
     return out

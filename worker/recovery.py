@@ -53,6 +53,7 @@ class OomRecovery(ModelStates):
 
     def _recovery(self, lm: LoadedModel, step: str) -> None:
         self.recovery_events.append((lm.model_id, step))
+        self.metrics.oom_recoveries.labels(lm.model_id, step).inc()
 
     def _split(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], depth: int) -> list[Any]:
         """Halve the batch recursively (at most MAX_SPLIT_DEPTH levels) until the halves fit."""

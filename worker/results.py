@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.errors import ErrorCode, SIEError
+from worker.adapters.base import Prepared
 
 
 @dataclass
@@ -43,20 +44,32 @@ class Result:
     timing: Timing
     input_tokens: int = 0
     query_id: str | None = None
+    item_tokens: list[int] | None = None  # per item (encode, extract): the cluster path reports each
 
 
-def rank_scores(scores: list[float], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def truncation(unit: Prepared) -> dict[str, Any]:
+    """What a result entry says when truncation shortened its input: ``truncated: true``, the
+    input's ``input_tokens`` before and the ``used_tokens`` the model saw; nothing otherwise."""
+    if not unit.truncated:
+        return {}
+    return {"truncated": True, "input_tokens": unit.full_tokens, "used_tokens": unit.input_tokens}
+
+
+def rank_scores(scores: list[float], items: list[dict[str, Any]], units: list[Prepared],
+                extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Score entries by descending score; ``extra``: more fields per item (in item order)."""
     values = [float(s) for s in scores]
     if not all(math.isfinite(v) for v in values):
         raise SIEError(ErrorCode.INFERENCE_ERROR, "the model produced non-finite scores")
     order = sorted(range(len(values)), key=lambda i: -values[i])
     return [
-        {"item_id": items[i].get("id") or f"item-{i}", "score": values[i], "rank": rank}
+        {"item_id": items[i].get("id") or f"item-{i}", "score": values[i], "rank": rank, **truncation(units[i]),
+         **(extra[i] if extra else {})}
         for rank, i in enumerate(order)
     ]
 
 
-def extract_item(raw: dict[str, Any], item: dict[str, Any], index: int) -> dict[str, Any]:
+def extract_item(raw: dict[str, Any], item: dict[str, Any], index: int, unit: Prepared) -> dict[str, Any]:
     out = {
         "id": item.get("id") or f"item-{index}",
         "entities": list(raw.get("entities") or []),
@@ -67,4 +80,5 @@ def extract_item(raw: dict[str, Any], item: dict[str, Any], index: int) -> dict[
     }
     if raw.get("error"):
         out["error"] = raw["error"]
+    out.update(truncation(unit))
     return out

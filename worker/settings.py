@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,8 +49,11 @@ class WorkerSettings(BaseSettings):
     max_request_body_bytes: int = 34 * 1024 * 1024  # largest request body (413 INPUT_TOO_LONG above)
     request_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)
     max_items_per_request: int = 4096  # most items in one encode/extract request (400 above)
+    serve_result_cache_items: int = Field(default=0, ge=0)  # sie serve: encoded items kept in an in-process LRU result cache (0 = off; X-SIE-Cache: off opts a request out)
+    serve_result_cache_ttl_s: float = Field(default=3600.0, gt=0)  # sie serve: a cached encode result expires this long after it was stored
     max_score_items: int = 1000  # most items in one score request (400 above)
     max_item_text_bytes: int = 2 * 1024 * 1024  # largest UTF-8 text of one item (400 above)
+    max_chunks_per_item: int = Field(default=64, ge=1)  # most chunks one item may split into with overflow_policy chunk (400 INPUT_TOO_LONG above)
     # lifecycle
     model_loading_retry_after_s: float = 5.0  # Retry-After of 503 MODEL_LOADING
     load_failure_cooldown_s: float = 30.0  # a transient load failure is answered 502 this long
@@ -70,6 +74,7 @@ class WorkerSettings(BaseSettings):
     cluster_cache_url: str = ""  # shared directory, file://, s3:// or gs:// (fsspec); "" = none
     download_progress_interval_s: float = Field(default=10.0, gt=0)  # progress log period while downloading
     log_level: str = "INFO"  # logging level
+    log_format: Literal["text", "json"] = "text"  # log lines: text, or json (one object per line with request_id and trace_id)
 
     def preload_list(self) -> list[str]:
         return [m.strip() for m in self.preload_models.split(",") if m.strip()]

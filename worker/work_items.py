@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
 
+from protocol.api import truncation_totals
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.work import WorkItem, WorkResult
@@ -20,10 +20,13 @@ log = logging.getLogger("worker.runtime")
 class WorkItemRunner(Operations):
     # ---- the sidecar path ------------------------------------------------------------------
     async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]:
-        """Execute NATS work items at once; one WorkResult per item, in order."""
+        """Execute NATS work items at once; one WorkResult per item, in order.
+
+        The sidecar hands over one group (equal :attr:`WorkItem.group_key`); a batch mixing groups
+        runs as one call per group."""
         groups: dict[str, list[int]] = {}
         for i, wi in enumerate(items):
-            groups.setdefault(_group_key(wi), []).append(i)
+            groups.setdefault(wi.group_key, []).append(i)
         results: list[WorkResult | None] = [None] * len(items)
         await asyncio.gather(*(self._run_group([items[i] for i in idx], idx, results) for idx in groups.values()))
         return [r for r in results if r is not None]
@@ -35,13 +38,14 @@ class WorkItemRunner(Operations):
         if first.is_query:
             options["is_query"] = True
         started = time.time()
+        tokens: list[int | None]
         try:
             if first.operation == "encode":
                 params = {"output_types": first.output_types, "output_dtype": first.output_dtype,
                           "instruction": first.instruction, "options": options}
                 res = await self.encode(spec, [wi.item or {} for wi in group], params, direct=True)
                 payloads = [packb(item) for item in res.items]
-                tokens = [None] * len(group)
+                tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
             elif first.operation == "score":
                 # one work item carries a whole score request; run each on its own
                 for wi, i in zip(group, idx, strict=True):
@@ -50,14 +54,19 @@ class WorkItemRunner(Operations):
                     body: dict[str, Any] = {"scores": res.items}
                     if res.query_id is not None:
                         body["query_id"] = res.query_id
-                    results[i] = self._work_result(wi, True, packb(body), res.timing, started, res.input_tokens)
+                    results[i] = self._work_result(wi, True, packb(body), res.timing, started, res.input_tokens,
+                                                   res.items)
                 return
             elif first.operation == "extract":
                 params = {"labels": first.labels, "output_schema": first.output_schema,
                           "instruction": first.instruction, "options": options}
                 res = await self.extract(spec, [wi.item or {} for wi in group], params, direct=True)
                 payloads = [packb(item) for item in res.items]
-                tokens = [None] * len(group)
+                tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
+            elif first.operation == "tokenize":
+                res = await self.tokenize(spec, [wi.item or {} for wi in group], options, direct=True)
+                payloads = [packb(item) for item in res.items]
+                tokens = [item["count"] for item in res.items]
             else:
                 raise invalid_input(f"unknown operation {first.operation!r}")
         except SIEError as exc:
@@ -70,11 +79,12 @@ class WorkItemRunner(Operations):
             for wi, i in zip(group, idx, strict=True):
                 results[i] = self._error_result(wi, err)
             return
-        for wi, i, payload, tok in zip(group, idx, payloads, tokens, strict=True):
-            results[i] = self._work_result(wi, True, payload, res.timing, started, tok)
+        for wi, i, payload, tok, entry in zip(group, idx, payloads, tokens, res.items, strict=True):
+            results[i] = self._work_result(wi, True, payload, res.timing, started, tok, [entry])
 
     def _work_result(self, wi: WorkItem, ok: bool, payload: bytes, timing: Timing, started: float,
-                     tokens: int | None) -> WorkResult:
+                     tokens: int | None, entries: list[Any]) -> WorkResult:
+        truncated_items, dropped_tokens = truncation_totals(entries)
         return WorkResult(
             work_item_id=wi.work_item_id,
             request_id=wi.request_id,
@@ -87,16 +97,11 @@ class WorkItemRunner(Operations):
             postprocessing_ms=timing.postprocessing_ms,
             processing_ms=timing.total_ms,
             input_tokens=tokens,
+            truncated_items=truncated_items,
+            dropped_tokens=dropped_tokens,
         )
 
     @staticmethod
     def _error_result(wi: WorkItem, exc: SIEError) -> WorkResult:
         return WorkResult.failure(wi, exc.code, exc.message, retry_after_s=exc.retry_after, extra=exc.extra)
 
-
-def _group_key(wi: WorkItem) -> str:
-    return json.dumps(
-        [wi.operation, wi.model_id, wi.profile_id, wi.output_types, wi.output_dtype, wi.instruction,
-         wi.is_query, wi.options, wi.labels, wi.output_schema],
-        sort_keys=True, default=str,
-    )

@@ -17,7 +17,7 @@ from protocol.model_config import ModelConfig
 # per-request option keys that change only postprocessing or routing, never the forward pass
 POSTPROCESS_OPTION_KEYS = frozenset(
     {"profile", "output_dtype", "overflow_policy", "is_query", "instruction", "output_types", "lora", "lora_id",
-     "output_dim"}
+     "output_dim", "chunk_size", "chunk_overlap", "chunk_pooling", "chunking"}
 )
 
 

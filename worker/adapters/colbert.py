@@ -132,6 +132,8 @@ class ColBERTAdapter(HFTextAdapter):
             u.data = (ids, real)
             u.cost = len(ids)
             u.input_tokens = real
+            if u.full_tokens:
+                u.full_tokens += 1  # the marker counts on both sides
         return units
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
@@ -143,7 +145,9 @@ class ColBERTAdapter(HFTextAdapter):
             queries = self._units(qctx, self.texts_of(qctx, [q for q, _ in inputs]))
             docs = self._units(dctx, self.texts_of(dctx, [d for _, d in inputs]))
             return [
-                Prepared(cost=q.cost + d.cost, data=(q.data, d.data), input_tokens=q.input_tokens + d.input_tokens)
+                Prepared(cost=q.cost + d.cost, data=(q.data, d.data), input_tokens=q.input_tokens + d.input_tokens,
+                         full_tokens=(q.full_tokens or q.input_tokens) + (d.full_tokens or d.input_tokens)
+                         if q.truncated or d.truncated else 0)
                 for q, d in zip(queries, docs, strict=True)
             ]
         return self._units(ctx, self.texts_of(ctx, inputs))

@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from worker.adapters.base import Prepared, RequestContext, apply_template
@@ -64,7 +63,8 @@ class CrossEncoderAdapter(HFTextAdapter):
             for _, d in inputs
         ]
         encs = self.encode_checked(ctx, queries, docs, "longest_first")
-        return [Prepared(cost=len(e.ids), data=(e.ids, e.type_ids), input_tokens=len(e.ids)) for e in encs]
+        return [Prepared(cost=len(e.ids), data=(e.ids, e.type_ids), input_tokens=len(e.ids), full_tokens=n)
+                for e, n in zip(encs, self.full_counts(encs, queries, docs), strict=True)]
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[float]:
@@ -91,17 +91,4 @@ class CrossEncoderAdapter(HFTextAdapter):
         return self.head(hidden[packed.starts])
 
     def _padded_logits(self, batch: list[Prepared]) -> torch.Tensor:
-        width = max(p.cost for p in batch)
-        ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
-        types = np.zeros((len(batch), width), dtype=np.int64)
-        mask = np.zeros((len(batch), width), dtype=np.int64)
-        for row, p in enumerate(batch):
-            seq, typ = p.data
-            ids[row, : len(seq)] = seq
-            types[row, : len(typ)] = typ
-            mask[row, : len(seq)] = 1
-        device = self.spec.device
-        kwargs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
-        if self.uses_token_types:
-            kwargs["token_type_ids"] = torch.from_numpy(types).to(device)
-        return self.model(**kwargs).logits
+        return self.model(**self.pair_inputs([p.data for p in batch])).logits

@@ -61,6 +61,11 @@ class DenseAdapter(HFTextAdapter):
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:
+        if "token_states" in ctx.output_types:  # late chunking pools spans of these itself
+            ids, mask = self.pad(batch)
+            with self.activate_lora(ctx.lora):
+                hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float().cpu().numpy()
+            return [{"token_states": hidden[i, : p.cost]} for i, p in enumerate(batch)]
         options = ctx.options
         mode = options.get("pooling") or self.default_pooling
         if self.runs_packed(ctx):

@@ -56,7 +56,8 @@ class GLiNERAdapter(Adapter):
                 raise InputTooLong(i, words, limit)
             n = min(words, limit)
             # the prompt carries two tokens per label ([ENT] + label words) ahead of the text
-            out.append(Prepared(cost=n + 2 * len(ctx.labels) + 2, data=text, input_tokens=n))
+            out.append(Prepared(cost=n + 2 * len(ctx.labels) + 2, data=text, input_tokens=n,
+                                full_tokens=words if words > n else 0))
         return out
 
     def _predict(self, ctx: RequestContext, texts: list[str]) -> list[list[dict[str, Any]]]:

@@ -113,6 +113,15 @@ class HFTextAdapter(Adapter):
         tok.no_truncation()
         return len(tok.encode(text, pair, add_special_tokens=special).ids)
 
+    def token_spans(self, texts: list[str], special: bool = True) -> list[dict[str, Any]]:
+        """The tokenize route: tokens, ids, character offsets and count per text, untruncated."""
+        tok = self._thread_tokenizer()
+        tok.no_truncation()
+        return [
+            {"tokens": list(e.tokens), "ids": list(e.ids), "offsets": [list(o) for o in e.offsets], "count": len(e.ids)}
+            for e in tok.encode_batch(texts, add_special_tokens=special)
+        ]
+
     def encode_checked(
         self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None, strategy: str = "longest_first"
     ) -> list[Any]:
@@ -124,14 +133,38 @@ class HFTextAdapter(Adapter):
             raise InputTooLong(first, self.full_length(texts[first], pairs[first] if pairs else None), limit)
         return encs
 
+    def full_counts(self, encs: list[Any], texts: list[str], pairs: list[str] | None) -> list[int]:
+        """Per encoding, its input's tokens before truncation (0 where nothing was cut). Single texts
+        count from the overflow; a pair's overflow repeats one side, so a cut pair is re-counted."""
+        if pairs is None:
+            return [full_tokens(e) for e in encs]
+        return [self.full_length(t, p) if e.overflowing else 0 for e, t, p in zip(encs, texts, pairs, strict=True)]
+
     def tokenize(self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None) -> list[Prepared]:
         """Token ids per text (or text pair), truncated to the limit or refused per overflow policy."""
         encs = self.encode_checked(ctx, texts, pairs, "longest_first" if pairs is None else "only_second")
-        return [Prepared(cost=len(e.ids), data=e.ids, input_tokens=len(e.ids), full_tokens=full_tokens(e))
-                for e in encs]
+        return [Prepared(cost=len(e.ids), data=e.ids, input_tokens=len(e.ids), full_tokens=n)
+                for e, n in zip(encs, self.full_counts(encs, texts, pairs), strict=True)]
 
     def texts_of(self, ctx: RequestContext, items: list[dict[str, Any]]) -> list[str]:
         return [apply_template(item.get("text") or "", ctx) for item in items]
+
+    def pair_inputs(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+        """Model inputs of text pairs, each (ids, token type ids): right-padded ids, attention mask and,
+        when the tokenizer makes them, token type ids."""
+        width = max(len(ids) for ids, _ in pairs)
+        ids = np.full((len(pairs), width), self.pad_id, dtype=np.int64)
+        types = np.zeros((len(pairs), width), dtype=np.int64)
+        mask = np.zeros((len(pairs), width), dtype=np.int64)
+        for row, (seq, typ) in enumerate(pairs):
+            ids[row, : len(seq)] = seq
+            types[row, : len(typ)] = typ
+            mask[row, : len(seq)] = 1
+        device = self.spec.device
+        out = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
+        if "token_type_ids" in getattr(self.tokenizer, "model_input_names", []):
+            out["token_type_ids"] = torch.from_numpy(types).to(device)
+        return out
 
     def pad(self, batch: list[Prepared], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ids and attention mask, to the longest unit or to ``width``."""

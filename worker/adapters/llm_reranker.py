@@ -25,7 +25,7 @@ import torch
 
 from protocol.errors import ErrorCode, SIEError
 from worker.adapters.base import InputTooLong, Prepared, RequestContext
-from worker.adapters.hf import HFTextAdapter
+from worker.adapters.hf import HFTextAdapter, full_tokens
 
 DEFAULT_BODY = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
@@ -72,7 +72,8 @@ class LLMRerankerAdapter(HFTextAdapter):
         units = []
         for e in encs:
             ids = [*self.prefix_ids, *e.ids, *self.suffix_ids]
-            units.append(Prepared(cost=len(ids), data=ids, input_tokens=len(ids)))
+            cut = full_tokens(e)  # the body's tokens before truncation (0: nothing cut)
+            units.append(Prepared(cost=len(ids), data=ids, input_tokens=len(ids), full_tokens=fixed + cut if cut else 0))
         return units
 
     @torch.inference_mode()

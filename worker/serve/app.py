@@ -11,8 +11,16 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from protocol import SERVER_VERSION
-from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
+from protocol import SERVER_VERSION, tracing
+from protocol.api import (
+    EncodeRequest,
+    ExtractRequest,
+    ScoreRequest,
+    TokenizeRequest,
+    parse_request,
+    truncation_totals,
+    usage,
+)
 from protocol.errors import SIEError, invalid_input
 from protocol.http import (
     base_headers,
@@ -30,6 +38,7 @@ from protocol.http import (
     timing_headers,
     unexpected_error,
 )
+from protocol.logs import bind
 from protocol.openai import (
     dense_dimension,
     dimension_options,
@@ -41,6 +50,7 @@ from protocol.openai import (
 )
 from worker.runtime import Result, Runtime
 from worker.serve.metrics import ServeMetrics
+from worker.serve.result_cache import ResultLRU, encode_cached
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -50,7 +60,9 @@ SETTINGS = web.AppKey("settings", WorkerSettings)
 METRICS = web.AppKey("metrics", ServeMetrics)
 REQUEST_ID = web.RequestKey("request_id", str)
 STATUS_SOCKETS = web.AppKey("status_sockets", set)
-INDEX_ROUTES = ["/v1/encode/{model}", "/v1/score/{model}", "/v1/extract/{model}", "/v1/embeddings", "/v1/models",
+RESULT_CACHE: web.AppKey[ResultLRU | None] = web.AppKey("result_cache")
+INDEX_ROUTES = ["/v1/encode/{model}", "/v1/score/{model}", "/v1/extract/{model}", "/v1/tokenize/{model}",
+                "/v1/embeddings", "/v1/models",
                 "/health", "/ws/status", "/metrics", "/readyz"]
 
 
@@ -66,6 +78,10 @@ def _timing_headers(result: Result) -> dict[str, str]:
     )
     headers["X-SIE-Served-By"] = "local"
     return headers
+
+
+def _usage(result: Result) -> dict[str, int]:
+    return usage(result.input_tokens, *truncation_totals(result.items))
 
 
 def _timing_body(result: Result) -> dict[str, Any]:
@@ -108,10 +124,25 @@ async def encode(request: web.Request) -> web.Response:
     parse_request(EncodeRequest, data)
     _check_count(data["items"], settings)
     params = data.get("params") or {}
-    result = await request.app[RUNTIME].encode(model, data["items"], params)
+    cache = request.app[RESULT_CACHE]
+    hits = 0
+    if cache is not None and _cache_wanted(request):
+        result, hits = await encode_cached(request.app[RUNTIME], cache, model, data["items"], params)
+        request.app[METRICS].cache_lookups.labels("hit").inc(hits)
+        request.app[METRICS].cache_lookups.labels("miss").inc(len(data["items"]) - hits)
+    else:
+        result = await request.app[RUNTIME].encode(model, data["items"], params)
     body = {"model": model, "items": result.items, "timing": _timing_body(result),
-            "usage": {"input_tokens": result.input_tokens}}
-    return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
+            "usage": _usage(result)}
+    headers = {**base_headers(request[REQUEST_ID]), **_timing_headers(result), "X-SIE-Cache-Hits": str(hits)}
+    return respond(request, body, headers)
+
+
+def _cache_wanted(request: web.Request) -> bool:
+    value = (request.headers.get("X-SIE-Cache") or "on").strip().lower()
+    if value not in ("on", "off"):
+        raise invalid_input(f"X-SIE-Cache must be 'on' or 'off', got {value!r}", param="X-SIE-Cache")
+    return value == "on"
 
 
 async def score(request: web.Request) -> web.Response:
@@ -124,7 +155,7 @@ async def score(request: web.Request) -> web.Response:
         model, data["query"], data["items"], data.get("instruction"), data.get("options")
     )
     body = {"model": model, "query_id": result.query_id, "scores": result.items,
-            "timing": _timing_body(result), "usage": {"input_tokens": result.input_tokens}}
+            "timing": _timing_body(result), "usage": _usage(result)}
     return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
 
 
@@ -136,6 +167,20 @@ async def extract(request: web.Request) -> web.Response:
     parse_request(ExtractRequest, data)
     _check_count(data["items"], settings)
     result = await request.app[RUNTIME].extract(model, data["items"], data.get("params") or {})
+    body = {"model": model, "items": result.items, "timing": _timing_body(result),
+            "usage": _usage(result)}
+    return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    model = request.match_info["model"]
+    settings = request.app[SETTINGS]
+    _check_machine_profile(request, settings)
+    data = await _decoded(request)
+    parse_request(TokenizeRequest, data)
+    _check_count(data["items"], settings)
+    options = (data.get("params") or {}).get("options")
+    result = await request.app[RUNTIME].tokenize(model, data["items"], options)
     body = {"model": model, "items": result.items, "timing": _timing_body(result),
             "usage": {"input_tokens": result.input_tokens}}
     return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
@@ -260,7 +305,10 @@ async def error_middleware(request: web.Request, handler):
     metrics_ = request.app[METRICS]
     started = time.monotonic()
     try:
-        response = await handler(request)
+        with bind(request_id=request[REQUEST_ID], trace_id=tracing.trace_id_of(request.headers.get("traceparent"))), \
+                tracing.span("serve.request", parent=request.headers.get("traceparent"),
+                             parent_state=request.headers.get("tracestate"), attributes={"endpoint": endpoint}):
+            response = await handler(request)
     except SIEError as exc:
         response = error_response(exc, request[REQUEST_ID])
     except web.HTTPException as exc:
@@ -283,9 +331,14 @@ def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.
     app[SETTINGS] = settings
     app[METRICS] = ServeMetrics()
     app[STATUS_SOCKETS] = set()
+    app[RESULT_CACHE] = (
+        ResultLRU(settings.serve_result_cache_items, settings.serve_result_cache_ttl_s)
+        if settings.serve_result_cache_items else None
+    )  # fmt: skip
     app.router.add_post("/v1/encode/{model:.+}", encode)
     app.router.add_post("/v1/score/{model:.+}", score)
     app.router.add_post("/v1/extract/{model:.+}", extract)
+    app.router.add_post("/v1/tokenize/{model:.+}", tokenize)
     app.router.add_post("/v1/embeddings", openai_embeddings)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)

@@ -18,6 +18,8 @@ import sys
 
 from aiohttp import web
 
+from protocol import eventloop, tracing
+from protocol.logs import setup_logging
 from worker.loaded import pick_device
 from worker.runtime import Runtime
 from worker.serve.app import create_app
@@ -73,9 +75,19 @@ def stop_siblings(procs: list[subprocess.Popen]) -> None:
             p.wait(5)
 
 
+def _say_listening(settings: WorkerSettings):
+    """run_app calls this once every site listens: one line a user (and a script) can wait for."""
+
+    def say(_banner: str) -> None:
+        print(f"sie serve listening on http://{settings.host}:{settings.port}", flush=True)
+
+    return say
+
+
 def main(settings: WorkerSettings | None = None) -> None:
     settings = settings or WorkerSettings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log_level, settings.log_format)
+    tracing.setup_tracing("sie-serve")
     if not settings.serve_processes:
         on_cuda = pick_device(settings.device).startswith("cuda")
         settings = settings.model_copy(update={"serve_processes": CUDA_PROCESSES if on_cuda else 1})
@@ -86,9 +98,12 @@ def main(settings: WorkerSettings | None = None) -> None:
     try:
         runtime = build_runtime(settings)
         app = create_app(runtime, settings)
-        web.run_app(app, host=settings.host, port=settings.port, access_log=None, print=None, reuse_port=shared)
+        web.run_app(app, host=settings.host, port=settings.port, access_log=None, reuse_port=shared,
+                    loop=eventloop.new_event_loop(),
+                    print=_say_listening(settings) if settings.serve_process_index == 0 else None)
     finally:
         stop_siblings(siblings)
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

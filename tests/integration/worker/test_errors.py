@@ -146,6 +146,7 @@ async def test_load_failure_is_terminal_and_not_retried(client):
     models = await (await client.get("/v1/models")).json()
     (entry,) = [m for m in models["models"] if m["name"] == f"{F}:fail-load"]
     assert entry["state"] == "failed" and entry["last_error"]["code"] == "MODEL_LOAD_FAILED"
+    assert entry["loaded"] is False and "injected load failure" in entry["last_error"]["message"]
 
 
 async def test_oom_after_recovery_is_resource_exhausted(lone_client):

@@ -153,3 +153,31 @@ def test_watch_status_stream_and_index_with_public_sdk(server, sdk):
     assert frames[0]["timestamp"] <= frames[2]["timestamp"]
     index = httpx.get(server.url + "/").json()
     assert index["type"] == "worker" and "/ws/status" in index["routes"]
+
+
+def test_our_sdk_watch_and_wait_for_capacity_against_serve(server):
+    """Our SDK's ``watch()``/``wait_for_capacity()`` behave as the public SDK's on a worker: auto mode
+    finds /ws/status; capacity needs a gateway, so the wait ends in ProvisioningError."""
+    import asyncio
+    import itertools
+
+    from sdk import ProvisioningError, RequestError, SIEAsyncClient, SIEClient
+
+    with SIEClient(server.url) as c:
+        frames = list(itertools.islice(c.watch(), 3))
+        assert all(f["ready"] is True and D in f["loaded_models"] for f in frames)
+        assert frames[0]["timestamp"] <= frames[2]["timestamp"]
+        with pytest.raises(ProvisioningError) as exc:
+            c.wait_for_capacity("cpu", timeout_s=0.5, poll_interval_s=0.1)
+        assert exc.value.gpu == "cpu" and "waiting for GPU 'cpu' capacity" in str(exc.value)
+        with pytest.raises(RequestError) as refused:  # a worker has no /ws/cluster-status
+            next(c.watch(mode="cluster"))
+        assert refused.value.status_code == 404
+
+    async def first_async_frame() -> dict:
+        async with SIEAsyncClient(server.url) as ac:
+            async for frame in ac.watch(mode="worker"):
+                return frame
+        raise AssertionError("no frame")
+
+    assert D in asyncio.run(first_async_frame())["loaded_models"]

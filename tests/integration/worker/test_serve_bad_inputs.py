@@ -33,6 +33,7 @@ BAD = [
     (f"/v1/encode/{F}", '{"items":[{"text":"a"}],"options":' + "[" * 200 + "]" * 200 + "}"),
     (f"/v1/encode/{F}", f'{{"items":[{{"text":"a"}}],"options":{{"x":{HUGE_INT}}}}}'),
     (f"/v1/encode/{F}", '{"items":[{"text":"a"}],"options":{"x":%s}}' % ("9" * 40)),
+    (f"/v1/encode/{F}", '{"items":[{"text":"a"}],"params":{"options":{"pooling":"median"}}}'),
 ]
 
 

