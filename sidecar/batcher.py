@@ -1,4 +1,8 @@
-"""Batch formation, free of I/O: one Batcher per (operation, LoRA) inside a model's scheduler.
+"""Batch formation, free of I/O: one Batcher per (operation, group key) inside a model's scheduler.
+
+The group key (:attr:`protocol.work.WorkItem.group_key`) covers everything that decides how an item
+runs (LoRA, options, instruction, output types, ...), so a batch cut here is what the worker runs:
+the one batching decision of the cluster path (the worker only bands it by token length).
 
 Flush rules: total cost >= max_batch_cost, count >= max_batch_requests, or the oldest pending item has
 waited max_batch_wait_ms (and always when draining). Packing sorts the pending items by cost and takes
@@ -8,8 +12,11 @@ queued and its wait timer is re-anchored to its oldest item.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from protocol.subjects import BULK, INTERACTIVE
 
 
 class Costed(Protocol):
@@ -18,7 +25,8 @@ class Costed(Protocol):
 
 
 def text_cost(text: str | None) -> int:
-    """Token-count proxy (the sidecar does not tokenize): chars / 4 + 2."""
+    """Token-count proxy (the sidecar does not tokenize): chars / 4 + 2; each model's scheduler
+    scales it by the tokens per unit it has learned from the worker's counts."""
     return len(text or "") // 4 + 2
 
 
@@ -56,11 +64,12 @@ class BatchLimits:
 
 
 class Batcher:
-    """Pending items of one (op, lora_key) for one model."""
+    """Pending items of one (op, group key, priority class) for one model."""
 
-    def __init__(self, op: str, lora_key: str) -> None:
+    def __init__(self, op: str, group: str, priority: str = INTERACTIVE) -> None:
         self.op = op
-        self.lora_key = lora_key
+        self.group = group
+        self.priority = priority
         self.pending: list[Any] = []
         self.pending_cost = 0
 
@@ -129,11 +138,23 @@ class Batcher:
 
 
 def oldest_ready(
-    batchers: list[Batcher], now: float, limits: BatchLimits, *, flush_now: bool = False
+    batchers: list[Batcher],
+    now: float,
+    limits: BatchLimits,
+    *,
+    flush_now: bool = False,
+    bulk_after_s: float = math.inf,
 ) -> Batcher | None:
-    """First-come-first-served across batchers: the ready one whose head is oldest."""
+    """Interactive first, then first-come-first-served: the ready batcher whose head is oldest among
+    the interactive ones, else among the bulk ones. A bulk batcher whose head has waited
+    ``bulk_after_s`` counts as interactive (bulk is never starved)."""
     ready = [b for b in batchers if b.ready(now, limits, flush_now=flush_now)]
-    return min(ready, key=lambda b: b.head_time or 0.0) if ready else None
+
+    def rank(b: Batcher) -> tuple[bool, float]:
+        head = b.head_time or 0.0
+        return (b.priority == BULK and now - head < bulk_after_s, head)
+
+    return min(ready, key=rank) if ready else None
 
 
 def next_due(batchers: list[Batcher], limits: BatchLimits) -> float | None:

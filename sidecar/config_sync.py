@@ -7,7 +7,8 @@
 - the epoch is newer than the one applied (``protocol.config_delta.epoch_order``: stale or duplicate is dropped),
 
 then, holding the execution barrier exclusively (no batch on the worker meanwhile), sends
-``ApplyModelConfig`` to the worker, retrying transport errors with backoff (250 ms → 5 s). The
+``ApplyModelConfig`` to the worker (``deleted: true`` for a tombstone: the worker drops the model
+and unloads it), retrying transport errors with backoff (250 ms → 5 s). The
 change is committed — epoch, advertised ``bundle_config_hash`` and ``unsupported_models``
 together — only when the hash the worker computed equals the control plane's non-empty hash
 (pool-scoped when the delta carries it). On a mismatch nothing advances: the heartbeat keeps the
@@ -197,12 +198,15 @@ class ConfigApplier:
                 "bundle_adapters": list(delta.bundle_adapters.get(self.bundle) or []),
                 "pool": self.pool,
                 "pool_scoped": scoped,
+                "deleted": delta.is_tombstone,
             }
             resp = await self._call(ipc.APPLY_MODEL_CONFIG, body)
             if resp is None:
                 self._count(FAILED)
                 return FAILED
-            return self._commit(delta.epoch, expected, resp, what=f"delta {delta.model_id}", allow_empty=False)
+            # after a tombstone the bundle may serve nothing: an empty hash is then the right one
+            what = f"{'tombstone' if delta.is_tombstone else 'delta'} {delta.model_id}"
+            return self._commit(delta.epoch, expected, resp, what=what, allow_empty=delta.is_tombstone)
 
     def _commit(self, epoch: int, expected: str, resp: dict[str, Any], *, what: str, allow_empty: bool,
                 rewind: bool = False) -> str:

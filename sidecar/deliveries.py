@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
+from protocol.subjects import INTERACTIVE
 from protocol.work import WorkItem
 from sidecar.batcher import Batcher, BatchLimits
 
@@ -16,16 +17,18 @@ class Delivery:
     msg: Msg
     item: WorkItem
     spec: str
-    cost: int
+    cost: int  # predicted tokens (scheduler's cost_of the character estimate)
     arrived: float  # monotonic, for batching
     received_wall: float  # unix seconds, for queue_ms
     last_progress: float
     settled: bool = False
     in_flight: bool = False
+    estimate: int = 0  # the character estimate the cost was predicted from
+    priority: str = INTERACTIVE  # the class of the subject it came on
 
     @property
-    def lora_key(self) -> str:
-        return self.item.lora or ""
+    def group(self) -> str:
+        return self.item.group_key
 
     @property
     def num_delivered(self) -> int:
@@ -39,25 +42,39 @@ class Delivery:
 class ModelScheduler:
     spec: str
     limits: BatchLimits
-    batchers: dict[tuple[str, str], Batcher] = field(default_factory=dict)
+    batchers: dict[tuple[str, str, str], Batcher] = field(default_factory=dict)  # (operation, group key, class)
     ready: bool = False
     generation: int = -1  # IPC connection generation the readiness was learned on
     running: int = 0  # batches of this model on the worker now
+    bulk_running: int = 0  # of which bulk batches
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
+    # tokens per unit of the character estimate, learned from what the worker counted: batches are
+    # cut on tokens (the worker's unit) without the sidecar tokenising
+    tokens_per_estimate: float = 1.0
+    last_interactive: float = float("-inf")  # monotonic arrival of the newest interactive item
 
-    def batcher(self, op: str, lora_key: str) -> Batcher:
-        key = (op, lora_key)
+    def cost_of(self, estimate: int) -> int:
+        return max(1, round(estimate * self.tokens_per_estimate))
+
+    def learn(self, estimate: int, tokens: int) -> None:
+        """Fold one item's real token count into the ratio (an average over about 50 items)."""
+        if estimate > 0 and tokens > 0:
+            self.tokens_per_estimate += 0.02 * (tokens / estimate - self.tokens_per_estimate)
+
+    def batcher(self, op: str, group: str, priority: str = INTERACTIVE) -> Batcher:
+        key = (op, group, priority)
         b = self.batchers.get(key)
         if b is None:
-            b = self.batchers[key] = Batcher(op, lora_key)
+            b = self.batchers[key] = Batcher(op, group, priority)
         return b
 
     def pending(self) -> list[Delivery]:
         return [d for b in self.batchers.values() for d in b.pending]
 
-    def pending_count(self) -> int:
-        return sum(len(b) for b in self.batchers.values())
+    def pending_count(self, priority: str | None = None) -> int:
+        """Queued deliveries (of one priority class, or all)."""
+        return sum(len(b) for b in self.batchers.values() if priority is None or b.priority == priority)
 
     def pending_cost(self) -> int:
         return sum(b.pending_cost for b in self.batchers.values())

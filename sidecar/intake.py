@@ -1,4 +1,10 @@
-"""Pulling from the lane durable, validating each delivery and queueing it; cancellations."""
+"""Pulling from the lane durables, validating each delivery and queueing it; cancellations.
+
+Two pull loops, one per priority class: interactive work from the lane durable, bulk work from the
+lane's ``_bulk`` durable. They share the held budget (``max_held_messages``) by weight: bulk may fill
+``bulk_max_held_share`` of it, so room is always left for interactive work to be pulled at once, and
+interactive work leaves ``bulk_min_held_share`` to bulk, so bulk is never starved of deliveries.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,10 @@ import time
 import nats.errors
 from nats.aio.msg import Msg
 
+from protocol import tracing
 from protocol.codec import CodecError
 from protocol.errors import ErrorCode
-from protocol.subjects import in_lane, is_valid_reply_subject
+from protocol.subjects import BULK, INTERACTIVE, in_lane, is_valid_reply_subject, subject_priority
 from protocol.work import OPERATIONS, WorkItem
 from sidecar.batcher import item_cost
 from sidecar.deliveries import Delivery
@@ -28,25 +35,36 @@ class Intake(Scheduling):
     async def ensure_jetstream(self) -> None:
         self.stream = await ensure_stream(self.js, self.settings)
         self.durable = await ensure_lane_consumer(self.js, self.stream, self.settings)
+        self.bulk_durable = await ensure_lane_consumer(self.js, self.stream, self.settings, BULK)
 
     # ------------------------------------------------------------------ pulling
-    async def _pull_loop(self) -> None:
+    def _free(self, priority: str) -> int:
+        """How many more deliveries of ``priority`` may be pulled now."""
+        s = self.settings
+        limit = max(1, s.max_held_messages)
+        bulk_held = sum(1 for d in self.held if d.priority == BULK)
+        if priority == BULK:
+            return min(max(1, int(limit * s.bulk_max_held_share)) - bulk_held, limit - len(self.held))
+        kept_for_bulk = max(0, int(limit * s.bulk_min_held_share) - bulk_held)
+        return limit - len(self.held) - kept_for_bulk
+
+    async def _pull_loop(self, priority: str = INTERACTIVE) -> None:
         errors = 0
-        limit = max(1, self.settings.max_held_messages)
         while not self._stop.is_set():
             if not self.worker.fresh(self._worker_stale_after_s()):
                 # No worker to run anything: leave the work in the stream for the lane's other pods
                 # instead of pulling it only to NAK it and burn its deliveries.
                 await asyncio.sleep(self.settings.worker_ping_interval_ms / 1000.0 / 2)
                 continue
-            free = limit - len(self.held)
+            free = self._free(priority)
             if free <= 0:
                 self._space.clear()
                 await self._space.wait()
                 continue
-            assert self._sub is not None  # bound in start() before this loop runs
+            sub = self._bulk_sub if priority == BULK else self._sub
+            assert sub is not None  # bound in start() before this loop runs
             try:
-                msgs = await self._sub.fetch(
+                msgs = await sub.fetch(
                     batch=min(self.settings.nats_fetch_budget, free),
                     timeout=self.settings.nats_fetch_timeout_s,
                 )
@@ -119,20 +137,33 @@ class Intake(Scheduling):
             arrived=now,
             received_wall=time.time(),
             last_progress=now,
+            priority=subject_priority(msg.subject),
         )
         self.held.add(d)
+        if isinstance(item.timestamp, (int, float)):
+            self.metrics.queue_wait.observe(max(0.0, d.received_wall - item.timestamp))
+        delivered = d.num_delivered
+        if delivered > 1:
+            self.metrics.redeliveries.inc()
+        if tracing.enabled() and isinstance(item.timestamp, (int, float)):
+            tracing.record("sidecar.queue_wait", parent=item.traceparent, start_s=item.timestamp,
+                           end_s=d.received_wall, attributes={"delivery": delivered})
         if item.operation not in OPERATIONS:
             await self._publish_and_ack(
                 d, self._error_result(d, ErrorCode.INVALID_INPUT, f"unknown operation {item.operation!r}")
             )
             return
-        d.cost = item_cost(item.operation, item.item, item.query_item, item.score_items)
         sched = self._scheduler(d.spec)
+        d.estimate = item_cost(item.operation, item.item, item.query_item, item.score_items)
+        d.cost = sched.cost_of(d.estimate)
         cap = max(1, sched.limits.max_requests) * self.settings.max_concurrent_batches * 2
-        if sched.pending_count() >= cap and d.num_delivered < max(2, self.settings.max_deliver // 2):
+        # per class: a bulk backlog never turns interactive work away
+        if sched.pending_count(d.priority) >= cap and d.num_delivered < max(2, self.settings.max_deliver // 2):
             await self._nak(d, self.settings.overflow_nak_delay_s)
             return
-        sched.batcher(item.operation, d.lora_key).add(d)
+        if d.priority != BULK:
+            sched.last_interactive = now
+        sched.batcher(item.operation, d.group, d.priority).add(d)
         sched.wake.set()
 
     # ------------------------------------------------------------------ cancellation

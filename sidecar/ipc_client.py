@@ -128,7 +128,12 @@ class IpcClient:
                 fut.set_exception(IpcTransportError(reason))
 
     async def call(
-        self, method: str, body: dict[str, Any] | None = None, *, timeout_s: float | None = None
+        self,
+        method: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        traceparent: str | None = None,
     ) -> dict:
         """Send one request and wait for its response body."""
         await self._ensure_connected()
@@ -138,7 +143,8 @@ class IpcClient:
         request_id = str(next(self._ids))
         try:
             frame = ipc.encode_frame(
-                ipc.request_envelope(method, request_id, body), max_bytes=self.max_frame_bytes
+                ipc.request_envelope(method, request_id, body, traceparent=traceparent),
+                max_bytes=self.max_frame_bytes,
             )
         except ipc.FrameTooLarge as exc:
             raise IpcRemoteError(str(exc), code=ipc.IPC_TOO_LARGE) from exc

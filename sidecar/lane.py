@@ -36,7 +36,7 @@ import contextlib
 import logging
 
 from protocol import ipc
-from protocol.subjects import WORK_CANCEL_PREFIX
+from protocol.subjects import BULK, INTERACTIVE, WORK_CANCEL_PREFIX
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.intake import Intake
 from sidecar.lane_state import WorkerHealth
@@ -53,8 +53,10 @@ class LaneConsumer(Intake):
         await self.ensure_jetstream()
         self._cancel_sub = await self.nc.subscribe(f"{WORK_CANCEL_PREFIX}.>", cb=self._on_cancel)
         self._sub = await self.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+        self._bulk_sub = await self.js.pull_subscribe_bind(durable=self.bulk_durable, stream=self.stream)
         self._tasks = [
-            asyncio.create_task(self._pull_loop(), name="sidecar-pull"),
+            asyncio.create_task(self._pull_loop(INTERACTIVE), name="sidecar-pull"),
+            asyncio.create_task(self._pull_loop(BULK), name="sidecar-pull-bulk"),
             asyncio.create_task(self._progress_loop(), name="sidecar-progress"),
             asyncio.create_task(self._ping_loop(), name="sidecar-ping"),
             asyncio.create_task(self._heartbeat_loop(), name="sidecar-heartbeat"),
@@ -86,7 +88,7 @@ class LaneConsumer(Intake):
         await self._cancel_all([sched.task for sched in self.schedulers.values() if sched.task])
         for d in list(self.held):
             await self._nak(d, self.settings.overflow_nak_delay_s)
-        for sub in (self._sub, self._cancel_sub):
+        for sub in (self._sub, self._bulk_sub, self._cancel_sub):
             if sub is not None:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()

@@ -20,6 +20,7 @@ from protocol.subjects import lane_prefix
 from sidecar.barrier import ExecutionBarrier
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcClient
+from sidecar.metrics import SidecarMetrics
 from sidecar.settings import SidecarSettings
 from sidecar.tombstones import Tombstones
 
@@ -71,6 +72,7 @@ class LaneState:
         self.saturated = False
         self.stream = ""
         self.durable = ""
+        self.bulk_durable = ""
         self._batch_slots = asyncio.Semaphore(settings.max_concurrent_batches)
         self._space = asyncio.Event()
         self._space.set()
@@ -79,6 +81,7 @@ class LaneState:
         self._tasks: list[asyncio.Task] = []
         self._batch_tasks: set[asyncio.Task] = set()
         self._sub: JetStreamContext.PullSubscription | None = None
+        self._bulk_sub: JetStreamContext.PullSubscription | None = None
         self._cancel_sub: Subscription | None = None
         self._lane_prefix = lane_prefix(settings.pool, settings.machine_profile, settings.bundle)
         # counters (observability and tests)
@@ -92,3 +95,5 @@ class LaneState:
             "progress": 0,
             "dead_lettered": 0,
         }
+        self.metrics = SidecarMetrics(settings.pool, settings.machine_profile, settings.bundle)
+        self.metrics.watch(self)

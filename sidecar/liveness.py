@@ -60,6 +60,8 @@ class Liveness(Readiness):
             bundle=s.bundle,
             bundle_config_hash=self.advertised_hash(),
             loaded_models=list(self.worker.ping.loaded_models or []),
+            model_states=dict(self.worker.ping.model_states or {}),
+            failed_models=dict(self.worker.ping.failed_models or {}),
             queue_depth=self.queue_depth(),
             pending_cost=self.pending_cost(),
             inflight_batches=self.inflight_batches,

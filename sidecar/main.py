@@ -10,12 +10,15 @@ import signal
 import nats
 from nats.aio.client import Client as NatsClient
 
+from protocol import eventloop, tracing
+from protocol.logs import setup_logging
 from protocol.subjects import WORKER_INBOX_PREFIX
 from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
 from sidecar.lane_state import WorkerHealth
+from sidecar.metrics import start_metrics_server
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sie.sidecar")
@@ -87,6 +90,10 @@ async def run(settings: SidecarSettings) -> None:
         settings.bundle,
         settings.ipc_socket_path,
     )
+    metrics = None
+    if settings.metrics_port:
+        metrics = await start_metrics_server(lane, settings.metrics_host, settings.metrics_port)
+        log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -97,6 +104,8 @@ async def run(settings: SidecarSettings) -> None:
     try:
         await lane.stop()
     finally:
+        if metrics is not None:
+            await metrics.cleanup()
         await client.close()
         with contextlib.suppress(Exception):
             await nc.drain()
@@ -104,10 +113,12 @@ async def run(settings: SidecarSettings) -> None:
 
 def main() -> None:
     settings = SidecarSettings()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    asyncio.run(run(settings))
+    setup_logging(settings.log_level, settings.log_format)
+    tracing.setup_tracing("sie-sidecar")
+    try:
+        eventloop.run(run(settings))
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
 
-from protocol import ipc
-from sidecar.batcher import BatchLimits, next_due, oldest_ready
+from protocol import ipc, tracing
+from protocol.subjects import BULK
+from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
 from sidecar.liveness import Liveness
@@ -51,14 +53,22 @@ class Scheduling(Liveness):
                 while True:
                     await self._drop_cancelled(sched)
                     now = time.monotonic()
-                    # an idle worker gets what is pending at once; a busy one lets batches fill
+                    batchers = self._eligible(sched)
+                    # a worker with no interactive batch gets what is pending at once; a busy one lets
+                    # batches fill
                     batcher = oldest_ready(
-                        list(sched.batchers.values()), now, sched.limits,
-                        flush_now=self.draining or sched.running == 0,
-                    )
+                        batchers, now, sched.limits,
+                        flush_now=self.draining or sched.running == sched.bulk_running,
+                        bulk_after_s=self.settings.bulk_max_wait_ms / 1000.0,
+                    )  # fmt: skip
                     if batcher is not None:
                         break
-                    due = next_due(list(sched.batchers.values()), sched.limits)
+                    due = next_due(batchers, sched.limits)
+                    if due is None and sched.pending_count() > 0:
+                        # only bulk is pending and its batches are all on the worker: wait for one
+                        sched.wake.clear()
+                        await sched.wake.wait()
+                        continue
                     if due is None:
                         break
                     sched.wake.clear()
@@ -66,13 +76,18 @@ class Scheduling(Liveness):
                         await asyncio.wait_for(sched.wake.wait(), max(0.0, due - now))
                 if batcher is None:
                     continue
-                batch = batcher.take(sched.limits)
+                limits = sched.limits
+                if batcher.priority == BULK:  # small bulk batches: an interactive one waits for at most one
+                    limits = dataclasses.replace(limits, max_requests=min(limits.max_requests, self._bulk_cap(sched)))
+                batch = batcher.take(limits)
                 if not batch:
                     continue
                 for d in batch:
                     d.in_flight = True
                 sched.running += 1
-                task = asyncio.create_task(self._run_batch(sched, batch))
+                bulk = batcher.priority == BULK
+                sched.bulk_running += bulk
+                task = asyncio.create_task(self._run_batch(sched, batch, bulk))
                 self._batch_tasks.add(task)
                 task.add_done_callback(self._batch_tasks.discard)
                 handed_off = True
@@ -80,12 +95,27 @@ class Scheduling(Liveness):
                 if not handed_off:
                     self._batch_slots.release()
 
+    def _bulk_cap(self, sched: ModelScheduler) -> int:
+        """Items per bulk batch: the mixed size while interactive work of this model is arriving (the
+        next interactive item waits behind at most that), else the full bulk size."""
+        s = self.settings
+        mixed = time.monotonic() - sched.last_interactive <= s.bulk_mixed_window_s
+        return min(s.bulk_mixed_batch_requests, s.bulk_max_batch_requests) if mixed else s.bulk_max_batch_requests
+
+    def _eligible(self, sched: ModelScheduler) -> list[Batcher]:
+        """The batchers a batch may come from now: bulk ones only while fewer than
+        ``bulk_max_concurrent_batches`` bulk batches of the model are on the worker, so an interactive
+        batch never queues there behind more bulk work than that."""
+        if sched.bulk_running < self.settings.bulk_max_concurrent_batches:
+            return list(sched.batchers.values())
+        return [b for b in sched.batchers.values() if b.priority != BULK]
+
     async def _drop_cancelled(self, sched: ModelScheduler) -> None:
         for b in sched.batchers.values():
             for d in b.remove(lambda e: e.item.request_id in self.tombstones):
                 await self._ack(d, drop=True)
 
-    async def _run_batch(self, sched: ModelScheduler, batch: list[Delivery]) -> None:
+    async def _run_batch(self, sched: ModelScheduler, batch: list[Delivery], bulk: bool = False) -> None:
         s = self.settings
         self.inflight_batches += 1
         self._update_saturation()
@@ -101,16 +131,29 @@ class Scheduling(Liveness):
             self.stats["batches"] += 1
             dispatched = time.time()
             request = ipc.RunBatchRequest(
-                model_id=sched.spec,
-                items=[ipc.RunBatchRequest.item_map(d.item) for d in live],
+                model_id=sched.spec, items=[d.msg.data for d in live], worker_id=s.worker_id
             )
             timeout = s.ipc_request_timeout_s
             deadlines = [d.item.deadline for d in live if isinstance(d.item.deadline, (int, float))]
             if deadlines:
                 timeout = min(180.0, max(timeout, max(deadlines) - time.time()))
+            self.metrics.batch_size.labels(sched.spec).observe(len(live))
+            if tracing.enabled():
+                for d in live:
+                    tracing.record("sidecar.batch_formation", parent=d.item.traceparent, start_s=d.received_wall,
+                                   end_s=dispatched, attributes={"batch_size": len(live)})
             try:
-                async with self.barrier.shared():
-                    body = await self.ipc.call(ipc.RUN_BATCH, request.to_map(), timeout_s=timeout)
+                # one span per batch: a child of its first item's request, linked to the others'
+                with tracing.span(
+                    "sidecar.run_batch", parent=live[0].item.traceparent,
+                    links=[d.item.traceparent for d in live[1:] if isinstance(d.item.traceparent, str)]
+                    if tracing.enabled() else (),
+                    attributes={"model": sched.spec, "batch_size": len(live)},
+                ):
+                    async with self.barrier.shared():
+                        body = await self.ipc.call(ipc.RUN_BATCH, request.to_map(), timeout_s=timeout,
+                                                   traceparent=tracing.traceparent())
+                self.metrics.run_batch_seconds.labels(sched.spec).observe(time.time() - dispatched)
             except IpcTransportError as exc:
                 log.warning("RunBatch of %d items for %s failed: %s", len(live), sched.spec, exc)
                 sched.ready = False
@@ -135,9 +178,14 @@ class Scheduling(Liveness):
                     log.warning("no outcome for %s", d.item.work_item_id)
                     await self._nak(d, s.nak_delay_s)
                     continue
-                await self._settle(sched, d, queue.pop(0), dispatched)
+                outcome = queue.pop(0)
+                tokens = outcome.get("input_tokens")
+                if isinstance(tokens, int):
+                    sched.learn(d.estimate, tokens)
+                await self._settle(sched, d, outcome)
         finally:
             sched.running -= 1
+            sched.bulk_running -= bulk
             self.inflight_batches -= 1
             self._update_saturation()
             self._batch_slots.release()

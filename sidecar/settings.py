@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -56,6 +57,14 @@ class SidecarSettings(BaseSettings):
     batcher_max_batch_wait_ms: float = 15.0  # longest wait for a batch to fill
     batcher_max_batch_cost: int = 0  # 0 = the model's max_batch_tokens from EnsureModelReady
     batcher_default_batch_cost: int = 16384  # batch cost cap when neither the setting nor the model gives one
+    # priority classes (interactive work on the lane durable, bulk on the lane's ``_bulk`` durable)
+    bulk_max_held_share: float = Field(default=0.75, gt=0, le=1)  # bulk deliveries fill at most this share of max_held_messages (the rest waits for interactive work)
+    bulk_min_held_share: float = Field(default=0.125, ge=0, lt=1)  # interactive deliveries leave at least this share of max_held_messages to bulk
+    bulk_max_concurrent_batches: int = Field(default=1, gt=0)  # bulk batches of one model on the worker at once (interactive batches do not wait behind more)
+    bulk_max_batch_requests: int = Field(default=16, gt=0)  # most items per bulk batch (an interactive batch waits for at most one on the worker)
+    bulk_mixed_batch_requests: int = Field(default=8, gt=0)  # most items per bulk batch while interactive work of the model is arriving
+    bulk_mixed_window_s: float = Field(default=2.0, ge=0)  # interactive work seen this recently makes bulk batches the mixed size
+    bulk_max_wait_ms: float = Field(default=2000.0, gt=0)  # a bulk batch waiting this long is scheduled like an interactive one
     # cancellation
     cancel_tombstone_ttl_s: float = 600.0  # how long a cancelled request id is remembered
     # config deltas and reconciliation
@@ -67,6 +76,9 @@ class SidecarSettings(BaseSettings):
     # shutdown
     drain_timeout_s: float = 25.0  # how long shutdown waits for in-flight batches
     log_level: str = "INFO"  # logging level
+    metrics_port: int = Field(default=0, ge=0, le=65535)  # port of the pod's GET /metrics (sidecar + worker over IPC); 0 = off
+    metrics_host: str = "0.0.0.0"  # address the metrics port listens on
+    log_format: Literal["text", "json"] = "text"  # log lines: text, or json (one object per line with request_id and trace_id)
 
     @field_validator("pool", "machine_profile", "bundle")
     @classmethod

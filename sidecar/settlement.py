@@ -12,8 +12,9 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
-from protocol import ipc
+from protocol import ipc, tracing
 from protocol.errors import ErrorCode
+from protocol.logs import bind
 from protocol.subjects import (
     DLQ_REASON_HEADER,
     DLQ_STREAM_SEQ_HEADER,
@@ -29,26 +30,17 @@ log = logging.getLogger("sie.sidecar")
 
 
 class Settlement(LaneState):
-    async def _settle(
-        self, sched: ModelScheduler, d: Delivery, outcome: dict[str, Any], dispatched: float
-    ) -> None:
+    async def _settle(self, sched: ModelScheduler, d: Delivery, outcome: dict[str, Any]) -> None:
         s = self.settings
         disposition = outcome.get("disposition")
         if disposition in (ipc.PUBLISH_AND_ACK, ipc.PUBLISH_ERROR_AND_ACK):
-            try:
-                result = ipc.result_from_outcome(outcome)
-            except TypeError:
+            result = outcome.get("result")
+            if not isinstance(result, bytes):
+                log.warning("outcome of %s carries no result", d.item.work_item_id)
                 await self._nak(d, s.nak_delay_s)
                 return
-            result.work_item_id, result.request_id, result.item_index = (
-                d.item.work_item_id,
-                d.item.request_id,
-                d.item.item_index,
-            )
-            if not result.queue_ms:
-                result.queue_ms = max(0.0, (dispatched - d.received_wall) * 1000.0)
-            result.worker_id = s.worker_id
-            await self._publish_and_ack(d, result)
+            # the worker's bytes, as they are
+            await self._publish_and_ack(d, result, success=disposition == ipc.PUBLISH_AND_ACK)
             return
         code = outcome.get("error_code")
         if code == ErrorCode.RESOURCE_EXHAUSTED:
@@ -71,12 +63,20 @@ class Settlement(LaneState):
         self.held.discard(d)
         self._space.set()
 
-    async def _publish_and_ack(self, d: Delivery, result: WorkResult) -> None:
-        """Publish the result to the reply inbox, then ACK; a failed publish leaves the message un-acked."""
+    async def _publish_and_ack(self, d: Delivery, result: WorkResult | bytes, *, success: bool = False) -> None:
+        """Publish the result (a WorkResult, or one the worker encoded, whose ``success`` the caller
+        gives) to the reply inbox, then ACK; a failed publish leaves the message un-acked."""
         if d.settled:
             return
+        ok = result.success if isinstance(result, WorkResult) else success
+        with bind(request_id=d.item.request_id), tracing.span(
+            "sidecar.result_publish", parent=d.item.traceparent, attributes={"success": ok}
+        ):
+            await self._publish_result_and_ack(d, result)
+
+    async def _publish_result_and_ack(self, d: Delivery, result: WorkResult | bytes) -> None:
         try:
-            data = result.to_msgpack()
+            data = result if isinstance(result, bytes) else result.to_msgpack()
             try:
                 await self.nc.publish(d.item.reply_subject, data)
             except nats.errors.MaxPayloadError:

@@ -15,6 +15,7 @@ from protocol.streams import (
     stream_config,
     stream_fields,
 )
+from protocol.subjects import INTERACTIVE
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sie.sidecar.streams")
@@ -56,12 +57,15 @@ async def ensure_stream(js: JetStreamContext, settings: SidecarSettings) -> str:
     return name
 
 
-async def ensure_lane_consumer(js: JetStreamContext, stream: str, settings: SidecarSettings) -> str:
-    """Create (or update) the lane durable shared by every pod of the lane; returns its name."""
+async def ensure_lane_consumer(
+    js: JetStreamContext, stream: str, settings: SidecarSettings, priority: str = INTERACTIVE
+) -> str:
+    """Create (or update) the lane durable of ``priority`` shared by every pod of the lane; returns its name."""
     cfg = lane_consumer_config(
         settings.pool,
         settings.machine_profile,
         settings.bundle,
+        priority=priority,
         ack_wait_s=settings.ack_wait_s,
         max_deliver=settings.max_deliver,
         max_ack_pending=settings.max_ack_pending,

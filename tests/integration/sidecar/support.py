@@ -239,6 +239,21 @@ async def connect(url: str):
     return await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
 
 
+async def settled_consumer(js, stream: str, durable: str, timeout: float = 10.0):
+    """The consumer's info once every delivered message is acked and nothing waits.
+
+    A result reaches the gateway before the sidecar's ack for it reaches the server (the ack
+    follows the publish), so a check made the moment the last result arrives would race it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await js.consumer_info(stream, durable)
+        if info.num_ack_pending == 0 and info.num_pending == 0:
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"consumer {durable} never settled: {info}")
+        await asyncio.sleep(0.05)
+
+
 async def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -191,3 +191,57 @@ async def test_barrier_writer_waits_for_readers_and_blocks_new_ones():
     release.set()
     await asyncio.wait_for(asyncio.gather(b1, ap, b2), 5)
     assert order == ["b1+", "b1-", "apply", "b2+", "b2-"]
+
+
+def tombstone(model_id: str, epoch: int, hash_: str, *, bundle: str = "default", pool: str = "default") -> bytes:
+    return encode_config_delta(
+        ConfigDelta(
+            router_id="sie-config", bundle_id=bundle, epoch=epoch, bundle_config_hash=hash_, model_id=model_id,
+            deleted=True, pool=pool, bundle_pool_config_hashes={bundle: {pool: hash_}},
+            bundle_adapters={bundle: ADAPTERS},
+        )
+    )  # fmt: skip
+
+
+async def test_tombstone_unloads_and_forgets_the_model(nats_server):
+    a = model_yaml("test/a")
+    b = model_yaml("test/b")
+    sock = socket_path()
+    async with InProcessWorker(sock) as worker:  # no image models: both come by delta
+        settings = sidecar_settings(nats_server.url, sock)
+        pub = await connect(nats_server.url)
+        gw = await Gateway(pub).start()
+        lane, nc, client = await start_lane(settings)
+        try:
+            applier = lane.config
+            await wait_until(lambda: lane.worker.last_ok is not None, 10)
+
+            async def send(data: bytes, outcome: str) -> None:
+                before = applier.stats.get(outcome, 0)
+                await pub.publish(config_subject("default"), data)
+                await pub.flush()
+                await wait_until(lambda: applier.stats.get(outcome, 0) > before, 15)
+
+            await send(delta("test/a", a, 1, expected_hash(a)), "applied")
+            await send(delta("test/b", b, 2, expected_hash(a, b)), "applied")
+            await gw.publish(gw.item("r", 0, model_id="test/b", text="load me"))
+            await gw.wait_for(["r.0"], timeout=30)
+            assert "test/b" in worker.runtime.loaded_models()
+
+            # a tombstone from another pool is not ours
+            await send(tombstone("test/b", 3, expected_hash(a), pool="gpu-team"), "other_pool")
+            assert "test/b" in worker.runtime.catalog
+            await send(tombstone("test/b", 3, expected_hash(a)), "applied")
+            assert "test/b" not in worker.runtime.catalog
+            assert "test/b" not in worker.runtime.loaded_models()
+            assert applier.epoch == 3 and applier.verified_hash == expected_hash(a)
+            # the last model of the bundle goes: the empty hash is the right one
+            await send(tombstone("test/a", 4, ""), "applied")
+            assert len(worker.runtime.catalog) == 0 and applier.verified_hash == ""
+            # a request for the deleted model now fails as not found
+            await gw.publish(gw.item("late", 0, model_id="test/b", text="gone"))
+            results = await gw.wait_for(["late.0"], timeout=30)
+            assert results["late.0"][0].error_code == "MODEL_NOT_FOUND"
+        finally:
+            await stop_lane(lane, nc, client)
+            await pub.close()

@@ -96,6 +96,16 @@ async def test_startup_export_and_epoch_poll_reach_the_worker(nats_server, tmp_p
             async with cfg.client() as c:
                 export = (await c.get("/v1/configs/export")).json()
             assert applier.verified_hash == export["bundle_pool_config_hashes"]["default"]["default"]
+
+            # a delete with no delta published: the export no longer has the model, the worker drops it
+            async with cfg.client() as c:
+                r = await c.delete("/v1/configs/models/acme/late")
+                assert r.status_code == 200 and r.json()["deleted"] is True
+            await wait_until(lambda: applier.epoch == 4, 10)
+            assert "acme/late" not in worker.runtime.catalog and "acme/early" in worker.runtime.catalog
+            async with cfg.client() as c:
+                export = (await c.get("/v1/configs/export")).json()
+            assert applier.verified_hash == export["bundle_pool_config_hashes"]["default"]["default"]
     finally:
         if lane is not None:
             await stop_lane(lane, nc, client)

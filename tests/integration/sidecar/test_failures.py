@@ -12,6 +12,7 @@ from tests.integration.sidecar.support import (
     WorkerProcess,
     connect,
     model_yaml,
+    settled_consumer,
     sidecar_settings,
     socket_path,
     start_lane,
@@ -45,9 +46,7 @@ async def test_worker_killed_mid_batch_items_are_redelivered_and_answered(nats_s
         got = await gw.wait_for([it.work_item_id for it in items], timeout=120)
         for it in items:
             assert len(got[it.work_item_id]) == 1 and got[it.work_item_id][0].success
-        info = await lane.js.consumer_info(lane.stream, lane.durable)
-        assert info.num_ack_pending == 0 and info.num_pending == 0
-        assert info.num_redelivered >= 0
+        await settled_consumer(lane.js, lane.stream, lane.durable)  # nothing left unacked
     finally:
         await stop_lane(lane, nc, client)
         worker.stop()

@@ -13,6 +13,7 @@ from tests.integration.sidecar.support import (
     InProcessWorker,
     connect,
     model_yaml,
+    settled_consumer,
     sidecar_settings,
     socket_path,
     start_lane,
@@ -50,8 +51,7 @@ async def test_items_are_batched_answered_and_acked(nats_server):
             # the model load was waited out with progress acks, never a NAK
             assert lane.stats["naked"] == 0
             assert lane.stats["batches"] < 20  # items shared forward passes
-            info = await lane.js.consumer_info(lane.stream, lane.durable)
-            assert info.num_ack_pending == 0 and info.num_pending == 0
+            await settled_consumer(lane.js, lane.stream, lane.durable)
             await wait_until(lambda: any(MODEL in h.loaded_models and h.ready for h in health), 10)
             beat = health[-1]
             assert (beat.pool_name, beat.machine_profile, beat.bundle) == ("default", "cpu", "default")
@@ -218,3 +218,48 @@ async def test_an_idle_worker_gets_a_lone_item_without_the_batch_wait(nats_serve
                 assert got[item.work_item_id][0].success
         finally:
             await stop_lane(lane, nc, client)
+
+
+async def test_each_batch_the_worker_runs_is_one_group_cut_by_the_sidecar(nats_server):
+    """The sidecar's batch is the one batching decision: every RunBatch holds items of one group
+    (operation, parameters, LoRA), so the worker runs it as handed; the items it gets are the
+    published bytes, decoded once there."""
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=100)) as worker:
+        batches: list[list] = []
+        run = worker.runtime.run_work_items
+
+        async def recording(items):
+            batches.append(items)
+            return await run(items)
+
+        worker.runtime.run_work_items = recording  # type: ignore[method-assign]
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock))
+        try:
+            kinds = [
+                {},
+                {"instruction": "query: "},
+                {"is_query": True},
+                {"options": {"tag": "b"}},  # (a LoRA is an option: see test_group_keys)
+                {"output_dtype": "float16"},
+            ]
+            items = []
+            for i in range(30):  # interleaved: every neighbour differs from the one before
+                extra = kinds[i % len(kinds)]
+                items.append(gw.item(f"req-{i % len(kinds)}-{i}", 0, model_id=MODEL, text=f"text {i}", **extra))
+            for it in items:
+                await gw.publish(it)
+            got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
+            assert len(got) == len(items)
+            assert all(got[it.work_item_id][0].success for it in items), [r[0].error for r in got.values()]
+            assert sum(len(b) for b in batches) == len(items)
+            assert len(batches) < len(items)  # groups still share batches
+            for batch in batches:
+                assert len({wi.group_key for wi in batch}) == 1, [wi.group_key for wi in batch]
+            # the groups are the five kinds, each kept apart
+            assert len({b[0].group_key for b in batches}) == len(kinds)
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()

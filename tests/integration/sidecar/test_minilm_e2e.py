@@ -68,9 +68,14 @@ async def test_minilm_encode_through_the_sidecar_equals_sentence_transformers(na
             dense = unpackb(res.result_msgpack)["dense"]
             assert dense["dims"] == 384
             ours.append(np.asarray(dense["values"], dtype=np.float32))
-        ref = SentenceTransformer(str(get_model_path()), device="cpu").encode(
-            TEXTS, normalize_embeddings=True
-        )
+        st = SentenceTransformer(str(get_model_path()), device="cpu")
+        ref = st.encode(TEXTS, normalize_embeddings=True)
+        # each item reports its own token count, as sie serve's usage does ([CLS] and [SEP] included)
+        counts = [len(st.tokenizer(t)["input_ids"]) for t in TEXTS]
+        assert [got[it.work_item_id][0].input_tokens for it in items] == counts
+        # ... from which the sidecar learned to predict tokens for its batch costs
+        learned = lane.schedulers[MINILM].tokens_per_estimate
+        assert learned != 1.0
         ours_arr = np.stack(ours)
         cos = (ours_arr * ref).sum(axis=1) / (np.linalg.norm(ours_arr, axis=1) * np.linalg.norm(ref, axis=1))
         assert cos.min() >= 0.9999, cos

@@ -120,3 +120,30 @@ def test_remove_by_predicate():
     gone = b.remove(lambda e: e.name == "drop")
     assert [e.name for e in gone] == ["drop"]
     assert b.pending_cost == 3
+
+
+def test_the_scheduler_learns_tokens_per_character_estimate():
+    from sidecar.deliveries import ModelScheduler
+
+    sched = ModelScheduler(spec="m", limits=LIMITS)
+    assert sched.cost_of(40) == 40  # no evidence yet: the estimate as it is
+    for _ in range(300):  # this model's tokenizer makes 2.5 tokens per estimated unit
+        sched.learn(40, 100)
+    assert abs(sched.tokens_per_estimate - 2.5) < 0.01
+    assert sched.cost_of(40) == 100
+    sched.learn(0, 10)  # nothing to learn from an empty estimate or a missing count
+    sched.learn(10, 0)
+    assert abs(sched.tokens_per_estimate - 2.5) < 0.01
+
+
+def test_interactive_goes_first_and_aged_bulk_competes_by_age():
+    bulk = Batcher("encode", "", "bulk")
+    interactive = Batcher("encode", "", "interactive")
+    bulk.add(Entry(1, arrived=1.0, name="old bulk"))
+    interactive.add(Entry(1, arrived=1.5, name="query"))
+    # the bulk head is older, but interactive work is scheduled first ...
+    assert oldest_ready([bulk, interactive], 1.6, LIMITS, flush_now=True, bulk_after_s=2.0) is interactive
+    # ... until the bulk head has waited bulk_after_s: then the oldest head wins again
+    assert oldest_ready([bulk, interactive], 3.0, LIMITS, flush_now=True, bulk_after_s=2.0) is bulk
+    interactive.take(LIMITS)
+    assert oldest_ready([bulk, interactive], 1.6, LIMITS, flush_now=True, bulk_after_s=2.0) is bulk

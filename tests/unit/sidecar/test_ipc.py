@@ -13,9 +13,9 @@ import pytest
 
 from protocol import ipc
 from protocol.catalog import Catalog
-from protocol.codec import unpackb
+from protocol.codec import packb, unpackb
 from protocol.model_config import parse_model_yaml
-from protocol.work import WorkItem
+from protocol.work import WorkItem, WorkResult
 from sidecar.ipc_client import IpcClient, IpcRemoteError, IpcTransportError
 from worker.ipc_server import serve_ipc
 from worker.runtime import Runtime
@@ -240,10 +240,8 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
         assert resp.max_batch_tokens == 2048 and resp.batch_budget > 0
 
         items = [work_item(i, f"text number {i}") for i in range(3)]
-        request = ipc.RunBatchRequest(
-            model_id="test/fake-embed",
-            items=[ipc.RunBatchRequest.item_map(it) for it in items],
-        )
+        # the items travel as the gateway published them; the results come back encoded
+        request = ipc.RunBatchRequest(model_id="test/fake-embed", items=[it.to_msgpack() for it in items])
         batch = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
         await asyncio.sleep(0.3)
         # the slow batch does not hold up a Ping on the same connection
@@ -253,9 +251,17 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
         outcomes = (await batch)["outcomes"]
         assert [o["work_item_id"] for o in outcomes] == ["req-1.0", "req-1.1", "req-1.2"]
         assert all(o["disposition"] == ipc.PUBLISH_AND_ACK for o in outcomes)
-        first = unpackb(outcomes[0]["result_msgpack"])
+        results = [WorkResult.from_msgpack(o["result"]) for o in outcomes]
+        assert [r.work_item_id for r in results] == ["req-1.0", "req-1.1", "req-1.2"]
+        first = unpackb(results[0].result_msgpack)
         assert first["dense"]["dims"] == 8 and first["dense"]["values"].shape == (8,)
-        assert outcomes[0]["worker_id"] == "w-2"
+        assert results[0].worker_id == "w-2"
+
+        # a batch item that is not an encoded work item is refused, naming why
+        for bad in ({"work_item_id": "x"}, b"\xc1", packb({"work_item_id": "x"})):
+            with pytest.raises(IpcRemoteError, match="malformed RunBatch") as refused:
+                await client.call(ipc.RUN_BATCH, {"model_id": "test/fake-embed", "items": [bad]})
+            assert refused.value.code == ipc.IPC_BAD_REQUEST
 
         unknown = ipc.EnsureModelReadyResponse.from_map(
             await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "no/such-model"})
@@ -275,7 +281,7 @@ async def test_drain_refuses_new_batches(sock_path):
     try:
         ack = await client.call(ipc.DRAIN, {"deadline_ms": 1000})
         assert ack["acknowledged"] is True
-        request = ipc.RunBatchRequest("test/fake-embed", [ipc.RunBatchRequest.item_map(work_item(0))])
+        request = ipc.RunBatchRequest("test/fake-embed", [work_item(0).to_msgpack()])
         with pytest.raises(IpcRemoteError, match=ipc.DRAINING_ERROR) as refused:
             await client.call(ipc.RUN_BATCH, request.to_map())
         assert refused.value.code == ipc.IPC_DRAINING
@@ -301,7 +307,7 @@ async def test_client_fails_pending_calls_when_the_worker_goes_away(sock_path):
             if body["state"] == ipc.STATE_READY:
                 break
             await asyncio.sleep(0.05)
-        request = ipc.RunBatchRequest("test/fake-embed", [ipc.RunBatchRequest.item_map(work_item(0))])
+        request = ipc.RunBatchRequest("test/fake-embed", [work_item(0).to_msgpack()])
         pending = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
         await asyncio.sleep(0.3)
         await server.close()
