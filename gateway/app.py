@@ -21,7 +21,7 @@ from gateway.routes.config import (
     handle_config_models,
     handle_config_write,
 )
-from gateway.routes.inference import handle_encode, handle_extract, handle_score
+from gateway.routes.inference import handle_encode, handle_extract, handle_score, handle_tokenize
 from gateway.routes.openai import handle_embeddings
 from gateway.routes.pools import (
     handle_pool_create,
@@ -30,6 +30,7 @@ from gateway.routes.pools import (
     handle_pool_list,
     handle_pool_renew,
 )
+from gateway.routes.rollout import handle_config_model_status
 from gateway.routes.status import (
     STATUS_SOCKETS,
     handle_health,
@@ -62,6 +63,7 @@ def create_app(
     r.add_post("/v1/encode/{model:.+}", handle_encode)
     r.add_post("/v1/score/{model:.+}", handle_score)
     r.add_post("/v1/extract/{model:.+}", handle_extract)
+    r.add_post("/v1/tokenize/{model:.+}", handle_tokenize)
     r.add_post("/v1/embeddings", handle_embeddings)
     r.add_get("/v1/models", handle_models)
     r.add_get("/v1/models/{model:.+}", handle_model)
@@ -77,6 +79,7 @@ def create_app(
     r.add_post("/v1/pools/{name}/renew", handle_pool_renew)
     r.add_delete("/v1/pools/{name}", handle_pool_delete)
     r.add_get("/v1/configs/models", handle_config_models)
+    r.add_get("/v1/configs/models/{model_id:.+}/status", handle_config_model_status)  # before the catch-all
     r.add_get("/v1/configs/models/{model_id:.+}", handle_config_model)
     r.add_get("/v1/configs/bundles", handle_config_bundles)
     r.add_get("/v1/configs/bundles/{bundle_id}", handle_config_bundle)

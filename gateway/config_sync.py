@@ -13,9 +13,11 @@ It starts empty and not ready (``/readyz`` 503) and never blocks the gateway's s
   (``SIE_NATS_CONFIG_TRUSTED_PRODUCERS``): a delta for epoch ``local + 1`` is applied and
   advances the epoch; the per-bundle copies of the same write (same epoch) only refresh that
   bundle's expected hash; an older delta is dropped (it could undo a newer write); a delta that
-  skips epochs is applied and a re-export is scheduled for what was missed. A pure epoch bump
-  (empty ``model_config``, e.g. after a DELETE) schedules a re-export — the export, not the bump,
-  carries the removal.
+  skips epochs is applied and a re-export is scheduled for what was missed. A tombstone
+  (``deleted``, after a DELETE or a PUT that moved the model off a bundle) removes the model: the
+  gateway then answers 404 MODEL_NOT_FOUND for it. The export agrees (a deleted model is not in
+  it), so a restarted gateway does not bring it back. A pure epoch bump (empty ``model_config``)
+  schedules a re-export.
 * **poll** of ``GET /v1/configs/epoch`` every ``SIE_CONFIG_POLL_INTERVAL_S`` (first tick skipped):
   a different epoch (higher *or* lower) or a changed bundle set re-runs the bootstrap.
 
@@ -89,6 +91,7 @@ class ConfigServiceRegistry(CatalogRegistry):
         self._raw_yaml: dict[str, str] = {}
         self._sources: dict[str, str] = {}
         self._remote_hashes: dict[str, str] = {}
+        self._remote_pool_hashes: dict[str, dict[str, str]] = {}
         self._last_poll: EpochInfo | None = None
         self._lock = asyncio.Lock()
         self._resync = asyncio.Event()
@@ -115,6 +118,11 @@ class ConfigServiceRegistry(CatalogRegistry):
         if remote is not None:
             return remote
         return super().bundle_hash(bundle)
+
+    def expected_hash(self, bundle: str, pool: str) -> str:
+        """The sidecar's rule: the pool-scoped hash when the control plane published one, else the bundle's."""
+        scoped = self._remote_pool_hashes.get(bundle, {}).get(pool.lower())
+        return scoped if scoped is not None else self.bundle_hash(bundle)
 
     # ---- read-side config API (the gateway's mirror) --------------------------------------
     def config_models(self) -> dict[str, Any]:
@@ -259,6 +267,7 @@ class ConfigServiceRegistry(CatalogRegistry):
             self._raw_yaml = raw
             self._sources = sources
             self._remote_hashes = dict(export.bundle_config_hashes)
+            self._remote_pool_hashes = {b: dict(h) for b, h in export.bundle_pool_config_hashes.items()}
             self._hashes.clear()
             if export.epoch < self.epoch:
                 log.warning("config service epoch went back from %d to %d; reset", self.epoch, export.epoch)
@@ -295,7 +304,7 @@ class ConfigServiceRegistry(CatalogRegistry):
         except ConfigDeltaError as exc:
             log.warning("undecodable config delta dropped: %s", exc)
             return self._count(kind, "invalid")
-        kind = "epoch_bump" if delta.is_epoch_bump else "model"
+        kind = "epoch_bump" if delta.is_epoch_bump else "tombstone" if delta.is_tombstone else "model"
         if not is_trusted_producer(delta.router_id, self.trusted_producers):
             log.warning("config delta from untrusted producer %r dropped", delta.router_id)
             return self._count(kind, "untrusted")
@@ -312,9 +321,10 @@ class ConfigServiceRegistry(CatalogRegistry):
                 return self._count(kind, "stale")
             if order == EpochOrder.DUPLICATE:
                 # another per-bundle copy of the write already applied: only its bundle's hash
-                if delta.bundle_id and delta.bundle_config_hash:
-                    self._remote_hashes[delta.bundle_id] = delta.bundle_config_hash
+                self._note_hashes(delta)
                 return self._count(kind, "duplicate")
+            if delta.is_tombstone:
+                return self._count(kind, self._apply_tombstone(delta, order))
             try:
                 config = parse_model_yaml(delta.model_config_yaml)
             except Exception as exc:  # noqa: BLE001 - leave the epoch behind; the poll repairs it
@@ -328,14 +338,36 @@ class ConfigServiceRegistry(CatalogRegistry):
             self._hashes.clear()
             for bundle in delta.affected_bundles:
                 self._remote_hashes.pop(bundle, None)  # recomputed until the service says otherwise
-            if delta.bundle_id and delta.bundle_config_hash:
-                self._remote_hashes[delta.bundle_id] = delta.bundle_config_hash
+            self._note_hashes(delta)
             if gap:
                 self._resync.set()  # epochs in between were missed: the export fills them in
                 log.info("config delta epoch %d after local %d: applied, re-exporting", delta.epoch, self.epoch)
             self._set_epoch(delta.epoch)
             self.last_sync_at = time.time()
             return self._count(kind, "applied_gap" if gap else "applied")
+
+    def _note_hashes(self, delta: Any) -> None:
+        """The expected hashes a delta carries: its bundle's, and the pool-scoped ones of its bundles."""
+        if delta.bundle_id and delta.bundle_config_hash:
+            self._remote_hashes[delta.bundle_id] = delta.bundle_config_hash
+        for bundle, pools in delta.bundle_pool_config_hashes.items():
+            self._remote_pool_hashes[bundle] = dict(pools)
+
+    def _apply_tombstone(self, delta: Any, order: EpochOrder) -> str:
+        """The model is gone (held under the lock): out of the catalog and the config mirror."""
+        self.catalog.remove(delta.model_id)
+        self._raw_yaml.pop(delta.model_id, None)
+        self._sources.pop(delta.model_id, None)
+        self._hashes.clear()
+        for bundle in delta.affected_bundles:
+            self._remote_hashes.pop(bundle, None)
+        self._note_hashes(delta)
+        if order == EpochOrder.GAP:
+            self._resync.set()
+        log.info("model %s deleted (epoch %d)", delta.model_id, delta.epoch)
+        self._set_epoch(delta.epoch)
+        self.last_sync_at = time.time()
+        return "applied_gap" if order == EpochOrder.GAP else "applied"
 
     # ---- metrics ---------------------------------------------------------------------------
     def _set_epoch(self, epoch: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -25,13 +26,16 @@ from gateway.dlq import DLQForwarder
 from gateway.metrics import DemandTracker, GatewayMetrics
 from gateway.pools import DEFAULT_POOL, PoolStore, normalize_pool_name
 from gateway.registry import ModelRegistry, Route
+from gateway.result_cache import ResultCache, cached_result
 from gateway.routing import Lane
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerRegistry
-from protocol import http
+from protocol import http, tracing
 from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.logs import bind
+from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
-from protocol.subjects import HEALTH_PREFIX
+from protocol.subjects import BULK, HEALTH_PREFIX
 from protocol.work import WorkItem, WorkResult
 
 log = logging.getLogger(__name__)
@@ -93,9 +97,11 @@ class Gateway:
             publish_concurrency=settings.gateway_publish_concurrency,
             publish_timeout_s=settings.gateway_publish_timeout_s,
             queue_full_retry_after_s=settings.gateway_queue_full_retry_after_s,
+            bulk_share=settings.gateway_bulk_share,
             router_id=router_id,
         )
         self.pools: PoolStore | None = None
+        self.cache: ResultCache | None = None
         self.dlq = DLQForwarder(nc, self.dispatcher, self.metrics)
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task] = []
@@ -130,6 +136,18 @@ class Gateway:
             check_model=lambda m: self.registry.resolve(m),
             on_event=lambda e: self.metrics.pool_events.labels(e).inc(),
         )
+        if self.settings.result_cache_enabled:
+            self.cache = await ResultCache.open(
+                js,
+                self.settings.result_cache_bucket,
+                self.metrics,
+                ttl_s=self.settings.result_cache_ttl_s,
+                max_bytes=self.settings.result_cache_max_bytes,
+                max_value_bytes=self.settings.result_cache_max_value_bytes,
+                storage=self.settings.stream_storage,
+                replicas=self.settings.stream_replicas,
+                timeout_s=self.settings.result_cache_timeout_s,
+            )
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         await self.registry.start(self.nc, self.metrics)
 
@@ -192,6 +210,7 @@ class Gateway:
         queue_pool = DEFAULT_POOL
         assigned_ids: set[str] | None = None
         pool_state = "active"
+        pool_priority: str | None = None
         if pool_name and pool_name != DEFAULT_POOL:
             spec = await self.pools.lookup(pool_name) if self.pools else None
             if spec is None:
@@ -201,6 +220,7 @@ class Gateway:
                     raise SIEError(ErrorCode.NOT_FOUND, f"Pool '{pool_name}' not found", param="X-SIE-Pool")
             else:
                 queue_pool = spec.get("queue_pool") or DEFAULT_POOL
+                pool_priority = spec.get("priority")
                 if spec.get("bundle") and spec["bundle"] not in [b.lower() for b in route.bundles]:
                     raise invalid_input(
                         f"Pool '{pool_name}' serves bundle '{spec['bundle']}', which cannot run '{route.model_id}'"
@@ -223,7 +243,22 @@ class Gateway:
                 routing.provisioning_message(route.model_id, profile, pool_name),
                 retry_after=self.settings.gateway_provisioning_retry_after_s,
             )
-        return routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
+        lane = routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
+        return dataclasses.replace(lane, priority=pool_priority or self.settings.gateway_default_priority)
+
+    def token_priority(self, request: web.Request) -> str | None:
+        """``bulk`` for a request authenticated with one of ``SIE_AUTH_BULK_TOKENS``."""
+        if not self.settings.auth_bulk_tokens:
+            return None
+        token = http.bearer_token(request.headers.get("Authorization"))
+        return BULK if token is not None and http.token_matches(token, self.settings.auth_bulk_tokens) else None
+
+    def cache_wanted(self, request: web.Request) -> bool:
+        """Whether this request reads and writes the result cache (``X-SIE-Cache: off`` opts out)."""
+        value = (request.headers.get("X-SIE-Cache") or "on").strip().lower()
+        if value not in ("on", "off"):
+            raise invalid_input(f"X-SIE-Cache must be 'on' or 'off', got {value!r}", param="X-SIE-Cache")
+        return self.cache is not None and value == "on"
 
     # ---- running a request -----------------------------------------------------------------
     async def execute(
@@ -232,44 +267,92 @@ class Gateway:
         route: Route,
         operation: str,
         build: ItemBuilder,
-        n_items: int,
     ) -> tuple[str, list[WorkResult], float, Lane]:
-        """Route, publish and collect. ``build(lane, request_id, reply, deadline_ts)`` → list[WorkItem]."""
+        """Route, answer what the result cache holds, publish the rest and collect.
+
+        ``build(lane, request_id, reply, deadline_ts)`` → list[WorkItem]. Items found in the cache are
+        not published; the results of the others are stored for the next request. Traced as
+        ``gateway.request`` (continuing the client's ``traceparent``); the work items carry its
+        context, so every later hop of the request is in the same trace.
+        """
+        with tracing.span(
+            "gateway.request",
+            parent=request.headers.get("traceparent"),
+            parent_state=request.headers.get("tracestate"),
+            attributes={"model": route.model_id, "operation": operation},
+        ) as span:
+            return await self._execute(request, route, operation, build, span)
+
+    async def _execute(
+        self, request: web.Request, route: Route, operation: str, build: ItemBuilder, span: Any
+    ) -> tuple[str, list[WorkResult], float, Lane]:
         pool_name, profile = self.routing_headers(request)
+        use_cache = self.cache_wanted(request)
         if not self.nc.is_connected:
             raise SIEError(
                 ErrorCode.QUEUE_UNAVAILABLE, "Work queue is not connected; retry later", retry_after=2
             )
         lane = await self.choose_lane(route, pool_name, profile)
+        priority = routing.request_priority(
+            request.headers.get("X-SIE-Priority"), self.token_priority(request), lane.priority
+        )
+        lane = dataclasses.replace(lane, priority=priority)
+        request_id = http.new_request_id()
+        request[REQUEST_ID_KEY] = request_id
+        timeout = self.settings.gateway_request_timeout_s
+        t0 = time.monotonic()
+        items = build(lane, request_id, self.dispatcher.reply_subject(request_id), time.time() + timeout)
+        tracing.set_attributes(span, pool=lane.pool, machine_profile=lane.machine_profile, bundle=lane.bundle,
+                               profile=route.resolved.profile_name, request_id=request_id, items=len(items))
+        keys: list[str | None] = []
+        known: list[WorkResult | None] = [None] * len(items)
+        if use_cache and self.cache is not None:
+            config_hash = model_config_hash(route.resolved.config)
+            keys = [work_item_key(item, config_hash) for item in items]
+            for i, entry in enumerate(await self.cache.lookup(keys)):
+                if entry is not None:
+                    known[i] = cached_result(request_id, i, entry)
+        todo = [item for item, done in zip(items, known, strict=True) if done is None]
+        if not todo:  # every item answered from the cache: nothing to publish
+            hits = [r for r in known if r is not None]
+            return request_id, hits, (time.monotonic() - t0) * 1000.0, lane
         try:
             await self.dispatcher.ensure_stream(lane.pool)
-            await self.dispatcher.check_capacity(lane.pool, n_items)
+            await self.dispatcher.check_capacity(lane.pool, len(todo), priority=priority)
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             raise SIEError(
                 ErrorCode.QUEUE_UNAVAILABLE,
                 f"Work queue unavailable ({type(exc).__name__}); retry later",
                 retry_after=2,
             ) from None
-        request_id = http.new_request_id()
-        request[REQUEST_ID_KEY] = request_id
-        timeout = self.settings.gateway_request_timeout_s
-        items = build(lane, request_id, self.dispatcher.reply_subject(request_id), time.time() + timeout)
-        payloads = [item.to_msgpack() for item in items]  # encoded once: checked here, published as is
+        group = todo[0].group_key  # a request's items share every parameter: one group key, derived once
+        for item in todo:
+            item.batch_key = group
+        payloads = [item.to_msgpack() for item in todo]  # encoded once: checked here, published as is
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:
-            for item, payload in zip(items, payloads, strict=True):
+            for item, payload in zip(todo, payloads, strict=True):
                 if len(payload) > max_payload - 1024:
                     raise invalid_input(
                         f"Item {item.item_index} is {len(payload)} bytes; the work queue takes at most "
                         f"{max_payload - 1024}",
                         param="items",
                     )
-        t0 = time.monotonic()
-        results = await self.dispatcher.run(
-            request_id, lane, route.model_id, items, payloads, operation=operation, deadline=t0 + timeout
-        )
+        with bind(request_id=request_id, trace_id=tracing.current_trace_id()
+                  or tracing.trace_id_of(request.headers.get("traceparent"))):
+            results = await self.dispatcher.run(
+                request_id, lane, route.model_id, todo, payloads, operation=operation, deadline=t0 + timeout,
+                known=known,
+            )  # fmt: skip
         self.demand.clear(lane.machine_profile, lane.bundle)
         self.demand.clear("any", lane.bundle)
+        if keys and self.cache is not None:
+            fresh: list[tuple[str, WorkResult]] = []
+            for item in todo:
+                key = keys[item.item_index]
+                if key is not None:
+                    fresh.append((key, results[item.item_index]))
+            await self.cache.store(fresh)
         return request_id, results, (time.monotonic() - t0) * 1000.0, lane
 
     def work_item(
@@ -301,5 +384,6 @@ class Gateway:
             bundle_config_hash=self.registry.bundle_hash(lane.bundle) or None,
             deadline=deadline_ts,
             bundle=lane.bundle,
+            traceparent=tracing.traceparent(),
             **fields,
         )

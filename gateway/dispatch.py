@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -21,9 +22,12 @@ from nats.js.api import StreamConfig
 
 from gateway.metrics import GatewayMetrics
 from gateway.routing import Lane
+from protocol import tracing
 from protocol.errors import ErrorCode, SIEError
 from protocol.streams import reconcile_stream, stream_config, stream_fields
 from protocol.subjects import (
+    BULK,
+    INTERACTIVE,
     inbox_prefix,
     pool_stream_name,
     reply_subject,
@@ -45,7 +49,7 @@ class Collector:
     remaining: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.remaining = self.total
+        self.remaining = sum(1 for r in self.results if r is None)
 
     def put(self, result: WorkResult) -> None:
         idx = result.item_index
@@ -72,6 +76,7 @@ class Dispatcher:
         publish_concurrency: int = 64,
         publish_timeout_s: float = 6.0,
         queue_full_retry_after_s: float = 1.0,
+        bulk_share: float = 1.0,
         router_id: str | None = None,
     ) -> None:
         self.nc = nc
@@ -85,6 +90,7 @@ class Dispatcher:
         self.max_stream_pending = max_stream_pending
         self.publish_timeout_s = publish_timeout_s
         self.queue_full_retry_after_s = queue_full_retry_after_s
+        self.bulk_share = bulk_share
         self._sem = asyncio.Semaphore(publish_concurrency)
         self._collectors: dict[str, Collector] = {}
         self._ensured: set[str] = set()
@@ -94,8 +100,9 @@ class Dispatcher:
         # cannot overshoot max_stream_pending
         self._admitted_since: dict[str, int] = {}
         self._sub: Subscription | None = None
-        # set (and replaced) at every NATS reconnect: publishes waiting for an ack send again
-        self._reconnected = asyncio.Event()
+        # resolved (and replaced) at every NATS reconnect: publishes waiting for an ack send again;
+        # one future shared by every waiting publish, made when the first one waits
+        self._reconnected: asyncio.Future[None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -116,8 +123,14 @@ class Dispatcher:
         are sent again at once rather than after their timeout."""
         self._ensured.clear()
         self._pending_cache.clear()
-        self._reconnected.set()
-        self._reconnected = asyncio.Event()
+        if self._reconnected is not None and not self._reconnected.done():
+            self._reconnected.set_result(None)
+        self._reconnected = None
+
+    def _next_reconnect(self) -> asyncio.Future[None]:
+        if self._reconnected is None:
+            self._reconnected = asyncio.get_running_loop().create_future()
+        return self._reconnected
 
     @property
     def pending_requests(self) -> int:
@@ -173,8 +186,11 @@ class Dispatcher:
         return pending
 
     # ---- requests --------------------------------------------------------------------------
-    async def check_capacity(self, pool: str, n_items: int) -> None:
-        """Refuse a request the stream cannot take: too big alone → 400, stream full → 503 QUEUE_FULL."""
+    async def check_capacity(self, pool: str, n_items: int, *, priority: str = INTERACTIVE) -> None:
+        """Refuse a request the stream cannot take: too big alone → 400, stream full → 503 QUEUE_FULL.
+
+        Bulk work may fill only ``bulk_share`` of the stream, so a bulk backlog never makes the
+        stream refuse interactive work."""
         if n_items > self.max_stream_pending:
             raise SIEError(
                 ErrorCode.INVALID_INPUT,
@@ -183,7 +199,8 @@ class Dispatcher:
                 param="items",
             )
         pending = await self.stream_pending(pool)
-        if pending + n_items > self.max_stream_pending:
+        limit = self.max_stream_pending if priority != BULK else int(self.max_stream_pending * self.bulk_share)
+        if pending + n_items > limit:
             raise SIEError(
                 ErrorCode.QUEUE_FULL,
                 f"Queue for pool '{pool}' is full ({pending} items pending); retry later",
@@ -208,9 +225,12 @@ class Dispatcher:
         *,
         operation: str,
         deadline: float,
+        known: list[WorkResult | None] | None = None,
     ) -> list[WorkResult]:
         """Publish ``items`` (already carrying ids and reply subject; ``payloads`` are their msgpack
-        encodings, made once by the caller) and wait for every result.
+        encodings, made once by the caller) and wait for every result. ``known`` holds the results
+        of the request's items that are not published (cache hits) and ``None`` for each of ``items``;
+        without it ``items`` are the whole request.
 
         ``deadline`` is a ``time.monotonic()`` instant. Raises SIEError on publish failure (the work is
         cancelled) or GATEWAY_TIMEOUT; cancellation of the caller (client gone) cancels the work.
@@ -219,24 +239,29 @@ class Dispatcher:
             raise SIEError(
                 ErrorCode.QUEUE_UNAVAILABLE, "Work queue is not connected; retry later", retry_after=2
             )
-        subject = work_subject(lane.pool, lane.machine_profile, lane.bundle, model_id)
+        subject = work_subject(lane.pool, lane.machine_profile, lane.bundle, model_id, lane.priority)
         loop = asyncio.get_running_loop()
-        col = Collector(len(items), [None] * len(items), loop.create_future())
+        slots: list[WorkResult | None] = list(known) if known is not None else [None] * len(items)
+        col = Collector(len(slots), slots, loop.create_future())
         self._collectors[request_id] = col
         finished = False
         try:
             t0 = time.monotonic()
-            await self._publish_all(subject, lane.pool, items, payloads, deadline)
+            with tracing.span("gateway.publish", attributes={"items": len(items), "subject": subject}):
+                await self._publish_all(subject, lane.pool, items, payloads, deadline)
             self.metrics.items_published.labels(operation).inc(len(items))
+            self.metrics.priority_items.labels(lane.priority).inc(len(items))
             self.metrics.publish_seconds.labels(operation).observe(time.monotonic() - t0)
             remaining = deadline - time.monotonic()
             t1 = time.monotonic()
             try:
-                results = await asyncio.wait_for(asyncio.shield(col.future), max(remaining, 0.001))
+                with tracing.span("gateway.collect"):
+                    async with asyncio.timeout(max(remaining, 0.001)):
+                        results = await asyncio.shield(col.future)
             except TimeoutError:
                 raise SIEError(
                     ErrorCode.GATEWAY_TIMEOUT,
-                    f"No result within the gateway deadline ({len(items) - col.remaining}/{len(items)} items done)",
+                    f"No result within the gateway deadline ({col.total - col.remaining}/{col.total} items done)",
                 ) from None
             self.metrics.result_wait_seconds.labels(operation).observe(time.monotonic() - t1)
             finished = True
@@ -255,6 +280,13 @@ class Dispatcher:
                 await self._publish(subject, pool, item.work_item_id, payload)
 
         timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
+        if len(items) == 1:  # most requests: no task per item to gather
+            try:
+                async with asyncio.timeout(timeout):
+                    await one(items[0], payloads[0])
+            except TimeoutError:
+                raise _publish_timed_out() from None
+            return
         tasks = [asyncio.ensure_future(one(i, p)) for i, p in zip(items, payloads, strict=True)]
         try:
             done, pending = await asyncio.wait(tasks, timeout=timeout)
@@ -265,9 +297,7 @@ class Dispatcher:
         for t in pending:
             t.cancel()
         if pending:
-            raise SIEError(
-                ErrorCode.QUEUE_UNAVAILABLE, "Publishing work timed out; retry later", retry_after=2
-            )
+            raise _publish_timed_out()
         for t in done:
             exc = t.exception()
             if exc is not None:
@@ -322,8 +352,8 @@ class Dispatcher:
         """js.publish, sent again when the connection is re-established before the ack arrives
         (Nats-Msg-Id makes a repeated publish land once)."""
         while True:
-            reconnected = asyncio.ensure_future(self._reconnected.wait())
-            pub = asyncio.ensure_future(
+            reconnected: asyncio.Future[Any] = self._next_reconnect()
+            pub: asyncio.Future[Any] = asyncio.ensure_future(
                 self.js.publish(subject, payload, headers=headers, timeout=self.publish_timeout_s)
             )
             try:
@@ -331,8 +361,6 @@ class Dispatcher:
             except asyncio.CancelledError:
                 pub.cancel()
                 raise
-            finally:
-                reconnected.cancel()
             if pub.done():
                 pub.result()  # raises what the publish raised
                 return
@@ -363,3 +391,7 @@ class Dispatcher:
             log.warning("dropping malformed result for %s: %s", request_id, exc)
             return
         col.put(result)
+
+
+def _publish_timed_out() -> SIEError:
+    return SIEError(ErrorCode.QUEUE_UNAVAILABLE, "Publishing work timed out; retry later", retry_after=2)

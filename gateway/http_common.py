@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway import responses
 from gateway.core import GATEWAY_KEY, Gateway, Provisioning
+from gateway.result_cache import CACHE_WORKER_ID
 from gateway.settings import GatewaySettings
 from protocol import SERVER_VERSION, http
 from protocol.codec import wants_msgpack_response
@@ -49,6 +50,7 @@ def success_headers(request_id: str, results: list[WorkResult], wait_ms: float) 
         "X-SIE-Request-ID": request_id,
         "X-SIE-Worker": f"queue:{request_id}",
         "X-Queue-Wait-Time": f"{wait_ms:.1f}",
+        "X-SIE-Cache-Hits": str(sum(1 for r in results if r.worker_id == CACHE_WORKER_ID)),
     }
     t = responses.timing(results, wait_ms)
     h.update(

@@ -51,6 +51,16 @@ class GatewayMetrics:
         self.inbox_skips = Counter(
             "sie_gateway_queue_inbox_skips", "Results for unknown or finished requests", registry=r
         )
+        self.cache_lookups = Counter(
+            "sie_gateway_result_cache_lookups", "Result cache lookups per item", ["result"], registry=r
+        )
+        self.cache_stores = Counter("sie_gateway_result_cache_stores", "Results written to the cache", registry=r)
+        self.cache_errors = Counter(
+            "sie_gateway_result_cache_errors", "Result cache reads/writes that failed", ["kind"], registry=r
+        )
+        self.priority_items = Counter(
+            "sie_gateway_priority_items", "Work items published per priority class", ["priority"], registry=r
+        )
         self.cancels = Counter("sie_gateway_work_cancels", "work_cancel publishes", ["reason"], registry=r)
         self.dlq_events = Counter(
             "sie_gateway_dlq_events", "Max-delivery advisories forwarded", ["stream", "consumer"], registry=r
@@ -82,6 +92,8 @@ class GatewayMetrics:
         )
         # seed families with zeros so autoscaler queries never see "no data"
         self.pending_demand.labels("", "").set(0)
+        for result in ("hit", "miss"):
+            self.cache_lookups.labels(result).inc(0)
         for status in ("healthy", "unhealthy"):
             self.workers.labels(status).set(0)
 

@@ -20,6 +20,7 @@ from nats.js.api import KeyValueConfig, StorageType
 
 from gateway.workers import WorkerRecord, WorkerRegistry
 from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.subjects import PRIORITIES
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +160,13 @@ class PoolStore:
                 self.check_model(model)
             except SIEError as exc:
                 raise invalid_input(f"Unknown pinned model '{model}'", param="pinned_models") from exc
+        priority = body.get("priority")
+        if priority is not None and priority not in PRIORITIES:
+            raise invalid_input(f"'priority' must be one of {list(PRIORITIES)}", param="priority")
         ttl = body.get("ttl_seconds", self.default_ttl_s)
         if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not 0 < ttl <= self.max_ttl_s:
             raise invalid_input(f"'ttl_seconds' must be in (0, {self.max_ttl_s}]", param="ttl_seconds")
-        return {
+        spec: dict[str, Any] = {
             "name": name,
             "queue_pool": queue_pool,
             "gpus": gpus,
@@ -172,6 +176,9 @@ class PoolStore:
             "pinned_models": pinned,
             "ttl_seconds": float(ttl),
         }
+        if priority is not None:
+            spec["priority"] = priority  # the default priority class of the pool's requests
+        return spec
 
     # ---- API -------------------------------------------------------------------------------
     async def create(self, body: Any) -> dict[str, Any]:

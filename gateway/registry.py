@@ -17,7 +17,7 @@ import yaml
 
 from protocol.catalog import Catalog, Resolved
 from protocol.errors import ErrorCode, SIEError
-from protocol.model_config import bundles_hash
+from protocol.model_config import ModelConfig, bundles_hash
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,12 @@ class ModelRegistry(Protocol):
     def resolve(self, spec: str, options: dict[str, Any] | None = None) -> Route: ...
 
     def bundle_hash(self, bundle: str) -> str: ...
+
+    def expected_hash(self, bundle: str, pool: str) -> str: ...
+
+    def model_config(self, model_id: str) -> ModelConfig | None: ...
+
+    def model_bundles(self, config: ModelConfig) -> list[str]: ...
 
     def bundle_names(self) -> list[str]: ...
 
@@ -92,6 +98,17 @@ class CatalogRegistry:
             cached = self.catalog.bundle_hash(bundle)
             self._hashes[bundle] = cached
         return cached
+
+    def expected_hash(self, bundle: str, pool: str) -> str:
+        """The bundle_config_hash an up-to-date worker of ``bundle`` in ``pool`` advertises (without a
+        control plane a worker hashes its bundle scoped to its own pool)."""
+        return self.catalog.bundle_hash(bundle, pool=pool)
+
+    def model_config(self, model_id: str) -> ModelConfig | None:
+        return self.catalog.get(model_id)
+
+    def model_bundles(self, config: ModelConfig) -> list[str]:
+        return [b.name for b in self.catalog.bundles_for(config)]
 
     def bundle_names(self) -> list[str]:
         return [b.name for b in self.catalog.bundles()]

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 
+from protocol.api import usage as usage_map
 from protocol.codec import packb, to_jsonable, unpackb
 from protocol.errors import RETRYABLE_CODES, ErrorCode, SIEError, default_status
 from protocol.work import WorkResult
@@ -86,6 +87,12 @@ def input_tokens(results: list[WorkResult]) -> int | None:
     return int(sum(counts))  # type: ignore[arg-type]
 
 
+def usage(results: list[WorkResult]) -> dict[str, int]:
+    """The answer's ``usage``: input tokens when every item counted them, and the truncation totals."""
+    return usage_map(input_tokens(results), sum(r.truncated_items for r in results),
+                     sum(r.dropped_tokens for r in results))
+
+
 def _error_item(result: WorkResult) -> dict[str, Any]:
     return {
         "id": f"item-{result.item_index}",
@@ -109,7 +116,7 @@ def items_msgpack(
 ) -> bytes:
     packer = msgpack.Packer(use_bin_type=True)
     parts = [
-        packer.pack_map_header(3),
+        packer.pack_map_header(4),
         packer.pack("model"),
         packer.pack(model),
         packer.pack("items"),
@@ -120,7 +127,7 @@ def items_msgpack(
             parts.append(packb(_error_item(r)))
         else:
             parts.append(bytes(r.result_msgpack))
-    parts += [packer.pack("timing"), packb(timing_map)]
+    parts += [packer.pack("timing"), packb(timing_map), packer.pack("usage"), packb(usage(results))]
     return b"".join(parts)
 
 
@@ -136,7 +143,7 @@ def items_json(
             items.append(_error_item(r))
         else:
             items.append(to_jsonable(unpackb(r.result_msgpack)))
-    return {"model": model, "items": items, "timing": timing_map}
+    return {"model": model, "items": items, "timing": timing_map, "usage": usage(results)}
 
 
 def _map_header(blob: bytes) -> tuple[int, int] | None:
@@ -158,18 +165,19 @@ def score_msgpack(model: str, result: WorkResult, timing_map: dict[str, float]) 
     packer = msgpack.Packer(use_bin_type=True)
     blob = bytes(result.result_msgpack or b"")
     head = _map_header(blob)
-    prefix = [packer.pack("model"), packer.pack(model), packer.pack("timing"), packb(timing_map)]
+    prefix = [packer.pack("model"), packer.pack(model), packer.pack("timing"), packb(timing_map),
+              packer.pack("usage"), packb(usage([result]))]
     if head is None:  # a bare list of score entries
-        return b"".join([packer.pack_map_header(3), *prefix, packer.pack("scores"), blob or packb([])])
+        return b"".join([packer.pack_map_header(4), *prefix, packer.pack("scores"), blob or packb([])])
     count, hlen = head
-    return b"".join([packer.pack_map_header(count + 2), *prefix, blob[hlen:]])
+    return b"".join([packer.pack_map_header(count + 3), *prefix, blob[hlen:]])
 
 
 def score_json(model: str, result: WorkResult, timing_map: dict[str, float]) -> dict[str, Any]:
     decoded = unpackb(result.result_msgpack) if result.result_msgpack else {}
     if not isinstance(decoded, dict):
         decoded = {"scores": decoded}
-    out = {"model": model, "timing": timing_map}
+    out = {"model": model, "timing": timing_map, "usage": usage([result])}
     out.update(to_jsonable(decoded))
     out["model"] = model
     return out

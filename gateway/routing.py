@@ -11,17 +11,20 @@ from dataclasses import dataclass
 
 from gateway.workers import WorkerRecord
 from protocol.errors import invalid_input
+from protocol.subjects import INTERACTIVE, PRIORITIES
 
 ANY_PROFILE = ("", "any")
 
 
 @dataclass(frozen=True)
 class Lane:
-    """Where work goes: one pool, machine profile and bundle (one JetStream durable, one scaling target)."""
+    """Where work goes: one pool, machine profile and bundle (one JetStream durable per priority class,
+    one scaling target), and the priority class of the request."""
 
     pool: str
     machine_profile: str
     bundle: str
+    priority: str = INTERACTIVE
 
 
 def split_routing_headers(profile: str | None, pool: str | None) -> tuple[str | None, str | None]:
@@ -94,6 +97,17 @@ def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequ
 
     (profile, bundle), _ = min(lanes.items(), key=score)
     return Lane(pool, profile, bundle)
+
+
+def request_priority(header: str | None, token_default: str | None, default: str) -> str:
+    """The priority class of a request: ``X-SIE-Priority``, else its token's default, else ``default``
+    (its pool's default, else the gateway's). An unknown header value is a 400."""
+    if header is not None and header.strip():
+        value = header.strip().lower()
+        if value not in PRIORITIES:
+            raise invalid_input(f"X-SIE-Priority must be one of {list(PRIORITIES)}, got {header!r}", param="X-SIE-Priority")
+        return value
+    return token_default or default
 
 
 def provisioning_message(model_id: str, profile: str | None, pool_name: str | None) -> str:

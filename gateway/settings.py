@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from protocol.subjects import PRIORITIES
 
 
 def _csv(value: object) -> list[str]:
@@ -31,6 +33,7 @@ class GatewaySettings(BaseSettings):
     # HTTP
     gateway_host: str = "0.0.0.0"  # HTTP listen address
     gateway_port: int = 8080  # HTTP listen port
+    gateway_reuse_port: bool = False  # share the port with other gateway replicas (SO_REUSEPORT; sie up --gateways)
     gateway_request_timeout_s: float = Field(default=120.0, gt=0)  # deadline for a request's results; then 504
     gateway_max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # larger request bodies get 413
     gateway_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)
@@ -46,10 +49,24 @@ class GatewaySettings(BaseSettings):
     gateway_worker_warmup_s: float = Field(default=6.0, ge=0)  # /readyz waits this long after subscribing to heartbeats (one heartbeat interval), so a new replica knows the live workers
     gateway_demand_expiry_s: float = Field(default=120.0, gt=0)  # pending demand of a lane is forgotten after this
 
+    # Result cache (a JetStream key-value bucket shared by every gateway)
+    # off by default: a miss costs a key-value read and write per item (a third of the zero-cost path)
+    result_cache_enabled: bool = False  # answer repeated items from the shared cache (opt-out per request: X-SIE-Cache: off)
+    result_cache_bucket: str = "SIE_RESULTS"  # key-value bucket of cached results
+    result_cache_ttl_s: float = Field(default=3600.0, gt=0)  # a cached result expires this long after it was stored
+    result_cache_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)  # size bound of the bucket; the oldest entries go first
+    result_cache_max_value_bytes: int = Field(default=1024 * 1024, gt=0)  # larger results are not cached
+    result_cache_timeout_s: float = Field(default=1.0, gt=0)  # a cache read or write slower than this counts as a miss
+
+    # Priority classes
+    gateway_default_priority: str = "interactive"  # priority of requests without X-SIE-Priority, a token or a pool default
+    gateway_bulk_share: float = Field(default=0.9, gt=0, le=1)  # bulk requests are refused (QUEUE_FULL) above this share of gateway_max_stream_pending
+
     # Auth
     auth_mode: str = "none"  # none, or token/static: bearer tokens required on inference routes
     auth_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)  # CSV of accepted inference tokens
     auth_token: str | None = None  # one more accepted inference token
+    auth_bulk_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)  # CSV of accepted inference tokens whose requests default to the bulk priority class
     admin_token: str | None = None  # token required for pool and config writes (POST/PUT/DELETE)
     auth_exempt_operational: bool = False  # true: /, /health and /metrics answer without a token
 
@@ -69,8 +86,12 @@ class GatewaySettings(BaseSettings):
     nats_config_trusted_producers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["sie-config"])  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
     models_dir: str = "worker/catalog/models"  # model YAML directory, used without a config service
     bundles_dir: str = "worker/catalog/bundles"  # bundle YAML directory, used without a config service
+    log_level: str = "INFO"  # logging level
+    log_format: Literal["text", "json"] = "text"  # log lines: text, or json (one object per line with request_id and trace_id)
 
-    @field_validator("gateway_configured_gpus", "auth_tokens", "nats_config_trusted_producers", mode="before")
+    @field_validator(
+        "gateway_configured_gpus", "auth_tokens", "auth_bulk_tokens", "nats_config_trusted_producers", mode="before"
+    )
     @classmethod
     def _split_csv(cls, value: object) -> list[str]:
         return _csv(value)
@@ -81,6 +102,14 @@ class GatewaySettings(BaseSettings):
         value = (value or "none").strip().lower()
         if value not in ("none", "token", "static"):
             raise ValueError("SIE_AUTH_MODE must be none, token or static")
+        return value
+
+    @field_validator("gateway_default_priority")
+    @classmethod
+    def _priority(cls, value: str) -> str:
+        value = (value or "").strip().lower()
+        if value not in PRIORITIES:
+            raise ValueError(f"SIE_GATEWAY_DEFAULT_PRIORITY must be one of {list(PRIORITIES)}")
         return value
 
     @field_validator("stream_storage")
@@ -99,6 +128,7 @@ class GatewaySettings(BaseSettings):
         tokens = list(self.auth_tokens)
         if self.auth_token:
             tokens.append(self.auth_token)
+        tokens.extend(self.auth_bulk_tokens)
         return tokens
 
     def configured_gpus(self) -> list[str]:

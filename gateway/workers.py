@@ -37,6 +37,22 @@ class WorkerRecord:
     def has_loaded(self, model_id: str) -> bool:
         return model_id in self.heartbeat.loaded_models
 
+    def profile_states(self) -> dict[str, str]:
+        """Routable name → loaded | loading | failed, as the worker reported it (empty from an older sidecar)."""
+        states = self.heartbeat.model_states
+        return states if isinstance(states, dict) else {}
+
+    def load_errors(self, model_id: str) -> dict[str, str]:
+        """The model's profiles whose last load failed here → the error message."""
+        failed = self.heartbeat.failed_models
+        if not isinstance(failed, dict):
+            return {}
+        return {
+            str(spec): str(msg)
+            for spec, msg in failed.items()
+            if str(spec) == model_id or str(spec).startswith(model_id + ":")
+        }
+
     def supports(self, model_id: str) -> bool:
         return model_id not in (self.heartbeat.unsupported_models or [])
 

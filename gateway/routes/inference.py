@@ -1,4 +1,4 @@
-"""The native inference routes: ``/v1/encode``, ``/v1/score``, ``/v1/extract``."""
+"""The native inference routes: ``/v1/encode``, ``/v1/score``, ``/v1/extract``, ``/v1/tokenize``."""
 
 from __future__ import annotations
 
@@ -17,19 +17,19 @@ from gateway.http_common import (
 from gateway.registry import Route
 from gateway.routing import Lane
 from protocol import params as request_params
-from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, parse_request
+from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, TokenizeRequest, parse_request
 from protocol.errors import invalid_input
 from protocol.work import WorkItem
 
 
 async def _itemised_request(
-    request: web.Request, model_cls: type[EncodeRequest] | type[ExtractRequest]
+    request: web.Request, model_cls: type[EncodeRequest] | type[ExtractRequest] | type[TokenizeRequest]
 ) -> tuple[Gateway, str, Any, Any, dict[str, Any], Route]:
-    """The common start of encode and extract: body within limits, item count, options, route."""
+    """The common start of encode, extract and tokenize: body within limits, item count, options, route."""
     gw = gateway_of(request)
     model = request.match_info["model"]
     data = await read_body(request, gw.settings)
-    req: EncodeRequest | ExtractRequest = parse_request(model_cls, data)
+    req: EncodeRequest | ExtractRequest | TokenizeRequest = parse_request(model_cls, data)
     if len(req.items) > gw.settings.gateway_max_items:
         raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
     params = req.params
@@ -43,6 +43,8 @@ async def handle_encode(request: web.Request) -> web.Response:
     gw, model, data, params, options, route = await _itemised_request(request, EncodeRequest)
     merged = request_params.merged_options(route.resolved, options)
     request_params.truncates(merged)
+    request_params.chunking(merged, "encode")
+    request_params.pooling(merged)
     output_types = request_params.output_types(route.resolved, merged, params.output_types if params else None)
     output_dtype = request_params.output_dtype(params.output_dtype if params else None, options)
     instruction = request_params.instruction(params.instruction if params else None, options)
@@ -59,7 +61,7 @@ async def handle_encode(request: web.Request) -> web.Response:
             for i in range(len(raw_items))
         ]  # fmt: skip
 
-    rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build, len(raw_items))
+    rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build)
     responses.check_failures(results)
     t = responses.timing(results, wait_ms)
     return respond(
@@ -84,7 +86,9 @@ async def handle_score(request: web.Request) -> web.Response:
     options.pop("profile", None)
     if route.resolved.config.tasks.score is None:
         raise invalid_input(f"Model '{route.model_id}' does not support scoring", param="model")
-    request_params.truncates(request_params.merged_options(route.resolved, options))
+    merged = request_params.merged_options(route.resolved, options)
+    request_params.truncates(merged)
+    request_params.chunking(merged, "score")
     instruction = request_params.instruction(req.instruction, options)
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
@@ -96,7 +100,7 @@ async def handle_score(request: web.Request) -> web.Response:
             )
         ]  # fmt: skip
 
-    rid, results, wait_ms, _ = await gw.execute(request, route, "score", build, 1)
+    rid, results, wait_ms, _ = await gw.execute(request, route, "score", build)
     responses.check_failures(results)
     t = responses.timing(results, wait_ms)
     return respond(
@@ -111,7 +115,9 @@ async def handle_extract(request: web.Request) -> web.Response:
     gw, model, data, params, options, route = await _itemised_request(request, ExtractRequest)
     if route.resolved.config.tasks.extract is None:
         raise invalid_input(f"Model '{route.model_id}' does not support extraction", param="model")
-    request_params.truncates(request_params.merged_options(route.resolved, options))
+    merged = request_params.merged_options(route.resolved, options)
+    request_params.truncates(merged)
+    request_params.chunking(merged, "extract")
     instruction = request_params.instruction(params.instruction if params else None, options)
     labels = params.labels if params else None
     output_schema = params.output_schema if params else None
@@ -127,12 +133,41 @@ async def handle_extract(request: web.Request) -> web.Response:
             for i in range(len(raw_items))
         ]  # fmt: skip
 
-    rid, results, wait_ms, _ = await gw.execute(request, route, "extract", build, len(raw_items))
+    rid, results, wait_ms, _ = await gw.execute(request, route, "extract", build)
     item_errors = responses.check_failures(results, allow_item_errors=True)
     t = responses.timing(results, wait_ms)
     return respond(
         request,
         lambda: responses.items_msgpack(model, results, t, item_errors),
         lambda: responses.items_json(model, results, t, item_errors),
+        success_headers(rid, results, wait_ms),
+    )
+
+
+async def handle_tokenize(request: web.Request) -> web.Response:
+    """The model's own tokenizer, run by a worker as work items of operation ``tokenize``: the
+    gateway loads no tokenizers, and the worker that serves the model has it in memory already."""
+    gw, model, data, _, options, route = await _itemised_request(request, TokenizeRequest)
+    if not route.resolved.config.inputs.text:
+        raise invalid_input(f"Model '{route.model_id}' does not take text", param="model")
+    request_params.add_special_tokens(request_params.merged_options(route.resolved, options))
+    raw_items = data["items"]
+
+    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
+        return [
+            gw.work_item(
+                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
+                total=len(raw_items), operation="tokenize", item=raw_items[i], options=options,
+            )
+            for i in range(len(raw_items))
+        ]  # fmt: skip
+
+    rid, results, wait_ms, _ = await gw.execute(request, route, "tokenize", build)
+    responses.check_failures(results)
+    t = responses.timing(results, wait_ms)
+    return respond(
+        request,
+        lambda: responses.items_msgpack(model, results, t),
+        lambda: responses.items_json(model, results, t),
         success_headers(rid, results, wait_ms),
     )

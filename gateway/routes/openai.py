@@ -51,7 +51,7 @@ async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
             for i in range(len(inputs))
         ]  # fmt: skip
 
-    rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build, len(inputs))
+    rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build)
     responses.check_failures(results)
     rows = []
     for r in results:

@@ -17,42 +17,47 @@ from protocol.http import index_body, stream_status
 
 #: the open ``/ws/cluster-status`` sockets (closed at shutdown)
 STATUS_SOCKETS = web.AppKey("status_sockets", set)
-INDEX_ROUTES = ["/v1/encode/{model}", "/v1/score/{model}", "/v1/extract/{model}", "/v1/embeddings", "/v1/models",
+INDEX_ROUTES = ["/v1/encode/{model}", "/v1/score/{model}", "/v1/extract/{model}", "/v1/tokenize/{model}",
+                "/v1/embeddings", "/v1/models",
                 "/v1/pools", "/v1/configs/models", "/health", "/ws/cluster-status", "/metrics"]
 
 
-def _model_state(gw: Gateway, name: str) -> tuple[bool, int]:
-    base = name
-    loaded_on = [
-        w
-        for w in gw.workers.healthy()
-        if name in w.heartbeat.loaded_models or base in w.heartbeat.loaded_models
-    ]
-    return bool(loaded_on), len(loaded_on)
+def model_view(gw: Gateway, spec: str) -> dict[str, Any]:
+    """``loaded``/``state``/``last_error``/``worker_count`` of one routable name over the healthy workers.
+
+    Per profile from the heartbeats' ``model_states`` (loaded > loading > failed > available); a
+    heartbeat without them (an older sidecar) counts by model id.
+    """
+    model_id = spec.split(":")[0]
+    states: list[str] = []
+    errors: list[str] = []
+    for w in gw.workers.healthy():
+        per_profile = w.profile_states()
+        if per_profile:
+            if spec in per_profile:
+                states.append(per_profile[spec])
+            if per_profile.get(spec) == "failed" and (msg := w.load_errors(model_id).get(spec)):
+                errors.append(msg)
+        elif w.has_loaded(model_id):
+            states.append("loaded")
+    n = states.count("loaded")
+    state = next((s for s in ("loaded", "loading", "failed") if s in states), "available")
+    last_error = (
+        {"code": "MODEL_LOAD_FAILED", "message": errors[-1]} if state == "failed" and errors else None
+    )
+    return {"loaded": n > 0, "state": state, "last_error": last_error, "worker_count": n}
 
 
 async def handle_models(request: web.Request) -> web.Response:
     gw = gateway_of(request)
-    entries = []
-    for e in gw.registry.model_entries():
-        loaded, n = _model_state(gw, e["name"].split(":")[0])
-        entries.append(
-            {
-                **e,
-                "loaded": loaded,
-                "state": "loaded" if loaded else "available",
-                "aliases": [],
-                "worker_count": n,
-            }
-        )
+    entries = [{**e, **model_view(gw, e["name"]), "aliases": []} for e in gw.registry.model_entries()]
     return web.json_response(openai.models_response(entries))
 
 
 async def handle_model(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     e = gw.registry.model_entry(request.match_info["model"])
-    loaded, n = _model_state(gw, e["name"].split(":")[0])
-    return web.json_response({**e, "loaded": loaded, "state": "loaded" if loaded else "available", "aliases": [], "worker_count": n, "id": e["name"], "object": "model", "owned_by": "sie"})  # fmt: skip
+    return web.json_response({**e, **model_view(gw, e["name"]), "aliases": [], "id": e["name"], "object": "model", "owned_by": "sie"})  # fmt: skip
 
 
 async def handle_health(request: web.Request) -> web.Response:

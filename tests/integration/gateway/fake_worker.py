@@ -90,6 +90,7 @@ class FakeWorker:
         ack_wait_s: float = 30.0,
         max_deliver: int = 20,
         heartbeat_s: float = 0.5,
+        heartbeat_extra: dict | None = None,
     ) -> None:
         self.url = url
         self.worker_id = worker_id
@@ -100,6 +101,7 @@ class FakeWorker:
         self.ack_wait_s = ack_wait_s
         self.max_deliver = max_deliver
         self.heartbeat_s = heartbeat_s
+        self.heartbeat_extra = dict(heartbeat_extra or {})  # more Heartbeat fields (hash, model states)
         self.seen: list[WorkItem] = []
         self.nc = None
         self._tasks: list[asyncio.Task] = []
@@ -114,6 +116,7 @@ class FakeWorker:
             pool_name=self.pool,
             bundle=self.bundle,
             loaded_models=self.loaded,
+            **self.heartbeat_extra,
         ).to_json()
 
     async def start(self) -> FakeWorker:

@@ -23,6 +23,7 @@ from gateway.app import create_app
 from gateway.config_sync import ConfigServiceRegistry
 from gateway.settings import GatewaySettings
 from protocol.config_delta import ConfigDelta, encode_config_delta
+from protocol.model_config import parse_model_yaml
 from protocol.subjects import CONFIG_ALL
 from tests.support.nats_server import free_port
 
@@ -386,3 +387,49 @@ async def test_untrusted_delta_dropped_and_forged_epoch_reset_by_poll(nats_serve
         await eventually(invalid, 5, "the malformed delta to be counted")
     finally:
         await nc.close()
+
+
+async def test_replace_and_delete_reach_the_gateway_and_a_restarted_gateway_agrees(start_gateway, config_service):
+    cfg = await config_service()
+    gw = await start_gateway(poll_s=600)  # deltas only
+    await eventually(lambda: _ready(gw), 10, "bootstrap")
+    assert (await cfg.post_model(model_yaml("acme/doomed"))).status_code == 201
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+
+    async def mirrored_batch_tokens() -> int | None:
+        status, text = await gw.get("/v1/configs/models/acme/doomed")
+        return parse_model_yaml(text).profiles["default"].max_batch_tokens if status == 200 else None
+
+    async with httpx.AsyncClient(timeout=10, headers=admin) as c:
+        await eventually(lambda: _has(gw, "acme/doomed"), 5, "the add")
+        r = await c.put(cfg.url + "/v1/configs/models/acme/doomed",
+                        content=model_yaml("acme/doomed").replace("8192", "1024"))  # fmt: skip
+        assert r.status_code == 200 and r.json()["replaced"] is True
+
+        async def replaced():
+            return await mirrored_batch_tokens() == 1024
+
+        await eventually(replaced, 5, "the replace")
+        r = await c.delete(cfg.url + "/v1/configs/models/acme/doomed")
+        assert r.status_code == 200 and r.json()["deleted"] is True
+
+    async def gone():
+        return not await _has(gw, "acme/doomed")
+
+    await eventually(gone, 5, "the tombstone")
+    assert gw.registry.exports == 1 and gw.registry.epoch == 3  # deltas did it all, no re-export
+    assert await gw.metric('sie_gateway_config_deltas_total{kind="tombstone",result="applied"}') == 1
+    async with gw.session.post(gw.url("/v1/encode/acme/doomed"), json={"items": [{"text": "x"}]}) as resp:
+        assert resp.status == 404 and resp.headers["X-SIE-Error-Code"] == "MODEL_NOT_FOUND"
+    assert (await gw.get("/v1/configs/models/acme/doomed"))[0] == 404
+
+    # a gateway started afterwards bootstraps from the export: the model stays deleted
+    gw2 = await start_gateway(poll_s=600)
+    await eventually(lambda: _ready(gw2), 10, "bootstrap of the second gateway")
+    assert gw2.registry.epoch == 3 and not await _has(gw2, "acme/doomed")
+    async with gw2.session.post(gw2.url("/v1/encode/acme/doomed"), json={"items": [{"text": "x"}]}) as resp:
+        assert resp.status == 404 and resp.headers["X-SIE-Error-Code"] == "MODEL_NOT_FOUND"
+
+
+async def _has(gw: Gw, model_id: str) -> bool:
+    return model_id in await gw.model_names()

@@ -32,6 +32,9 @@ BAD_BODIES = [
         f"/v1/encode/{DENSE}", f'{{"items":[{{"text":"a"}}],"options":{{"x":{HUGE_INT}}}}}', id="huge-int"
     ),
     pytest.param(f"/v1/score/{RERANK}", HUGE_INT, id="score-huge-int"),
+    pytest.param(
+        f"/v1/encode/{DENSE}", '{"items":[{"text":"a"}],"params":{"options":{"pooling":"median"}}}', id="pooling"
+    ),
 ]
 
 

@@ -53,6 +53,8 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
         assert item.model_id == DENSE and item.pool_name == "default" and item.machine_profile == "cpu"
         assert item.reply_subject.startswith(f"_INBOX.{h.gateway.router_id}.")
         assert item.deadline and item.bundle == "default"
+        # the request's group key, stamped once: the same on each of its items
+        assert item.batch_key and {wi.batch_key for wi in w.seen[:3]} == {item.batch_key}
 
         async with h.session.post(
             h.url(f"/v1/encode/{DENSE}"),
@@ -63,6 +65,7 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
             data = await resp.json()
         assert data["items"][0]["dense"]["values"] == pytest.approx(fake_vector("x").tolist())
         assert w.seen[-1].is_query is True and w.seen[-1].instruction == "q"
+        assert w.seen[-1].batch_key != item.batch_key  # other parameters, another group
     finally:
         await w.stop()
 

@@ -30,7 +30,18 @@ def test_score_splice_keeps_worker_entries_and_adds_model():
     assert out["scores"] == [{"item_id": "a"}]
     # big maps (map16 header) splice too
     big = packb({f"k{i}": i for i in range(20)})
-    assert len(unpackb(responses.score_msgpack("m", ok(0, big), {}))) == 22
+    assert len(unpackb(responses.score_msgpack("m", ok(0, big), {}))) == 23  # + model, timing, usage
+
+
+def test_usage_totals_the_truncation_the_workers_reported():
+    a = WorkResult("r.0", "r", 0, True, result_msgpack=packb({}), input_tokens=10, truncated_items=1,
+                   dropped_tokens=40)
+    b = WorkResult("r.1", "r", 1, True, result_msgpack=packb({}), input_tokens=5)
+    out = unpackb(responses.items_msgpack("m", [a, b], {}))
+    assert out["usage"] == {"input_tokens": 15, "truncated_items": 1, "dropped_tokens": 40}
+    assert responses.items_json("m", [a, b], {})["usage"] == out["usage"]
+    assert unpackb(responses.score_msgpack("m", a, {}))["usage"]["dropped_tokens"] == 40
+    assert "input_tokens" not in responses.usage([WorkResult("r.0", "r", 0, True)])  # not counted: left out
 
 
 def test_items_msgpack_orders_and_marks_item_errors():

@@ -1,0 +1,95 @@
+"""``GET /v1/configs/models/{id}/status``: has a config change reached the workers?
+
+The gateway answers it because both halves are already here: the expected bundle_config_hash per
+bundle and pool (from the config service's export and deltas, the same numbers the sidecars verify
+against) and every worker's heartbeat (its advertised hash, loaded/loading models and the last load
+error per model). The config service neither reads heartbeats nor keeps worker state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.core import Gateway
+from gateway.http_common import gateway_of
+from gateway.workers import WorkerRecord
+from protocol import http
+
+
+def _in_state(w: WorkerRecord, model_id: str, state: str) -> bool:
+    return any(
+        s == state and (spec == model_id or spec.startswith(model_id + ":")) for spec, s in w.profile_states().items()
+    )
+
+
+def model_rollout(gw: Gateway, model_id: str) -> dict[str, Any] | None:
+    """Per bundle and per (bundle, pool): healthy workers, how many advertise the expected hash,
+    how many have the model loaded, loading or failed, and the last load error. None: unknown model."""
+    config = gw.registry.model_config(model_id)
+    if config is None:
+        return None
+    bundles = gw.registry.model_bundles(config)
+    by_lower = {b.lower(): b for b in bundles}  # heartbeats name bundles lower-cased
+    groups: dict[tuple[str, str], list[WorkerRecord]] = {}
+    for w in gw.workers.healthy():
+        if w.bundle in by_lower:
+            groups.setdefault((by_lower[w.bundle], w.pool), []).append(w)
+    pools: list[dict[str, Any]] = []
+    for (bundle, pool), workers in sorted(groups.items()):
+        expected = gw.registry.expected_hash(bundle, pool)
+        acked = [w for w in workers if w.heartbeat.bundle_config_hash == expected]
+        errors = [f"{spec}: {msg}" for w in workers for spec, msg in sorted(w.load_errors(model_id).items())]
+        failed = [w for w in workers if w.load_errors(model_id)]
+        pools.append(
+            {
+                "pool": pool,
+                "bundle_id": bundle,
+                "expected_bundle_config_hash": expected,
+                "workers": len(workers),
+                "acked_workers": len(acked),
+                "pending_workers": len(workers) - len(acked),
+                "loaded_workers": sum(1 for w in workers if w.has_loaded(model_id)),
+                "loading_workers": sum(1 for w in workers if _in_state(w, model_id, "loading")),
+                "failed_workers": len(failed),
+                "last_error": errors[-1] if errors else None,
+            }
+        )
+    per_bundle = []
+    for bundle in bundles:
+        mine = [p for p in pools if p["bundle_id"] == bundle]
+        total = sum(int(p["workers"]) for p in mine)
+        n_acked = sum(int(p["acked_workers"]) for p in mine)
+        per_bundle.append(
+            {
+                "bundle_id": bundle,
+                "expected_bundle_config_hash": gw.registry.bundle_hash(bundle),
+                "total_eligible_workers": total,
+                "acked_workers": n_acked,
+                "pending_workers": total - n_acked,
+                "acked": n_acked == total,
+            }
+        )
+    last_errors = [str(p["last_error"]) for p in pools if p["last_error"]]
+    return {
+        "model_id": model_id,
+        "config_epoch": gw.registry.config_epoch().get("epoch", 0),
+        "all_bundles_acked": all(b["acked"] for b in per_bundle),
+        "no_bundles": not bundles,
+        "bundles": per_bundle,
+        "pools": pools,
+        "loaded": any(p["loaded_workers"] for p in pools),
+        "last_error": last_errors[-1] if last_errors else None,
+        "source": "gateway",
+    }
+
+
+async def handle_config_model_status(request: web.Request) -> web.Response:
+    model_id = request.match_info["model_id"]
+    body = model_rollout(gateway_of(request), model_id)
+    if body is None:
+        return http.config_error_response(
+            404, "model_not_found", f"model {model_id!r} is not configured", model_id=model_id
+        )
+    return web.json_response(body)
