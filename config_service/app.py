@@ -184,6 +184,24 @@ async def post_model(request: web.Request) -> web.Response:
     return web.json_response(payload, status=status)
 
 
+@_kind(WRITE)
+async def put_model(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    await service.check_writable()
+    body = await read_body_limited(request)
+    status, payload = await service.replace_model(
+        request.match_info["model_id"], body, request.headers.get("Idempotency-Key")
+    )
+    return web.json_response(payload, status=status)
+
+
+@_kind(WRITE)
+async def delete_model(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    await service.check_writable()
+    return web.json_response(await service.delete_model(request.match_info["model_id"]))
+
+
 @_kind(READ)
 async def list_models(request: web.Request) -> web.Response:
     return web.json_response((await request.app[SERVICE_KEY].state()).models_listing())
@@ -191,7 +209,16 @@ async def list_models(request: web.Request) -> web.Response:
 
 @_kind(READ)
 async def get_model(request: web.Request) -> web.Response:
-    text = await request.app[SERVICE_KEY].model_yaml(request.match_info["model_id"])
+    model_id = request.match_info["model_id"]
+    if model_id.endswith("/status"):  # no model id ends so (check_model_id)
+        raise ConfigError(
+            404,
+            "model_not_found",
+            "rollout status is served by the gateway (it sees the workers' heartbeats): "
+            f"GET <gateway>/v1/configs/models/{model_id}",
+            model_id=model_id.removesuffix("/status"),
+        )
+    text = await request.app[SERVICE_KEY].model_yaml(model_id)
     return web.Response(text=text, content_type="application/x-yaml")
 
 
@@ -297,6 +324,8 @@ def create_app(
     app.router.add_post("/v1/configs/models", post_model)
     app.router.add_get("/v1/configs/models", list_models)
     app.router.add_get("/v1/configs/models/{model_id:.+}", get_model)
+    app.router.add_put("/v1/configs/models/{model_id:.+}", put_model)
+    app.router.add_delete("/v1/configs/models/{model_id:.+}", delete_model)
     app.router.add_get("/v1/configs/export", export)
     app.router.add_get("/v1/configs/epoch", epoch)
     app.router.add_get("/v1/configs/bundles", list_bundles)

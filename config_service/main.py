@@ -20,6 +20,8 @@ from config_service.registry import CatalogLoadError, load_baseline_models, load
 from config_service.service import ConfigService
 from config_service.settings import ConfigServiceSettings
 from config_service.store import Store, make_engine, migrate
+from protocol import eventloop
+from protocol.logs import setup_logging
 
 log = logging.getLogger("config_service")
 
@@ -101,9 +103,7 @@ async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = No
 
 def main() -> None:
     settings = ConfigServiceSettings()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(settings.log_level, settings.log_format)
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
     async def run() -> None:
@@ -113,7 +113,7 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         await serve(settings, stop)
 
-    asyncio.run(run())
+    eventloop.run(run())
 
 
 if __name__ == "__main__":

@@ -154,6 +154,11 @@ class ConfigState:
         api[entry.config.sie_id] = entry
         return ConfigState(epoch=epoch, bundles=self.bundles, baseline=self.baseline, api=api)
 
+    def without_model(self, epoch: int, model_id: str) -> ConfigState:
+        """The state after a DELETE: the API entry goes (a filesystem baseline of that id reappears)."""
+        api = {mid: e for mid, e in self.api.items() if mid != model_id}
+        return ConfigState(epoch=epoch, bundles=self.bundles, baseline=self.baseline, api=api)
+
     # bundles
     def bundles_for_module(self, module: str | None) -> list[str]:
         return [name for name, b in self.sorted_bundles() if module in b.adapters]
@@ -380,11 +385,8 @@ def _canon_field(key: str, value: Any) -> str:
     return json.dumps(dumped, sort_keys=True)
 
 
-def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool = False) -> WritePlan:
-    """Validate a POST body against the current state and work out the append-only merge."""
-    data = parse_body(body)
-    _structural_check(data)
-    model_id = check_model_id(data.get("sie_id"))
+def check_profiles_and_pool(data: dict[str, Any]) -> dict[str, Any]:
+    """The body's profiles (names and shapes) and its pool (lower-cased in ``data``); returns the profiles."""
     profiles = data.get("profiles")
     if not profiles:
         raise _semantic("profiles must be a non-empty mapping")
@@ -398,6 +400,47 @@ def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool
         if not isinstance(pool, str) or not POOL_RE.match(pool) or pool.lower() == "_default":
             raise _semantic(f"invalid pool {pool!r}: must match [A-Za-z0-9_-]{{1,128}} and not be _default")
         data["pool"] = pool.lower()
+    return profiles
+
+
+def validate_merged(
+    state: ConfigState, merged: dict[str, Any], new_profiles: list[str], *, threshold_routing_enabled: bool
+) -> ModelConfig:
+    """The whole config a write would store: schema, the new profiles' adapters, a bundle, routing,
+    and what the config service can check of the weights and adapter options (config_service.checks)."""
+    try:
+        config = ModelConfig.model_validate(merged)
+    except ValidationError as exc:
+        details = [
+            {"loc": _loc(e), "message": UNKNOWN_FIELD_MESSAGE if e["type"] == "extra_forbidden" else e["msg"]}
+            for e in exc.errors(include_url=False)
+        ]
+        raise ConfigError(422, "validation_error", "model config is invalid", details=details) from exc
+
+    # Every new profile's adapter must be served by some bundle.
+    known = {m for b in state.bundles.values() for m in b.adapters}
+    missing = sorted(
+        {
+            m
+            for name in new_profiles
+            for m in [config.resolved_profile(name).adapter_module]
+            if m and m not in known
+        }
+    )
+    if missing:
+        raise _semantic(f"Adapter(s) not in any known bundle: {', '.join(missing)}")
+    if not state.affected_bundles(config):
+        raise _semantic(f"model {config.sie_id!r} resolves to no bundle")
+    _check_routing(config, threshold_routing_enabled)
+    return config
+
+
+def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool = False) -> WritePlan:
+    """Validate a POST body against the current state and work out the append-only merge."""
+    data = parse_body(body)
+    _structural_check(data)
+    model_id = check_model_id(data.get("sie_id"))
+    profiles = check_profiles_and_pool(data)
 
     existing = state.models.get(model_id)
     if existing is None:
@@ -443,30 +486,7 @@ def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool
                 merged[key] = value
                 added_fields.append(key)
 
-    try:
-        config = ModelConfig.model_validate(merged)
-    except ValidationError as exc:
-        details = [
-            {"loc": _loc(e), "message": UNKNOWN_FIELD_MESSAGE if e["type"] == "extra_forbidden" else e["msg"]}
-            for e in exc.errors(include_url=False)
-        ]
-        raise ConfigError(422, "validation_error", "model config is invalid", details=details) from exc
-
-    # Every new profile's adapter must be served by some bundle.
-    known = {m for b in state.bundles.values() for m in b.adapters}
-    missing = sorted(
-        {
-            m
-            for name in created
-            for m in [config.resolved_profile(name).adapter_module]
-            if m and m not in known
-        }
-    )
-    if missing:
-        raise _semantic(f"Adapter(s) not in any known bundle: {', '.join(missing)}")
-    if not state.affected_bundles(config):
-        raise _semantic(f"model {model_id!r} resolves to no bundle")
-    _check_routing(config, threshold_routing_enabled)
+    config = validate_merged(state, merged, created, threshold_routing_enabled=threshold_routing_enabled)
 
     if conflicting_profiles or conflicting_fields:
         extra: dict[str, Any] = {"model_id": model_id}
@@ -495,6 +515,49 @@ def plan_add(state: ConfigState, body: bytes, *, threshold_routing_enabled: bool
         is_new_model=existing is None,
         warnings=[],
     )
+
+
+@dataclass(frozen=True)
+class ReplacePlan:
+    """What an accepted PUT changes. ``previous`` is the effective config before (None = new)."""
+
+    model_id: str
+    entry: ModelEntry
+    previous: ModelEntry | None
+    unchanged: bool
+
+
+def canonical(config: ModelConfig) -> str:
+    """A config's content, independent of YAML spelling and key order."""
+    return json.dumps(config.model_dump(mode="json", exclude_none=True), sort_keys=True)
+
+
+def plan_replace(
+    state: ConfigState, model_id: str, body: bytes, *, threshold_routing_enabled: bool = False
+) -> ReplacePlan:
+    """Validate a PUT body (a whole config) for ``model_id``: POST's rules minus the append-only gate."""
+    data = parse_body(body)
+    _structural_check(data)
+    body_id = check_model_id(data.get("sie_id"))
+    if body_id != model_id:
+        raise ConfigError(
+            400,
+            "model_id_mismatch",
+            f"body sie_id {body_id!r} does not match the path's model id {model_id!r}",
+            model_id=model_id,
+        )
+    profiles = check_profiles_and_pool(data)
+    previous = state.models.get(model_id)
+    if previous is not None and (data.get("pool") or DEFAULT_POOL) != previous.pool:
+        raise _semantic(
+            f"pool: model {model_id!r} already exists with different value ({previous.pool!r}, not "
+            f"{data.get('pool')!r}); DELETE the model and add it again to move it to another pool"
+        )
+    config = validate_merged(state, data, list(profiles), threshold_routing_enabled=threshold_routing_enabled)
+    entry = ModelEntry(config=config, data=data, raw_yaml=dump_yaml(data), source="api")
+    # the same content as what is served (an API config, or the image's) changes nothing
+    unchanged = previous is not None and canonical(previous.config) == canonical(config)
+    return ReplacePlan(model_id=model_id, entry=entry, previous=previous, unchanged=unchanged)
 
 
 def _check_routing(config: ModelConfig, threshold_enabled: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +44,7 @@ class ConfigServiceSettings(BaseSettings):
     config_idempotency_ttl_s: float = Field(default=86400.0, gt=0)  # how long Idempotency-Key answers are kept
     threshold_routing_enabled: bool = False  # allow routing.policy: threshold in model configs
     log_level: str = "INFO"  # logging level
+    log_format: Literal["text", "json"] = "text"  # log lines: text, or json (one object per line with request_id and trace_id)
     def db_url(self) -> str:
         if self.config_db_url:
             return self.config_db_url

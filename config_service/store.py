@@ -277,6 +277,11 @@ class Store:
             )
 
     @staticmethod
+    def delete_model(conn: Connection, model_id: str) -> bool:
+        """Remove an API-added model; False when there was none."""
+        return bool(conn.execute(sa.delete(models_table).where(models_table.c.model_id == model_id)).rowcount)
+
+    @staticmethod
     def put_idempotency(
         conn: Connection, key: str, body_sha256: str, status: int, response: dict[str, Any], ttl_s: float
     ) -> None:

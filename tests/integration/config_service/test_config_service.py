@@ -326,6 +326,11 @@ async def test_auth_tokens(nats_server, db_url, catalog_dirs, instances):
         r = await c.put(
             "/v1/configs/models/acme/dense-small", content=NEW_MODEL, headers={"Authorization": ADMIN}
         )
+        # the same content again: an unchanged replace, nothing published
+        assert r.status_code == 200 and r.json()["unchanged"] is True
+        r = await c.patch(
+            "/v1/configs/models/acme/dense-small", content=NEW_MODEL, headers={"Authorization": ADMIN}
+        )
         assert r.status_code == 405 and "detail" in r.json()
         metrics = (await c.get("/metrics")).text
         assert 'sie_config_nats_publishes_total{result="success"} 1.0' in metrics
