@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(DEVSTAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[worker,cluster,dev]'
+	$(BIN)/pip install -q -e '.[worker,cluster,observe,dev]'
 	touch $@
 
 install: $(STAMP)

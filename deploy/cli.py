@@ -7,7 +7,6 @@ import sys
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from worker.serve.main import main as serve_main
     from worker.settings import WorkerSettings
 
     overrides = {
@@ -22,28 +21,76 @@ def _serve(args: argparse.Namespace) -> int:
         }.items()
         if v is not None
     }
-    serve_main(WorkerSettings(**overrides))
+    settings = WorkerSettings(**overrides)
+    from deploy.state import port_in_use
+
+    if settings.serve_process_index == 0 and port_in_use(settings.port, settings.host):
+        print(f"sie serve: port {settings.port} is in use on {settings.host} (another sie serve or sie up?); "
+              "pick another with --port", file=sys.stderr)
+        return 1
+    from worker.serve.main import main as serve_main
+
+    serve_main(settings)
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
     from deploy.launcher import up
 
-    return up(args.state_dir, args.port or 8080, args.config_port, args.nats_port, args.preload)
+    if args.gateways < 1:
+        print("sie up: --gateways needs at least 1", file=sys.stderr)
+        return 2
+    metrics_port = args.metrics_port if args.metrics_port is not None else (9095 if args.observe else 0)
+    return up(args.state_dir, args.port or 8080, args.config_port, args.nats_port, args.preload, args.detach,
+              args.gateways, observe=args.observe, otlp_port=args.otlp_port, metrics_port=metrics_port)
 
 
 def _status(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from deploy.state import NoCluster, find_state_dir
     from deploy.supervisor import status
 
-    return status(Path(args.state_dir).resolve())
+    try:
+        return status(find_state_dir(args.state_dir))
+    except NoCluster as exc:
+        print(f"sie: {exc}", file=sys.stderr)
+        return 1
+
+
+def _down(args: argparse.Namespace) -> int:
+    from deploy.commands import down
+
+    return down(args.state_dir)
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from deploy.commands import logs
+
+    return logs(args.state_dir, args.process, args.follow)
 
 
 def _models_add(args: argparse.Namespace) -> int:
-    from deploy.launcher import add_model
+    from deploy.commands import add_model
 
     return add_model(args.file, args.url, args.token, args.state_dir)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sie-cluster")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _models_other(args: argparse.Namespace) -> int:
+    from deploy import commands
+
+    if args.models_command == "list":
+        return commands.list_models(args.url, args.token, args.state_dir)
+    if args.models_command == "show":
+        return commands.show_model(args.model_id, args.url, args.token, args.state_dir)
+    return commands.delete_model(args.model_id, args.url, args.token, args.state_dir)
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -57,6 +104,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sie", description="sie-cluster: inference for small AI models")
+    parser.add_argument("--version", action="version", version=f"sie-cluster {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the standalone worker (HTTP API + batching + models)")
     _add_serve_args(serve)
@@ -69,18 +117,45 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-port", type=int, default=4250, help="nats-server port (default 4250)")
     up.add_argument("--preload", help="comma-separated models the worker loads at start")
     up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, admin token")
+    up.add_argument("--detach", action="store_true", help="run in the background; `sie down` stops it")
+    up.add_argument("--gateways", type=int, default=1,
+                    help="gateway replicas sharing the port (SO_REUSEPORT), as a Service spreads them (default 1)")
+    up.add_argument("--observe", action="store_true",
+                    help="trace every request: an OTLP receiver here prints the spans of each hop; "
+                         "also serves the worker pod's metrics (needs the observe extra)")
+    up.add_argument("--otlp-port", type=int, default=4318, help="port of the --observe OTLP receiver (default 4318)")
+    up.add_argument("--metrics-port", type=int,
+                    help="worker pod metrics port, sidecar + worker (default 9095 with --observe, else off)")
     up.set_defaults(func=_up)
+    found = "default: ./.sie-state, else the last `sie up`'s"
     st = sub.add_parser("status", help="the processes of a running `sie up`, their restarts and logs")
-    st.add_argument("--state-dir", default=".sie-state", help="the state directory `sie up` was given")
+    st.add_argument("--state-dir", help=f"the state directory `sie up` was given ({found})")
     st.set_defaults(func=_status)
+    dn = sub.add_parser("down", help="stop a running `sie up` (the gateway first, NATS last)")
+    dn.add_argument("--state-dir", help=f"the state directory `sie up` was given ({found})")
+    dn.set_defaults(func=_down)
+    lg = sub.add_parser("logs", help="the logs of a `sie up`'s processes")
+    lg.add_argument("process", nargs="?", help="nats | config | worker | sidecar | gateway (default: all)")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended")
+    lg.add_argument("--state-dir", help=f"the state directory `sie up` was given ({found})")
+    lg.set_defaults(func=_logs)
     models = sub.add_parser("models", help="manage model configs in the config service")
     msub = models.add_subparsers(dest="models_command", required=True)
     add = msub.add_parser("add", help="add a model (or profiles) from a YAML file")
     add.add_argument("file")
-    add.add_argument("--url", default="http://127.0.0.1:8090", help="config service URL")
-    add.add_argument("--token", help="admin token (default: SIE_ADMIN_TOKEN or the one `sie up` generated)")
-    add.add_argument("--state-dir", default=".sie-state")
+    add.add_argument("--url", help="config service URL (default: the running sie up's)")
+    add.add_argument("--token", help="admin token (default: SIE_ADMIN_TOKEN, else the running sie up's)")
+    add.add_argument("--state-dir", help=f"the state directory `sie up` was given ({found})")
     add.set_defaults(func=_models_add)
+    for name, what in (("list", "list the configured models"), ("show", "print one model's stored YAML"),
+                       ("delete", "delete a model's API config (workers unload it; the gateway stops routing it)")):  # fmt: skip
+        cmd = msub.add_parser(name, help=what)
+        if name != "list":
+            cmd.add_argument("model_id")
+        cmd.add_argument("--url", help="config service URL (default: the running sie up's)")
+        cmd.add_argument("--token", help="admin token (default: SIE_ADMIN_TOKEN, else the running sie up's)")
+        cmd.add_argument("--state-dir", help=f"the state directory `sie up` was given ({found})")
+        cmd.set_defaults(func=_models_other)
     return parser
 
 

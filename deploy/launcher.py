@@ -5,24 +5,33 @@ the state directory) → worker (IPC front door on a Unix socket) → sidecar �
 Each process logs to ``<state>/logs/<name>.log``. Once the cluster is up, the launcher supervises
 it (deploy/supervisor.py): a child that exits is restarted with backoff while the others keep
 running; only a crash loop stops the cluster. ``sie status`` shows the children and their
-restarts. Ctrl-C stops them all in reverse order.
+restarts. Ctrl-C (or ``sie down``) stops them one by one in reverse order, the gateway first.
+The children run in their own sessions, so the terminal's Ctrl-C reaches only the launcher.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from deploy.supervisor import RestartPolicy, Supervisor
+from deploy.state import LOCK_FILE, port_in_use, remember, running, take_lock
+from deploy.supervisor import RestartPolicy, Supervisor, read_status
 from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR
+
+if TYPE_CHECKING:
+    from deploy.otlp_receiver import OtlpReceiver
 
 
 def nats_server_binary() -> str:
@@ -68,10 +77,18 @@ class Cluster:
     bundles_dir: str = str(DEFAULT_BUNDLES_DIR)
     preload: str = ""
     machine_profile: str = "cpu"
+    gateways: int = 1  # replicas sharing gateway_port (SO_REUSEPORT), as a Service spreads them
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    # --observe: an OTLP receiver in this process that every child exports its spans to
+    observe: bool = False
+    otlp_port: int = 4318
+    metrics_port: int = 0  # the worker pod's /metrics (sidecar + worker); 0 = off
+    say_spans: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.state_dir, self.restart_policy)
+        self._progress: LogEcho | None = None
+        self.receiver: OtlpReceiver | None = None
 
     @property
     def procs(self) -> list[tuple[str, subprocess.Popen]]:
@@ -106,6 +123,15 @@ class Cluster:
             "SIE_WORKER_ID": f"{socket.gethostname()}-worker-0",
             "SIE_IPC_SOCKET_PATH": str(self.state_dir / "ipc.sock"),
             "PYTHONUNBUFFERED": "1",
+            **self._observe_env(),
+        }
+
+    def _observe_env(self) -> dict[str, str]:
+        if not self.observe:
+            return {}
+        return {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.otlp_port}",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",  # ms: spans show up while you look
         }
 
     def _spawn(self, name: str, cmd: list[str], extra: dict[str, str] | None = None) -> subprocess.Popen:
@@ -126,6 +152,14 @@ class Cluster:
     def start(self, say=print) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         py = sys.executable
+        if self.observe:
+            from deploy.otlp_receiver import OtlpReceiver, missing_packages, print_spans
+
+            if missing := missing_packages():
+                raise RuntimeError(f"--observe needs the observe extra (pip install -e '.[observe]'): {missing}")
+            self.receiver = OtlpReceiver(port=self.otlp_port, on_spans=lambda s: print_spans(s, self.say_spans))
+            self.receiver.start()
+            say(f"OTLP receiver   {self.receiver.endpoint}/v1/traces (spans are printed below)")
         js = self.state_dir / "jetstream"
         self._spawn("nats", [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.nats_port), "-js", "-sd", str(js)])
         self._wait("nats", lambda: _port_open(self.nats_port), 20)
@@ -139,21 +173,38 @@ class Cluster:
         self._wait("config", lambda: _http_ok(self.config_url + "/readyz"), 60)
         say(f"config service  {self.config_url}")
         sock = self.state_dir / "ipc.sock"
+        worker_log = self.state_dir / "logs" / "worker.log"
+        self._progress = LogEcho(worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"))
         self._spawn("worker", [py, "-m", "worker.ipc_server"], {"SIE_PRELOAD_MODELS": self.preload})
         self._wait("worker", sock.exists, 300)
         say(f"worker          {sock}")
-        self._spawn("sidecar", [py, "-m", "sidecar"])
+        self._spawn("sidecar", [py, "-m", "sidecar"],
+                    {"SIE_METRICS_PORT": str(self.metrics_port)} if self.metrics_port else None)
         time.sleep(0.5)
-        self._spawn("gateway", [py, "-m", "gateway"], {
-            "SIE_GATEWAY_HOST": "127.0.0.1",
-            "SIE_GATEWAY_PORT": str(self.gateway_port),
-        })
-        self._wait("gateway", lambda: _http_ok(self.gateway_url + "/readyz"), 60)
+        for name in self.gateway_names:
+            self._spawn(name, [py, "-m", "gateway"], {
+                "SIE_GATEWAY_HOST": "127.0.0.1",
+                "SIE_GATEWAY_PORT": str(self.gateway_port),
+                "SIE_GATEWAY_REUSE_PORT": "1" if self.gateways > 1 else "0",
+            })
+            self._wait(name, lambda: _http_ok(self.gateway_url + "/readyz"), 60)
         self._wait("sidecar", lambda: True, 1)
-        say(f"gateway         {self.gateway_url}")
+        replicas = f" ({self.gateways} replicas sharing the port)" if self.gateways > 1 else ""
+        say(f"gateway         {self.gateway_url}{replicas}")
+        if self.metrics_port:
+            say(f"pod metrics     http://127.0.0.1:{self.metrics_port}/metrics (sidecar + worker); "
+                f"gateway {self.gateway_url}/metrics; config {self.config_url}/metrics")
+
+    @property
+    def gateway_names(self) -> list[str]:
+        return ["gateway"] + [f"gateway-{i}" for i in range(2, self.gateways + 1)]
 
     def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
         self.supervisor.stop_all()
+        if self.receiver is not None:
+            self.receiver.stop()
 
     def supervise(self) -> int:
         """Restart children that exit; block until Ctrl-C/SIGTERM (0) or a crash loop (1)."""
@@ -162,44 +213,163 @@ class Cluster:
         def _handler(signum, frame):
             stop["flag"] = True
 
-        signal.signal(signal.SIGTERM, _handler)
+        signal.signal(signal.SIGTERM, _handler)  # `sie down`
+        signal.signal(signal.SIGHUP, _handler)  # the terminal closed: the children no longer get it
         try:
             return self.supervisor.run(lambda: stop["flag"])
         except KeyboardInterrupt:
             return 0
 
 
-def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, preload: str | None) -> int:
-    cluster = Cluster(Path(state_dir).resolve(), gateway_port, config_port, nats_port, preload=preload or "")
+# worker log lines a user waiting on a model wants to see: loads (with their time) and downloads
+PROGRESS_MARKS = ("loading ", "downloading ", "downloaded ", "weights from the cluster cache")
+
+
+class LogEcho:
+    """Prints the lines appended to a log that contain one of ``marks`` (message part only), from a
+    thread, until closed: model loads and downloads show in ``sie up``'s own output."""
+
+    def __init__(self, path: Path, marks: tuple[str, ...], say: Callable[[str], None], interval_s: float = 0.2):
+        self.path, self.marks, self.say, self.interval_s = path, marks, say, interval_s
+        self.offset = path.stat().st_size if path.exists() else 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sie-up-log-echo", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pending = b""
+        while not self._stop.wait(self.interval_s):
+            try:
+                with self.path.open("rb") as f:
+                    f.seek(self.offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            self.offset += len(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                message = log_message(raw.decode(errors="replace"))
+                if any(mark in message for mark in self.marks):
+                    self.say(message)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def log_message(line: str) -> str:
+    """The message of a log line: a JSON line's ``msg``, or what follows the logger name."""
+    if line.startswith("{"):
+        try:
+            return str(json.loads(line).get("msg", ""))
+        except ValueError:
+            return line
+    head, sep, message = line.partition(": ")  # "DATE TIME LEVEL logger: message"
+    return message if sep and len(head.split()) == 4 else line
+
+
+def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
+    """What stops a ``sie up`` from starting, checked before it opens anything; None when clear."""
+    if running(state_dir):
+        pid = (read_status(state_dir) or {}).get("supervisor_pid")
+        return (f"state directory {state_dir} belongs to a running sie up (pid {pid}): "
+                "`sie down` stops it, or pass another --state-dir")
+    existing = next((p for p in (state_dir, *state_dir.parents) if p.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK):
+        return f"state directory {state_dir} is not writable (no write access to {existing})"
+    flags = {"gateway": "--port", "config service": "--config-port", "nats-server": "--nats-port",
+             "OTLP receiver": "--otlp-port", "pod metrics": "--metrics-port"}
+    for name, port in ports.items():
+        if port_in_use(port):
+            return f"port {port} is in use (another sie up?): the {name} needs it; pick another with {flags[name]}"
+    return None
+
+
+def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, preload: str | None,
+       detach: bool = False, gateways: int = 1, *, observe: bool = False, otlp_port: int = 4318,
+       metrics_port: int = 0) -> int:
+    state = Path(state_dir).resolve()
+    ports = {"gateway": gateway_port, "config service": config_port, "nats-server": nats_port}
+    if observe:
+        ports["OTLP receiver"] = otlp_port
+    if metrics_port:
+        ports["pod metrics"] = metrics_port
+    problem = preflight(state, ports)
+    if problem:
+        print(f"sie up: {problem}", file=sys.stderr)
+        return 1
+    if detach:
+        argv = ["up", "--port", str(gateway_port), "--config-port", str(config_port),
+                "--nats-port", str(nats_port), "--state-dir", str(state)]
+        argv += ["--gateways", str(gateways), "--metrics-port", str(metrics_port)]
+        argv += ["--observe", "--otlp-port", str(otlp_port)] if observe else []
+        return _detach(state, argv + (["--preload", preload] if preload else []))
+    lock = take_lock(state)
+    if lock is None:
+        print(f"sie up: another sie up holds {state / LOCK_FILE}; `sie down --state-dir {state}` stops it",
+              file=sys.stderr)
+        return 1
+    cluster = Cluster(state, gateway_port, config_port, nats_port, preload=preload or "", gateways=gateways,
+                      observe=observe, otlp_port=otlp_port, metrics_port=metrics_port)
+    cluster.supervisor.info = {"gateway_url": cluster.gateway_url, "config_url": cluster.config_url,
+                               "nats_url": cluster.nats_url, "ready": False}
+    remember(state)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # while starting: stop what has started, in order
+        signal.signal(sig, _interrupt)
     try:
         cluster.start()
+        cluster.supervisor.info["ready"] = True
+        cluster.supervisor.write_state()
         print(f"\nsie-cluster is up: point a client at {cluster.gateway_url}  (admin token in "
-              f"{cluster.state_dir}/admin-token; Ctrl-C stops)")
+              f"{cluster.state_dir}/admin-token; Ctrl-C or `sie down` stops)", flush=True)
         return cluster.supervise()
     except RuntimeError as exc:
         print(f"sie up failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 0
     finally:
+        _hold_signals_while_stopping()
         cluster.stop()
+        lock.close()
 
 
-def add_model(path: str, url: str, token: str | None, state_dir: str) -> int:
-    """``sie models add FILE.yaml``: POST a model config to the config service with the admin token."""
-    body = Path(path).read_bytes()
-    token = token or admin_token(Path(state_dir).resolve())
-    req = urllib.request.Request(
-        url.rstrip("/") + "/v1/configs/models",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/x-yaml", "Authorization": f"Bearer {token}"},
-    )
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _hold_signals_while_stopping() -> None:
+    """A second Ctrl-C (or SIGTERM) while the children stop in order must not cut that short."""
+
+    def _still_stopping(signum, frame):
+        print("[sie up] still stopping the cluster in order; kill -9 the children to force", file=sys.stderr)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _still_stopping)
+
+
+def _detach(state: Path, argv: list[str]) -> int:
+    """``sie up --detach``: the same ``sie up`` in its own session, logging to
+    ``<state>/logs/sie-up.log``; returns once the cluster is ready (0) or that process exits (1)."""
+    log = state / "logs" / "sie-up.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", *argv], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    print(f"starting sie up in the background (pid {proc.pid}, log {log})", flush=True)
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            print(resp.read().decode())
-            return 0
-    except urllib.error.HTTPError as exc:
-        print(f"HTTP {exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"cannot reach the config service at {url}: {exc}", file=sys.stderr)
-        return 1
+        while proc.poll() is None:
+            doc = read_status(state) or {}
+            if doc.get("supervisor_pid") == proc.pid and doc.get("ready"):
+                print(f"sie-cluster is up: point a client at {doc['gateway_url']}  "
+                      f"(`sie status`, `sie logs -f`, `sie down`)")
+                return 0
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        print(f"\nsie up (pid {proc.pid}) goes on starting in the background; `sie down` stops it",
+              file=sys.stderr)
+        return 130
+    tail = log.read_text(errors="replace").splitlines()[-20:]
+    print("sie up exited before the cluster was ready:\n" + "\n".join(tail), file=sys.stderr)
+    return 1

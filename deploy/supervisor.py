@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,9 +55,23 @@ class Child:
     def start(self) -> subprocess.Popen:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            # its own session: the terminal's Ctrl-C reaches only ``sie up``, which stops the
+            # children in order (stop_all) instead of every process dying at once
+            # ... and dies with it: a ``sie up`` killed outright leaves no nats-server on its store
+            self.proc = subprocess.Popen(
+                self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_supervisor,
+            )
         self.state = "running"
         return self.proc
+
+
+def _die_with_supervisor() -> None:
+    """Child side of fork: SIGTERM when the supervisor dies, however it died (Linux)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class CrashLoop(Exception):
@@ -82,6 +96,7 @@ class Supervisor:
         self.policy = policy or RestartPolicy()
         self.say = say
         self.children: dict[str, Child] = {}
+        self.info: dict[str, object] = {}  # kept in the state file beside the children (URLs, ready)
 
     @property
     def status_path(self) -> Path:
@@ -140,29 +155,34 @@ class Supervisor:
         return 0
 
     def stop_all(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM every child in reverse start order, then SIGKILL what is left after ``timeout_s``."""
-        children = list(reversed(self.children.values()))
-        for child in children:
+        """Stop the children one by one in reverse start order (the gateway, started last, first):
+        SIGTERM, wait up to ``timeout_s`` for it to exit, then SIGKILL. Each stops while the ones it
+        depends on still run, so the gateway answers its in-flight requests before the sidecar and
+        the worker go."""
+        for child in reversed(self.children.values()):
             if child.state != "crash-loop":
                 child.state = "stopped"
             child.restart_at = None
-            if child.proc is not None and child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for child in children:
-            if child.proc is None:
+        for child in reversed(self.children.values()):
+            proc = child.proc
+            if proc is None or proc.poll() is not None:
                 continue
+            self.say(f"stopping {child.name} (pid {proc.pid})")
+            proc.send_signal(signal.SIGTERM)
             try:
-                child.proc.wait(max(0.1, deadline - time.monotonic()))
+                proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait(5)
+                self.say(f"{child.name} did not exit in {timeout_s:g} s; killing it")
+                proc.kill()
+                proc.wait(5)
+        self.say("all processes stopped")
         self.write_state()
 
     def write_state(self) -> None:
         doc = {
             "supervisor_pid": os.getpid(),
             "updated": time.time(),
+            **self.info,
             "children": [
                 {
                     "name": c.name,
@@ -182,7 +202,7 @@ class Supervisor:
         tmp.replace(self.status_path)
 
 
-def _alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
     try:
@@ -211,18 +231,48 @@ def status(state_dir: Path, out=sys.stdout) -> int:
     if doc is None:
         print(f"no sie up state in {state_dir}", file=out)
         return 1
-    running = _alive(doc.get("supervisor_pid"))
+    running = pid_alive(doc.get("supervisor_pid"))
     print(f"sie up (pid {doc.get('supervisor_pid')}): {'running' if running else 'not running'}", file=out)
     rows = [("NAME", "STATE", "PID", "RESTARTS", "LAST EXIT", "LOG")]
     for c in doc.get("children", []):
         state = c["state"]
-        if state == "running" and not (running and _alive(c.get("pid"))):
+        if state == "running" and not (running and pid_alive(c.get("pid"))):
             state = "exited"
         last = "" if c.get("last_exit") is None else str(c["last_exit"])
         rows.append(
             (c["name"], state, str(c.get("pid") or ""), str(c.get("restarts", 0)), last, c.get("log", ""))
         )
+    _table(rows, out)
+    if running and doc.get("gateway_url"):
+        _model_states(str(doc["gateway_url"]), out)
+    return 0 if running else 1
+
+
+def _table(rows: Sequence[tuple[str, ...]], out) -> None:
+    """Columns padded to their widest cell; the last column as it is."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)) + "  " + r[-1], file=out)
-    return 0 if running else 1
+
+
+def _model_states(gateway_url: str, out) -> None:
+    """The models the workers have loaded, are loading or failed to load, from the gateway."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(gateway_url.rstrip("/") + "/v1/models", timeout=3) as resp:
+            models = json.loads(resp.read()).get("models") or []
+    except (OSError, ValueError) as exc:
+        print(f"\nmodels: the gateway did not answer ({exc})", file=out)
+        return
+    busy = [m for m in models if m.get("state") in ("loaded", "loading", "failed")]
+    if not busy:
+        print("\nmodels: none loaded yet (a model loads on its first request, or with --preload)", file=out)
+        return
+    rows = [("MODEL", "STATE", "WORKERS", "LAST ERROR")]
+    for m in busy:
+        error = (m.get("last_error") or {}).get("message") or ""
+        rows.append((str(m.get("name")), str(m.get("state")), str(m.get("worker_count", 0)), error[:120]))
+    print(file=out)
+    _table(rows, out)

@@ -205,6 +205,14 @@ def extract_body(
     return body, item_list, single
 
 
+def tokenize_body(items: Any, *, options: dict[str, Any]) -> tuple[dict[str, Any], list[Any], bool]:
+    item_list, single = _as_list(items)
+    body: dict[str, Any] = {"items": item_list}
+    if options:
+        body["params"] = {"options": options}
+    return body, item_list, single
+
+
 # ---------------------------------------------------------------- response headers
 
 
@@ -439,7 +447,7 @@ def parse_encode(
     if not isinstance(items, list):
         raise _malformed("encode", "'items' is missing")
     timing = data.get("timing") if isinstance(data.get("timing"), dict) else None
-    meta = request_metadata(headers)
+    meta = _with_truncation_totals(request_metadata(headers), data)
     results: list[dict[str, Any]] = []
     for raw in items:
         if not isinstance(raw, dict):
@@ -465,8 +473,13 @@ def parse_encode(
             out["multivector"] = _array(
                 multi.get("values") if isinstance(multi, dict) else None, "encode", "multivector.values"
             )
-        if raw.get("truncated"):  # truncation reported per item: tokens before and after
-            out.update(truncated=True, input_tokens=raw.get("input_tokens"), used_tokens=raw.get("used_tokens"))
+        out.update(_truncation(raw))
+        if isinstance(raw.get("chunks"), list):  # overflow_policy chunk: spans and a vector per chunk
+            out["chunks"] = [
+                {"start": int(c["start"]), "end": int(c["end"]),
+                 "dense": _array((c.get("dense") or {}).get("values"), "encode", "chunks.dense.values")}
+                for c in raw["chunks"]
+            ]
         if timing:
             out["timing"] = dict(timing)
         if meta:
@@ -474,6 +487,25 @@ def parse_encode(
         results.append(out)
     _check_count("encode", model, sent, results, meta)
     return results
+
+
+def _with_truncation_totals(meta: dict[str, Any] | None, data: dict[str, Any]) -> dict[str, Any] | None:
+    """The answer's truncation totals (``usage.truncated_items``, ``dropped_tokens``) into the request
+    metadata every result carries, when the server reported any truncation."""
+    body_usage = data.get("usage")
+    if not isinstance(body_usage, dict) or not body_usage.get("truncated_items"):
+        return meta
+    meta = dict(meta or {})
+    meta["usage"] = {**meta.get("usage", {}), "truncated_items": int(body_usage["truncated_items"]),
+                     "dropped_tokens": int(body_usage.get("dropped_tokens") or 0)}
+    return meta
+
+
+def _truncation(raw: dict[str, Any]) -> dict[str, Any]:
+    """Truncation reported per item (encode/extract items, score entries): tokens before and after."""
+    if not raw.get("truncated"):
+        return {}
+    return {"truncated": True, "input_tokens": raw.get("input_tokens"), "used_tokens": raw.get("used_tokens")}
 
 
 def parse_score(data: dict[str, Any], model: str, headers: Mapping[str, str]) -> dict[str, Any]:
@@ -485,7 +517,8 @@ def parse_score(data: dict[str, Any], model: str, headers: Mapping[str, str]) ->
         if not isinstance(s, dict) or "item_id" not in s or "score" not in s:
             raise _malformed("score", "a score entry lacks item_id or score")
         entries.append(
-            {"item_id": s["item_id"], "score": float(s["score"]), "rank": int(s.get("rank", len(entries)))}
+            {"item_id": s["item_id"], "score": float(s["score"]), "rank": int(s.get("rank", len(entries))),
+             **_truncation(s), **{k: s[k] for k in ("span", "chunks") if k in s}}
         )
     result: dict[str, Any] = {"model": data.get("model") or model, "scores": entries}
     if data.get("query_id") is not None:
@@ -514,7 +547,7 @@ def parse_extract(
     items = data.get("items")
     if not isinstance(items, list):
         raise _malformed("extract", "'items' is missing")
-    meta = request_metadata(headers)
+    meta = _with_truncation_totals(request_metadata(headers), data)
     results: list[dict[str, Any]] = []
     for raw in items:
         if not isinstance(raw, dict):
@@ -528,6 +561,7 @@ def parse_extract(
         out["objects"] = _list_of_maps(raw, "objects", ("label", "score", "bbox"))
         if raw.get("data"):
             out["data"] = raw["data"]
+        out.update(_truncation(raw))
         err = raw.get("error")
         if err is not None:
             err = err if isinstance(err, dict) else {}
@@ -542,6 +576,32 @@ def parse_extract(
             out["request"] = dict(meta)
         results.append(out)
     _check_count("extract", model, sent, results, meta)
+    return results
+
+
+def parse_tokenize(
+    data: dict[str, Any], model: str, sent: list[Any], headers: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """Per item: ``tokens`` (str), ``ids`` (int), ``offsets`` ([start, end] characters), ``count``."""
+    items = data.get("items")
+    if not isinstance(items, list):
+        raise _malformed("tokenize", "'items' is missing")
+    meta = request_metadata(headers)
+    results: list[dict[str, Any]] = []
+    for raw in items:
+        if not isinstance(raw, dict) or not isinstance(raw.get("ids"), list):
+            raise _malformed("tokenize", "an item lacks 'ids'")
+        out: dict[str, Any] = {"model": data.get("model") or model}
+        if raw.get("id") is not None:
+            out["id"] = raw["id"]
+        out["tokens"] = list(raw.get("tokens") or [])
+        out["ids"] = [int(i) for i in raw["ids"]]
+        out["offsets"] = [(int(a), int(b)) for a, b in raw.get("offsets") or []]
+        out["count"] = int(raw.get("count", len(out["ids"])))
+        if meta:
+            out["request"] = dict(meta)
+        results.append(out)
+    _check_count("tokenize", model, sent, results, meta)
     return results
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Self
 
 import aiohttp
@@ -12,8 +12,15 @@ import aiohttp
 from protocol.codec import packb
 from sdk import _wire as W
 from sdk import pools as P
-from sdk._retry import RESOURCE_EXHAUSTED_MAX_RETRIES, RetryState, Transport, attempt_timeout
-from sdk.errors import SIEConnectionError
+from sdk import status as S
+from sdk._retry import (
+    DEFAULT_PROVISION_TIMEOUT_S,
+    RESOURCE_EXHAUSTED_MAX_RETRIES,
+    RetryState,
+    Transport,
+    attempt_timeout,
+)
+from sdk.errors import ProvisioningError, RequestError, SIEConnectionError, SIEError
 
 _RETRYABLE_TIMEOUTS: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(aiohttp, "ConnectionTimeoutError", None),) if t is not None
@@ -306,6 +313,32 @@ class SIEAsyncClient:
         results = W.parse_extract(data, model, sent, headers)
         return results[0] if single else results
 
+    async def tokenize(
+        self,
+        model: str,
+        items: Any,
+        *,
+        options: dict[str, Any] | None = None,
+        gpu: str | None = None,
+        wait_for_capacity: bool = True,
+        provision_timeout_s: float | None = None,
+    ) -> Any:
+        """The model's own tokenizer over one item or a list: ``tokens``, ``ids``, ``offsets``
+        (character spans) and ``count`` per item (``options={"add_special_tokens": False}`` to
+        leave out [CLS]/[SEP] and the like)."""
+        body, sent, single = W.tokenize_body(items, options=W.merge_options(self._default_options, options))
+        data, headers = await self._infer(
+            "tokenize",
+            model,
+            body,
+            gpu=gpu,
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=0,
+        )
+        results = W.parse_tokenize(data, model, sent, headers)
+        return results[0] if single else results
+
     # ------------------------------------------------------------ models and capacity
 
     async def _json(
@@ -325,6 +358,50 @@ class SIEAsyncClient:
 
     async def get_capacity(self, *, gpu: str | None = None) -> dict[str, Any]:
         return W.parse_capacity(await self._json("GET", "/health", what="health"), gpu)
+
+    # ------------------------------------------------------------ status
+
+    async def _is_gateway(self) -> bool:
+        try:
+            answer = await self._simple("GET", "/health", headers=W.JSON_HEADERS)
+        except SIEConnectionError:
+            return False
+        try:
+            return answer.status == 200 and S.is_gateway(W.decode_json_object(answer.body, what="health", status=answer.status))
+        except SIEError:
+            return False
+
+    async def watch(self, *, mode: S.WatchMode = "auto") -> AsyncIterator[dict[str, Any]]:
+        """Async twin of :meth:`sdk.SIEClient.watch`."""
+        path = S.watch_path(mode, await self._is_gateway() if mode == "auto" else None)
+        async for frame in S.watch_async(S.ws_url(self._base_url, path), self._headers, self._connect_timeout):
+            yield frame
+
+    async def wait_for_capacity(
+        self,
+        gpu: str,
+        *,
+        model: str | None = None,
+        timeout_s: float | None = None,
+        poll_interval_s: float = 5.0,
+    ) -> dict[str, Any]:
+        """Async twin of :meth:`sdk.SIEClient.wait_for_capacity`."""
+        timeout = timeout_s if timeout_s is not None else DEFAULT_PROVISION_TIMEOUT_S
+        started = time.monotonic()
+        if model:
+            await self.encode(model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout)
+            return await self.get_capacity(gpu=gpu)
+        while True:
+            try:
+                capacity = await self.get_capacity(gpu=gpu)
+                if capacity.get("worker_count", 0) > 0:
+                    return capacity
+            except (SIEConnectionError, RequestError):
+                pass
+            elapsed = time.monotonic() - started
+            if elapsed >= timeout:
+                raise ProvisioningError(S.capacity_timeout_message(gpu, elapsed), gpu=gpu)
+            await asyncio.sleep(min(poll_interval_s, timeout - elapsed))
 
     # ------------------------------------------------------------ pools
 

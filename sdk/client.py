@@ -5,7 +5,7 @@ from __future__ import annotations
 import ssl
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import httpx
@@ -13,8 +13,15 @@ import httpx
 from protocol.codec import packb
 from sdk import _wire as W
 from sdk import pools as P
-from sdk._retry import RESOURCE_EXHAUSTED_MAX_RETRIES, RetryState, Transport, attempt_timeout
-from sdk.errors import SIEConnectionError
+from sdk import status as S
+from sdk._retry import (
+    DEFAULT_PROVISION_TIMEOUT_S,
+    RESOURCE_EXHAUSTED_MAX_RETRIES,
+    RetryState,
+    Transport,
+    attempt_timeout,
+)
+from sdk.errors import ProvisioningError, RequestError, SIEConnectionError
 
 
 def _transport_kind(exc: httpx.TransportError) -> Transport:
@@ -45,8 +52,8 @@ class SIEClient:
     """Client for an sie-cluster gateway or a standalone ``sie serve`` worker.
 
     Call-compatible with ``sie_sdk.SIEClient``: ``encode``, ``score``, ``extract``,
-    ``list_models``, ``get_model``, ``get_capacity``, ``create_pool``/``get_pool``/
-    ``delete_pool``, ``close`` and use as a context manager.
+    ``list_models``, ``get_model``, ``get_capacity``, ``wait_for_capacity``, ``watch``,
+    ``create_pool``/``get_pool``/``delete_pool``, ``close`` and use as a context manager.
     """
 
     lease_renewal_interval_s: float = W.DEFAULT_LEASE_RENEWAL_INTERVAL_S
@@ -316,6 +323,32 @@ class SIEClient:
         results = W.parse_extract(data, model, sent, headers)
         return results[0] if single else results
 
+    def tokenize(
+        self,
+        model: str,
+        items: Any,
+        *,
+        options: dict[str, Any] | None = None,
+        gpu: str | None = None,
+        wait_for_capacity: bool = True,
+        provision_timeout_s: float | None = None,
+    ) -> Any:
+        """The model's own tokenizer over one item or a list: ``tokens``, ``ids``, ``offsets``
+        (character spans) and ``count`` per item (``options={"add_special_tokens": False}`` to
+        leave out [CLS]/[SEP] and the like)."""
+        body, sent, single = W.tokenize_body(items, options=W.merge_options(self._default_options, options))
+        data, headers = self._infer(
+            "tokenize",
+            model,
+            body,
+            gpu=gpu,
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=0,
+        )
+        results = W.parse_tokenize(data, model, sent, headers)
+        return results[0] if single else results
+
     # ------------------------------------------------------------ models and capacity
 
     def _json(
@@ -338,6 +371,51 @@ class SIEClient:
     def get_capacity(self, *, gpu: str | None = None) -> dict[str, Any]:
         """Cluster capacity from the gateway's ``/health`` (a worker raises ``RequestError``)."""
         return W.parse_capacity(self._json("GET", "/health", what="health"), gpu)
+
+    # ------------------------------------------------------------ status
+
+    def _is_gateway(self) -> bool:
+        try:
+            response = self._simple("GET", "/health", headers=W.JSON_HEADERS)
+        except SIEConnectionError:
+            return False
+        try:
+            return response.status_code == 200 and S.is_gateway(response.json())
+        except ValueError:
+            return False
+
+    def watch(self, *, mode: S.WatchMode = "auto") -> Iterator[dict[str, Any]]:
+        """Status frames from ``/ws/cluster-status`` (gateway) or ``/ws/status`` (worker) until the server
+        closes the stream; ``mode="auto"`` asks ``/health`` which one this is."""
+        path = S.watch_path(mode, self._is_gateway() if mode == "auto" else None)
+        yield from S.watch_sync(S.ws_url(self._base_url, path), self._headers, self._connect_timeout)
+
+    def wait_for_capacity(
+        self,
+        gpu: str,
+        *,
+        model: str | None = None,
+        timeout_s: float | None = None,
+        poll_interval_s: float = 5.0,
+    ) -> dict[str, Any]:
+        """Wait until the gateway has workers of ``gpu``; with ``model``, a warm-up encode (which scales
+        up and loads the model) first. Raises ``ProvisioningError`` after ``timeout_s`` (default 900 s)."""
+        timeout = timeout_s if timeout_s is not None else DEFAULT_PROVISION_TIMEOUT_S
+        started = time.monotonic()
+        if model:
+            self.encode(model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout)
+            return self.get_capacity(gpu=gpu)
+        while True:
+            try:
+                capacity = self.get_capacity(gpu=gpu)
+                if capacity.get("worker_count", 0) > 0:
+                    return capacity
+            except (SIEConnectionError, RequestError):
+                pass  # not up yet, or not a gateway yet: keep waiting
+            elapsed = time.monotonic() - started
+            if elapsed >= timeout:
+                raise ProvisioningError(S.capacity_timeout_message(gpu, elapsed), gpu=gpu)
+            time.sleep(min(poll_interval_s, timeout - elapsed))
 
     # ------------------------------------------------------------ pools
 

@@ -12,7 +12,10 @@ from typing import Any
 try:
     from langchain_core.embeddings import Embeddings
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("SIEEmbeddings needs langchain-core: pip install 'sie-cluster[langchain]'") from exc
+    raise ImportError(
+        "SIEEmbeddings needs langchain-core: pip install langchain-core "
+        "(in the checkout: .venv/bin/pip install -e '.[langchain]')"
+    ) from exc
 
 from sdk.async_client import SIEAsyncClient
 from sdk.client import SIEClient

@@ -12,7 +12,10 @@ try:
     from llama_index.core.bridge.pydantic import Field, PrivateAttr
     from llama_index.core.embeddings import BaseEmbedding
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("SIEEmbedding needs llama-index-core: pip install 'sie-cluster[llamaindex]'") from exc
+    raise ImportError(
+        "SIEEmbedding needs llama-index-core: pip install llama-index-core "
+        "(in the checkout: .venv/bin/pip install -e '.[llamaindex]')"
+    ) from exc
 
 from sdk.async_client import SIEAsyncClient
 from sdk.client import SIEClient

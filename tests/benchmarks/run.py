@@ -23,6 +23,7 @@ from protocol.codec import packb
 from tests.support.serve import ServeProcess
 
 D = "sentence-transformers/all-MiniLM-L6-v2"
+OFF = {"X-SIE-Cache": "off"}  # the result cache would answer repeated texts without computing them
 WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "she", "there", "been", "one", "all", "we", "their", "has", "would", "when", "if", "so", "no", "will", "can", "more", "other", "its"]
 
 
@@ -81,12 +82,13 @@ _ST_CACHE: dict = {}
 
 
 async def http_load(url: str, texts: list[str], per_request: int, clients: int, seconds: float,
-                    max_requests: int = 100_000, model: str = D) -> tuple[float, float, float]:
+                    max_requests: int = 100_000, model: str = D,
+                    extra_headers: dict[str, str] | None = None) -> tuple[float, float, float]:
     lat: list[float] = []
     done = 0
     stop = time.perf_counter() + seconds
     counter = 0
-    headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+    headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack", **(extra_headers or {})}
 
     async def client(session: aiohttp.ClientSession, cid: int) -> None:
         nonlocal done, counter
@@ -161,10 +163,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", action="store_true", help="add score/extract rows (tests/benchmarks/families.py)")
     ap.add_argument("--cluster", action="store_true",
                     help="add the cluster path (sie up's launcher) interleaved with sie serve, every round printed")
+    ap.add_argument("--classes", action="store_true",
+                    help="add the result cache hit path and the priority rows (tests/benchmarks/classes.py)")
+    ap.add_argument("--bulk-items", type=int, default=50_000, help="bulk backlog of the priority row")
+    ap.add_argument("--only-classes", action="store_true", help="run only the --classes rows")
+    ap.add_argument("--only-cluster", action="store_true", help="run only the --cluster rows")
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.repeats = 3.0, 1
+    if args.only_classes:
+        from tests.benchmarks.classes import bench_classes
+
+        print("\n".join(bench_classes(args.seconds, args.threads, args.bulk_items)))
+        return 0
     texts = sentences(512, 32, seed=1)
+    if args.only_cluster:
+        print("\n".join(bench_cluster(texts, args.seconds, args.repeats, args.threads)))
+        return 0
     env = {"SIE_TORCH_THREADS": str(args.threads), "SIE_PRELOAD_MODELS": D, "OMP_NUM_THREADS": str(args.threads)}
     rows: dict[str, Row] = {}
     baseline: dict[str, float] = {}
@@ -203,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for line in bench_cluster(texts, args.seconds, args.repeats, args.threads):
             print(line)
+    if args.classes:
+        from tests.benchmarks.classes import bench_classes
+
+        print()
+        print("\n".join(bench_classes(args.seconds, args.threads, args.bulk_items)))
     if args.families:
         from tests.benchmarks.families import bench_score_extract
 
@@ -215,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
 def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int) -> list[str]:
     """The cluster path (gateway → JetStream → sidecar → worker) beside ``sie serve``, same inputs,
     interleaved round by round; MiniLM rows, then the zero-cost ``sie-fake`` rows that measure
-    the path itself (its throughput, and the p50 it adds at one client)."""
+    the path itself (its throughput, and the p50 it adds at one client). The texts repeat, so the
+    gateway's result cache is switched off per request (``X-SIE-Cache: off``): every item is computed."""
     import tempfile
 
     from deploy.launcher import Cluster
@@ -235,12 +256,12 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int) -
             cluster.start(say=lambda line: None)
             for model, per_req, clients in workloads:  # warm-up: shapes, connections, lanes
                 for url in (server.url, cluster.gateway_url):
-                    asyncio.run(http_load(url, texts, per_req, clients, 1.0, model=model))
+                    asyncio.run(http_load(url, texts, per_req, clients, 1.0, model=model, extra_headers=OFF))
             for rnd in range(rounds):
                 for model, per_req, clients in workloads:
                     s_rate, s50, s99 = asyncio.run(http_load(server.url, texts, per_req, clients, seconds, model=model))
                     c_rate, c50, c99 = asyncio.run(http_load(cluster.gateway_url, texts, per_req, clients, seconds,
-                                                             model=model))
+                                                             model=model, extra_headers=OFF))
                     name = f"{'MiniLM' if model == D else model}, {per_req}/req x {clients} clients"
                     line = (f"{rnd + 1:>5} {name:34} {s_rate:9.1f} {c_rate:9.1f} {c_rate / s_rate:6.2f} "
                             f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f}")

@@ -9,7 +9,8 @@ import yaml
 from tests.helm.helm_binary import find_helm
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "sie-cluster"
-CRD_APIS = ["keda.sh/v1alpha1/ScaledObject", "monitoring.coreos.com/v1/ServiceMonitor"]
+CRD_APIS = ["keda.sh/v1alpha1/ScaledObject", "monitoring.coreos.com/v1/ServiceMonitor",
+            "monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/PrometheusRule"]
 
 
 @pytest.fixture(scope="session")

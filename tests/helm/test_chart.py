@@ -170,6 +170,20 @@ CRD_SCHEMAS = {
         "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {"spec": {"type": "object", "required": ["selector", "endpoints"]}},
     },
+    "PodMonitor": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {"spec": {"type": "object", "required": ["selector", "podMetricsEndpoints"]}},
+    },
+    "PrometheusRule": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {"spec": {"type": "object", "required": ["groups"], "properties": {"groups": {
+            "type": "array", "items": {"type": "object", "required": ["name", "rules"], "properties": {
+                "rules": {"type": "array", "items": {
+                    "type": "object", "required": ["alert", "expr"], "additionalProperties": False,
+                    "properties": {"alert": {"type": "string"}, "expr": {"type": "string"},
+                                   "for": {"type": "string"}, "labels": {"type": "object"},
+                                   "annotations": {"type": "object"}}}}}}}}}},
+    },
 }
 
 
@@ -218,7 +232,7 @@ def test_every_env_var_is_one_the_code_reads(variant):
             if env.startswith("SIE_") or env == "POD_NAME":
                 assert env in known, f"{name}: {workload['metadata']['name']}/{c['name']} sets {env}, which no code reads"
             else:
-                assert env in NON_SIE, f"{name}: {c['name']} sets unexpected {env}"
+                assert env in NON_SIE | environ_reads("protocol"), f"{name}: {c['name']} sets unexpected {env}"
     assert seen == set(CONTAINER_ENV)
 
 
@@ -328,6 +342,8 @@ def test_keda_targets_the_worker_statefulsets(render):
             if depth["type"] == "nats-jetstream":
                 assert depth["metadata"]["stream"] == pool_stream_name(pool)
                 assert depth["metadata"]["consumer"] == lane_durable(pool, profile, bundle)
+                bulk = trig["lane-bulk-queue-depth"]["metadata"]
+                assert bulk["consumer"] == lane_durable(pool, profile, bundle, "bulk")
             assert so["spec"]["cooldownPeriod"] >= 300
             assert so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
     gke = render.template("values-gke.yaml", crds=True)

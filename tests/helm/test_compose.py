@@ -53,3 +53,27 @@ def test_dockerfiles_install_the_probe_and_run_as_non_root():
         if cmd[:2] == ["python", "-m"]:
             mod = cmd[2].replace(".", "/")
             assert (root / f"{mod}.py").exists() or (root / mod / "__main__.py").exists(), cmd
+
+
+def test_images_carry_every_deploy_module_the_sie_command_imports():
+    import ast
+    import fnmatch
+
+    root = COMPOSE.parents[2]
+    needed, todo = set(), ["deploy/cli.py"]
+    while todo:
+        path = todo.pop()
+        if path in needed:
+            continue
+        needed.add(path)
+        for node in ast.walk(ast.parse((root / path).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("deploy."):
+                todo.append(node.module.replace(".", "/") + ".py")
+    assert {"deploy/state.py", "deploy/commands.py"} <= needed  # `sie serve` checks its port with deploy.state
+    for name in ("Dockerfile.worker", "Dockerfile.service"):
+        sources = [
+            src for line in (DOCKER / name).read_text().splitlines() if line.startswith("COPY deploy")
+            for src in line.split()[1:-1]
+        ]
+        missing = [p for p in sorted(needed) if not any(fnmatch.fnmatch(p, s) for s in sources)]
+        assert not missing, f"{name} lacks {missing}"

@@ -17,3 +17,53 @@ def test_settings_table_is_current():
 def test_every_setting_says_what_it_does():
     missing = [line for line in table().splitlines()[2:] if line.rstrip().endswith("|  |")]
     assert not missing, "settings without a description:\n" + "\n".join(missing)
+
+
+def test_every_sie_command_is_in_the_readme():
+    import argparse
+
+    from deploy.cli import build_parser
+
+    text = README.read_text()
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [name for name in sub.choices if f"sie {name}" not in text]
+    assert not missing, f"sie commands the README does not mention: {missing}"
+    assert "sie --version" in text
+
+
+def test_make_up_passes_sie_args_as_the_readme_says():
+    import re
+    import subprocess
+
+    text = README.read_text()
+    example = re.search(r'make up SIE_ARGS="([^"]+)"', text)
+    assert example, "the README shows how to pass options through make"
+    out = subprocess.run(["make", "-n", "up", f"SIE_ARGS={example.group(1)}"], cwd=README.parent,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert f".venv/bin/sie up {example.group(1)}" in out.stdout.splitlines()
+
+
+def test_the_python_example_says_which_python():
+    text = README.read_text()
+    before = text[: text.index("```python\nfrom sdk import SIEClient")]
+    assert "`.venv/bin/python`" in before[-400:]
+
+
+def test_integration_extras_are_installable_as_said():
+    import re
+    import subprocess
+    import sys
+    import tomllib
+
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = set(re.findall(r"-e '\.\[([a-z-]+)\]'", README.read_text()))
+    assert {"langchain", "llamaindex"} <= named and named <= set(extras)
+    for module, blocked, extra in [("langchain", "langchain_core", "langchain"),
+                                   ("llamaindex", "llama_index", "llamaindex")]:
+        code = f"import sys; sys.modules[{blocked!r}] = None\nimport sdk.integrations.{module}"
+        out = subprocess.run([sys.executable, "-c", code], cwd=README.parent, capture_output=True, text=True,
+                             timeout=60)
+        hint = out.stderr.strip().splitlines()[-1]
+        requirement = extras[extra][0].split(">")[0]  # e.g. langchain-core
+        assert f"pip install {requirement} " in hint and f"-e '.[{extra}]'" in hint, hint

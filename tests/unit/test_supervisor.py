@@ -100,3 +100,46 @@ def test_status_says_when_sie_up_is_not_running(tmp_path):
     line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("worker"))
     assert line.split()[1] == "exited" and line.split()[3:5] == ["2", "-9"]
     assert status(tmp_path / "nowhere", io.StringIO()) == 1
+
+
+def test_children_have_their_own_session_and_stop_one_by_one_in_reverse_order(tmp_path):
+    said: list[tuple[str, set[str]]] = []  # each message with the children that had exited by then
+    sup = Supervisor(tmp_path, FAST)
+    sup.say = lambda s: said.append((s, {n for n, c in sup.children.items() if c.proc.poll() is not None}))
+    try:
+        for name in ("nats", "worker", "gateway"):
+            sup.spawn(name, SLEEPER, dict(os.environ))
+        # the terminal's Ctrl-C goes to the foreground process group: not theirs
+        assert all(os.getsid(c.proc.pid) == c.proc.pid != os.getsid(0) for c in sup.children.values())
+    finally:
+        sup.stop_all(timeout_s=5)
+    stops = [(s.split()[1], gone) for s, gone in said if s.startswith("stopping ")]
+    # each is stopped only once the one started after it has exited
+    assert stops == [("gateway", set()), ("worker", {"gateway"}), ("nats", {"gateway", "worker"})], said
+    assert said[-1] == ("all processes stopped", {"nats", "worker", "gateway"})
+
+
+def test_log_echo_prints_the_progress_lines_appended_after_it_starts(tmp_path):
+    import json as _json
+    import time as _time
+
+    from deploy.launcher import PROGRESS_MARKS, LogEcho, log_message
+
+    log = tmp_path / "worker.log"
+    log.write_text("2026-11-23 04:00:00,000 INFO worker.runtime: loading old-model (profile default, attempt 1)\n")
+    seen: list[str] = []
+    echo = LogEcho(log, PROGRESS_MARKS, seen.append, interval_s=0.02)
+    try:
+        with log.open("a") as f:
+            f.write("2026-11-23 04:00:01,000 INFO sie.worker.ipc: IPC server listening on /tmp/x.sock\n")
+            f.write("2026-11-23 04:00:02,000 INFO worker.runtime: loading m… done in 4.0 s\n")
+            f.write(_json.dumps({"ts": 1, "level": "INFO", "msg": "downloading m: 10 MB of 90 MB, 5.0 MB/s"}) + "\n")
+            f.write("2026-11-23 04:00:03,000 INFO worker.runtime: loading half a li")  # no newline yet
+        deadline = _time.monotonic() + 30
+        while len(seen) < 2 and _time.monotonic() < deadline:
+            _time.sleep(0.02)
+        assert seen[:2] == ["loading m… done in 4.0 s", "downloading m: 10 MB of 90 MB, 5.0 MB/s"]
+    finally:
+        echo.close()
+    assert len(seen) == 2  # neither the line before it started nor the unfinished one
+    assert log_message("plain text without a logger") == "plain text without a logger"

@@ -8,7 +8,8 @@
 {{- .Values.fullnameOverride | trunc 24 | trimSuffix "-" -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
-{{- if contains $name .Release.Name -}}
+{{- /* `helm install sie` (a prefix of the chart's name) names resources sie-*, as does a release that contains the name */ -}}
+{{- if or (contains $name .Release.Name) (hasPrefix (printf "%s-" .Release.Name) $name) -}}
 {{- .Release.Name | trunc 24 | trimSuffix "-" -}}
 {{- else -}}
 {{- printf "%s-%s" .Release.Name $name | trunc 24 | trimSuffix "-" -}}
@@ -152,3 +153,21 @@ lifecycle:
 {{- end -}}
 {{- join "," $out -}}
 {{- end -}}
+
+{{/* Observability env of an SIE container: log level and format (text, or json lines with
+request/trace ids); with tracing.enabled and "traced" (a process on the request path), the OTLP
+endpoint its spans are exported to. Called with (dict "ctx" $ "traced" true|false). */}}
+{{- define "sie.observeEnv" -}}
+{{- $v := .ctx.Values }}
+- name: SIE_LOG_LEVEL
+  value: {{ $v.logLevel | quote }}
+- name: SIE_LOG_FORMAT
+  value: {{ $v.logFormat | quote }}
+{{- if and $v.tracing.enabled .traced }}
+{{- if not $v.tracing.otlpEndpoint }}
+{{- fail "tracing.enabled needs tracing.otlpEndpoint (your OpenTelemetry collector's OTLP/HTTP address)" }}
+{{- end }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $v.tracing.otlpEndpoint | quote }}
+{{- end }}
+{{- end }}

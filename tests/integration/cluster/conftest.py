@@ -38,6 +38,7 @@ class TestCluster(Cluster):
                 "SIE_CONFIG_POLL_INTERVAL_S": "2",
                 "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
                 "SIE_STREAM_STORAGE": "memory",
+                "SIE_RESULT_CACHE_ENABLED": "true",  # the contract holds with the cache on
             }
         )
         return env

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
+import re
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 from deploy.launcher import Cluster
 from protocol.codec import unpackb
 from protocol.work import Heartbeat
-from tests.support.cluster import wait_for_worker
+from tests.support.cluster import running
 from tests.support.nats_server import free_port
 
 ADMIN = "live-add-admin-token"
@@ -93,29 +92,13 @@ def cluster(tmp_path_factory):
     c = LiveCluster(
         state_dir=state, gateway_port=free_port(), config_port=free_port(), nats_port=free_port()
     )
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SIE_")}
-    started: list[subprocess.Popen] = []
     try:
-        try:
-            c.start(say=lambda *_: None)
-        finally:
-            started = [p for _, p in c.procs]
-        wait_for_worker(c.gateway_url)
-        yield c
+        with running(c):
+            yield c
     except Exception:
         for name, _ in c.procs:
             print(f"---- {name} ----\n{c.log(name)}")
         raise
-    finally:
-        started = started or [p for _, p in c.procs]
-        with contextlib.suppress(Exception):
-            c.stop()
-        for proc in started:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                with contextlib.suppress(Exception):
-                    proc.wait(10)
-        os.environ.update(saved)
 
 
 def admin() -> dict[str, str]:
@@ -253,3 +236,153 @@ def test_sie_models_add_cli(cluster, tmp_path):
     # and the model is served through the gateway
     resp, _ = encode_until_ok(cluster.gateway_url, "acme/fake-from-cli", time.monotonic() + 35)
     assert dense(resp).shape == (8,)
+
+
+LIFE = "acme/fake-life"
+LIFE_YAML = """
+sie_id: acme/fake-life
+package_backed: true
+tasks:
+  encode:
+    dense: {{dim: {dim}}}
+profiles:
+  default:
+    adapter_path: worker.adapters.fake:FakeAdapter
+    max_batch_tokens: {mbt}
+  broken:
+    extends: default
+    adapter_options:
+      loadtime: {{fail_load: "weights are corrupt"}}
+"""
+
+
+def poll(fn, what: str, timeout: float = 45.0):
+    """fn() until it returns something truthy (the answer), else fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            last = fn()
+            if last:
+                return last
+        time.sleep(0.25)
+    raise AssertionError(f"{what} did not happen: {last}")
+
+
+def rollout(c: Cluster, model: str) -> httpx.Response:
+    return httpx.get(c.gateway_url + f"/v1/configs/models/{model}/status", timeout=10)
+
+
+def test_rollout_status_load_errors_replace_and_delete(cluster):
+    gw, cfg = cluster.gateway_url, cluster.config_url
+    r = httpx.post(cfg + "/v1/configs/models", content=LIFE_YAML.format(dim=8, mbt=4096), headers=admin(), timeout=30)
+    assert r.status_code == 201, r.text
+    resp, _ = encode_until_ok(gw, LIFE, time.monotonic() + 35)
+    assert dense(resp).shape == (8,)
+
+    # the rollout converged: the one worker advertises the expected hash and has the model loaded
+    def converged():
+        body = rollout(cluster, LIFE).json()
+        return body if body["all_bundles_acked"] and body["loaded"] and body["pools"] else None
+
+    status = poll(converged, "rollout of the add")
+    (pool,) = status["pools"]
+    assert pool["workers"] == pool["acked_workers"] == pool["loaded_workers"] == 1
+    assert pool["failed_workers"] == 0 and status["last_error"] is None and status["no_bundles"] is False
+    assert status["bundles"][0]["bundle_id"] == "default" and status["bundles"][0]["acked"] is True
+
+    # a profile whose load fails: 502, then /v1/models and the status say so, per profile
+    def load_failed():
+        r = httpx.post(gw + f"/v1/encode/{LIFE}:broken", json={"items": [{"text": TEXT}]}, timeout=30)
+        return r if r.status_code == 502 else None
+
+    r = poll(load_failed, "502 for the broken profile")
+    assert r.headers["X-SIE-Error-Code"] == "MODEL_LOAD_FAILED"
+
+    def listed_failed():
+        models = {m["name"]: m for m in httpx.get(gw + "/v1/models", timeout=10).json()["models"]}
+        return models if models[f"{LIFE}:broken"]["state"] == "failed" else None
+
+    models = poll(listed_failed, "/v1/models showing the failed profile")
+    broken = models[f"{LIFE}:broken"]
+    assert broken["loaded"] is False and "weights are corrupt" in broken["last_error"]["message"]
+    assert broken["last_error"]["code"] == "MODEL_LOAD_FAILED"
+    assert models[LIFE]["loaded"] is True and models[LIFE]["last_error"] is None
+    one = httpx.get(gw + f"/v1/models/{LIFE}:broken", timeout=10).json()
+    assert one["state"] == "failed" and one["loaded"] is False
+    status = rollout(cluster, LIFE).json()
+    assert status["pools"][0]["failed_workers"] == 1 and "weights are corrupt" in status["last_error"]
+    # the worker said what it was doing, with how long it took
+    worker_log = (cluster.state_dir / "logs" / "worker.log").read_text(errors="replace")
+    assert re.search(rf"loading {LIFE}… done in [0-9.]+ s", worker_log)
+    assert re.search(rf"loading {LIFE}… failed after [0-9.]+ s: .*weights are corrupt", worker_log)
+
+    # replace: a new epoch reaches the worker (the new bundle hash acked: the hash covers the
+    # profiles, so max_batch_tokens changes it) and the model answers with the new config
+    before = status["bundles"][0]["expected_bundle_config_hash"]
+    r = httpx.put(
+        cfg + f"/v1/configs/models/{LIFE}", content=LIFE_YAML.format(dim=16, mbt=2048), headers=admin(), timeout=30
+    )
+    assert r.status_code == 200 and r.json()["replaced"] is True, r.text
+
+    def replaced():
+        body = rollout(cluster, LIFE).json()
+        bundle = body["bundles"][0]
+        return body if bundle["expected_bundle_config_hash"] != before and bundle["acked"] else None
+
+    poll(replaced, "rollout of the replace")
+
+    def sixteen():
+        r = httpx.post(gw + f"/v1/encode/{LIFE}", json={"items": [{"text": TEXT}]}, timeout=30)
+        return r if r.status_code == 200 and dense(r).shape == (16,) else None
+
+    poll(sixteen, "16-d answers after the replace")
+
+    # delete: the gateway stops routing it, the worker forgets it
+    r = httpx.delete(cfg + f"/v1/configs/models/{LIFE}", headers=admin(), timeout=30)
+    assert r.status_code == 200 and r.json()["deleted"] is True
+
+    def not_found():
+        r = httpx.post(gw + f"/v1/encode/{LIFE}", json={"items": [{"text": TEXT}]}, timeout=30)
+        return r if r.status_code == 404 else None
+
+    r = poll(not_found, "404 after the delete")
+    assert r.headers["X-SIE-Error-Code"] == "MODEL_NOT_FOUND"
+    assert rollout(cluster, LIFE).status_code == 404
+    poll(lambda: f"tombstone {LIFE} applied" in cluster.log("sidecar"), "the sidecar applying the tombstone")
+    assert LIFE not in {m["name"] for m in httpx.get(gw + "/v1/models", timeout=10).json()["models"]}
+
+
+def test_sie_models_list_show_delete_cli(cluster, tmp_path):
+    path = tmp_path / "gone.yaml"
+    path.write_text(FAKE_YAML.replace("acme/fake-from-cli", "acme/fake-to-delete"))
+    auth = ["--url", cluster.config_url, "--token", ADMIN]
+
+    def sie(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "deploy.cli", "models", *args, *auth],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+
+    assert sie("add", str(path)).returncode == 0
+    listed = sie("list")
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in listed.stdout.splitlines()[1:]}
+    assert rows["acme/fake-to-delete"] == ["api", "default"]
+    assert rows["sie-fake"][0] == "filesystem"
+    shown = sie("show", "acme/fake-to-delete")
+    assert shown.returncode == 0 and "sie_id: acme/fake-to-delete" in shown.stdout
+    encode_until_ok(cluster.gateway_url, "acme/fake-to-delete", time.monotonic() + 35)
+
+    gone = sie("delete", "acme/fake-to-delete")
+    assert gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout)["deleted"] is True
+    again = sie("delete", "acme/fake-to-delete")
+    assert again.returncode == 0 and json.loads(again.stdout)["deleted"] is False
+    missing = sie("show", "acme/fake-to-delete")
+    assert missing.returncode == 1 and "HTTP 404" in missing.stderr and "model_not_found" in missing.stderr
+    assert "acme/fake-to-delete" not in sie("list").stdout
+
+    def not_found():
+        r = httpx.post(cluster.gateway_url + "/v1/encode/acme/fake-to-delete", json={"items": [{"text": TEXT}]})
+        return r if r.status_code == 404 else None
+
+    poll(not_found, "the gateway answering 404 after sie models delete")

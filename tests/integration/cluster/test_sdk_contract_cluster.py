@@ -419,3 +419,37 @@ def test_watch_cluster_status_and_index_with_public_sdk(cluster, sdk):
     assert any(w["loaded_models"] for w in frames[-1]["workers"])
     index = httpx.get(cluster.gateway_url + "/").json()
     assert index["type"] == "gateway" and "/ws/cluster-status" in index["routes"]
+
+
+def test_our_sdk_watch_and_wait_for_capacity_against_the_gateway(cluster):
+    """Our SDK's ``watch()`` finds /ws/cluster-status; ``wait_for_capacity`` returns for a profile with
+    a worker (also after a warm-up encode) and raises ProvisioningError for one without."""
+    import asyncio
+    import itertools
+
+    import pytest
+
+    from sdk import ProvisioningError, RequestError, SIEAsyncClient, SIEClient
+
+    with SIEClient(cluster.gateway_url) as c:
+        frames = list(itertools.islice(c.watch(), 2))
+        assert all(f["type"] == "gateway" and f["cluster"]["worker_count"] >= 1 for f in frames)
+        cap = c.wait_for_capacity("cpu", timeout_s=60, poll_interval_s=0.2)
+        assert cap["worker_count"] >= 1 and all(w["gpu"] == "cpu" for w in cap["workers"])
+        cap = c.wait_for_capacity("cpu", model=FAKE, timeout_s=60)
+        assert any(FAKE in w["loaded_models"] for w in cap["workers"])
+        with pytest.raises(ProvisioningError) as exc:  # no worker of this kind (earlier tests start l4 ones)
+            c.wait_for_capacity("a100-80gb", timeout_s=0.5, poll_interval_s=0.1)
+        assert exc.value.gpu == "a100-80gb"
+        with pytest.raises(RequestError):  # a gateway has no /ws/status
+            next(c.watch(mode="worker"))
+
+    async def run_async() -> tuple[dict, dict]:
+        async with SIEAsyncClient(cluster.gateway_url) as ac:
+            stream = ac.watch()
+            frame = await anext(stream)
+            await stream.aclose()
+            return frame, await ac.wait_for_capacity("cpu", timeout_s=60, poll_interval_s=0.2)
+
+    frame, cap = asyncio.run(run_async())
+    assert frame["type"] == "gateway" and cap["worker_count"] >= 1

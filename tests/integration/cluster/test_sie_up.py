@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
 
 REPO = Path(__file__).resolve().parents[3]
+SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
 
 
 def _children(pid: int) -> list[int]:
@@ -27,6 +31,7 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
     ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
     env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "1",
+                "XDG_STATE_HOME": str(tmp_path / "xdg"),
                 "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000", "SIE_GATEWAY_WORKER_WARMUP_S": "1"})
     cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", str(ports["gw"]), "--config-port", str(ports["cfg"]),
            "--nats-port", str(ports["nats"]), "--state-dir", str(tmp_path / "state"), "--preload", "sie-fake"]
@@ -62,5 +67,137 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
             proc.kill()
             proc.wait(10)
         for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+SLOW_YAML = """
+sie_id: acme/slow
+package_backed: true
+tasks:
+  encode:
+    dense: {dim: 8}
+profiles:
+  default:
+    adapter_path: worker.adapters.fake:FakeAdapter
+    max_batch_tokens: 4096
+  slow:
+    extends: default
+    adapter_options:
+      loadtime: {batch_delay_ms: 4000}
+"""
+
+
+def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
+    """Ctrl-C (SIGINT to the foreground process group) with a request in flight: the request the
+    gateway holds is answered, not dropped, and the stop order is printed."""
+    ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
+    env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "1",
+                "XDG_STATE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(REPO),
+                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000", "SIE_GATEWAY_WORKER_WARMUP_S": "1"})
+    cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", str(ports["gw"]), "--config-port", str(ports["cfg"]),
+           "--nats-port", str(ports["nats"]), "--state-dir", str(state), "--preload", "sie-fake"]
+    # its own process group, as a shell gives a foreground job: Ctrl-C is SIGINT to that group
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    gateway = f"http://127.0.0.1:{ports['gw']}"
+    pids: list[int] = []
+    result: dict[str, object] = {}
+    try:
+        deadline = time.monotonic() + 120  # generous: only guards against a hang
+        while not (state / "status.json").exists() or not json.loads((state / "status.json").read_text())["ready"]:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.3)
+        pids = _children(proc.pid)
+        wait_for_worker(gateway)
+        model = tmp_path / "slow.yaml"
+        model.write_text(SLOW_YAML)
+        added = subprocess.run([sys.executable, "-m", "deploy.cli", "models", "add", str(model), "--state-dir",
+                                str(state)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert added.returncode == 0, added.stderr
+        while True:  # the new model is routable and loaded (default profile, no delay)
+            assert time.monotonic() < deadline
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.post(gateway + "/v1/encode/acme/slow", json={"items": [{"text": "w"}]},
+                              headers=SDK, timeout=30).status_code == 200:
+                    break
+            time.sleep(0.3)
+
+        def slow_request() -> None:
+            try:
+                r = httpx.post(gateway + "/v1/encode/acme/slow:slow", json={"items": [{"text": "in flight"}]},
+                               headers=SDK, timeout=60)
+                result["status"] = r.status_code
+            except httpx.HTTPError as exc:
+                result["error"] = repr(exc)
+
+        thread = threading.Thread(target=slow_request)
+        thread.start()
+        worker_log = state / "logs" / "worker.log"
+        while "(profile slow" not in worker_log.read_text(errors="replace"):  # it reached the worker
+            assert time.monotonic() < deadline and thread.is_alive(), result
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        thread.join(90)
+        assert proc.wait(90) == 0
+        out = proc.stdout.read()
+        assert result.get("status") in (200, 503), result  # answered, not a dropped connection
+        print("in-flight request answered with", result["status"])
+        order = [out.index(f"stopping {name} (pid") for name in ("gateway", "sidecar", "worker", "config", "nats")]
+        assert order == sorted(order), out
+        assert "all processes stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL], ids=["terminal-closed", "kill-9"])
+def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
+    """The children have their own sessions, so they no longer get the terminal's SIGHUP: sie up
+    stops them in order on SIGHUP, and a sie up killed outright takes them with it."""
+    ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
+    env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "1",
+                "XDG_STATE_HOME": str(tmp_path / "xdg")})
+    cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", str(ports["gw"]), "--config-port", str(ports["cfg"]),
+           "--nats-port", str(ports["nats"]), "--state-dir", str(state), "--preload", "sie-fake"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120  # generous: only guards against a hang
+        while not (state / "status.json").exists() or not json.loads((state / "status.json").read_text())["ready"]:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.3)
+        pids = _children(proc.pid)
+        assert len(pids) == 5
+        proc.send_signal(sig)
+        proc.wait(90)
+        deadline = time.monotonic() + 60  # generous: only guards against a hang
+        out = proc.stdout.read()
+        if sig == signal.SIGHUP:
+            assert proc.returncode == 0 and "stopping gateway (pid" in out and "all processes stopped" in out, out
+        while [p for p in pids if _alive(p)]:
+            assert time.monotonic() < deadline, f"left running: {[p for p in pids if _alive(p)]}"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -67,9 +67,10 @@ def sdk():
 
 
 def run_victim(
-    tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s: float = 6.0, model: str = "sie-fake"
+    tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s: float = 6.0, model: str = "sie-fake",
+    gateways: int = 1,
 ) -> dict:
-    up = SieUp(tmp_path / "state", preload=model)
+    up = SieUp(tmp_path / "state", preload=model, gateways=gateways)
     try:
         up.start()
         killed: dict[str, float] = {}
@@ -103,14 +104,35 @@ def run_victim(
             "throughput_back_to_90pct_s": recovery_s(results, killed["at"]),
             "restarts": up.children()[victim]["restarts"],
             "model_load_s": re.findall(
-                r"loaded \S+ in ([0-9.]+) s", (up.state / "logs" / "worker.log").read_text()
+                r"loading \S+… done in ([0-9.]+) s", (up.state / "logs" / "worker.log").read_text()
             ),
+            # the worker's own recovery: from the kill until the restarted process (imports,
+            # model reload) serves IPC again; what the cluster adds is the longest request beyond it
+            "worker_back_s": worker_back_s(up.state / "logs" / "worker.log", killed["at"], model),
             "errors": sorted({r[2] for r in results if r[2] != "ok"})[:5],
         }
         print("FAULT REPORT", report)
         return report
     finally:
         up.stop()
+
+
+def worker_back_s(log_path, kill_at: float, model: str) -> float | None:
+    """Seconds from ``kill_at`` until the restarted worker serves IPC with ``model`` loaded again
+    (the later of the two log lines)."""
+    import datetime
+
+    seen: dict[str, float] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        mark = "ipc" if "IPC server listening" in line else "model" if f"loading {model}… done in" in line else None
+        if mark is None or mark in seen:
+            continue
+        stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if stamp > kill_at:
+            seen[mark] = stamp
+    if len(seen) < 2:
+        return None
+    return round(max(seen.values()) - kill_at, 2)
 
 
 def rate_before(results: list, kill_at: float, window_s: float = 4.0) -> float:
@@ -147,6 +169,18 @@ def test_fault_matrix_under_load(tmp_path, sdk, victim):
 
 
 @pytest.mark.slow
+def test_one_of_two_gateway_replicas_killed_under_load(tmp_path, sdk):
+    """Two gateways share the port, as a Service spreads its replicas: clients of the killed one
+    reconnect to the other at once (the SDK retries a dropped connection)."""
+    report = run_victim(tmp_path, "gateway", duration_s=30.0, kill_after_s=8.0, gateways=2)
+    check(report)
+    assert report["longest_s"] <= 5.0, report
+
+
+@pytest.mark.slow
 def test_worker_killed_under_load_with_a_real_model(tmp_path, sdk):
     """The longest request against the model's reload time (``model_load_s``: start, then reload)."""
-    check(run_victim(tmp_path, "worker", duration_s=40.0, kill_after_s=15.0, model=MINILM))
+    report = run_victim(tmp_path, "worker", duration_s=40.0, kill_after_s=15.0, model=MINILM)
+    check(report)
+    assert report["worker_back_s"] is not None, report
+    assert report["longest_s"] <= report["worker_back_s"] + 3.0, report

@@ -25,9 +25,10 @@ SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
 class SieUp:
     """``python -m deploy.cli up`` as a subprocess on free ports, with ``preload`` (sie-fake) loaded."""
 
-    def __init__(self, state: Path, preload: str = "sie-fake") -> None:
+    def __init__(self, state: Path, preload: str = "sie-fake", gateways: int = 1) -> None:
         self.state = state
         self.preload = preload
+        self.gateways = gateways
         self.ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
         self.env.update(
@@ -37,6 +38,7 @@ class SieUp:
                 "SIE_TORCH_THREADS": "1",
                 "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
                 "SIE_GATEWAY_WORKER_WARMUP_S": "1",
+                "XDG_STATE_HOME": str(state.parent / "xdg"),  # sie up records its state dir there
             }
         )
         self.gateway = f"http://127.0.0.1:{self.ports['gw']}"
@@ -58,7 +60,9 @@ class SieUp:
             "--state-dir",
             str(self.state),
             "--preload",
-            "sie-fake",
+            self.preload,
+            "--gateways",
+            str(self.gateways),
         ]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -1,0 +1,101 @@
+"""Status streams and capacity waits, shared by the sync and async clients.
+
+``watch()`` reads the server's status WebSocket: ``/ws/cluster-status`` on a gateway (the
+``/health`` body, once a second) or ``/ws/status`` on ``sie serve`` (a frame every 200 ms); each
+text frame is one JSON object, yielded as a dict. ``mode="auto"`` asks ``GET /health`` whether the
+server is a gateway. The WebSocket client is the ``websockets`` package (its sync and asyncio
+clients), the one the public sie-sdk uses too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, Literal
+
+from sdk.errors import RequestError, SIEConnectionError
+
+WatchMode = Literal["auto", "cluster", "worker"]
+CLUSTER_PATH = "/ws/cluster-status"
+WORKER_PATH = "/ws/status"
+# headers of an HTTP request that mean nothing on a WebSocket handshake
+_NOT_FOR_WS = {"content-type", "accept"}
+
+
+def is_gateway(health: Any) -> bool:
+    return isinstance(health, dict) and health.get("type") == "gateway"
+
+
+def watch_path(mode: str, gateway: bool | None) -> str:
+    if mode == "cluster":
+        return CLUSTER_PATH
+    if mode == "worker":
+        return WORKER_PATH
+    if mode != "auto":
+        raise ValueError("mode must be 'auto', 'cluster' or 'worker'")
+    return CLUSTER_PATH if gateway else WORKER_PATH
+
+
+def ws_url(base_url: str, path: str) -> str:
+    if base_url.startswith("https://"):
+        return "wss://" + base_url[len("https://") :] + path
+    if base_url.startswith("http://"):
+        return "ws://" + base_url[len("http://") :] + path
+    return "ws://" + base_url + path
+
+
+def ws_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _NOT_FOR_WS}
+
+
+def _frame(message: str | bytes) -> dict[str, Any]:
+    data = json.loads(message.decode("utf-8") if isinstance(message, bytes) else message)
+    if not isinstance(data, dict):
+        raise json.JSONDecodeError("a status frame must be a JSON object", str(data)[:40], 0)
+    return data
+
+
+def _refused(exc: Any) -> RequestError:
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None) or getattr(exc, "status_code", None)
+    return RequestError(f"WebSocket connection failed: {status}", code="websocket_refused", status_code=status)
+
+
+def watch_sync(url: str, headers: Mapping[str, str], open_timeout_s: float) -> Iterator[dict[str, Any]]:
+    """Every status frame until the server closes the stream."""
+    from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
+    from websockets.sync.client import connect
+
+    try:
+        with connect(url, additional_headers=ws_headers(headers), open_timeout=open_timeout_s) as ws:
+            try:
+                for message in ws:
+                    yield _frame(message)
+            except ConnectionClosedOK:
+                return
+    except InvalidStatus as exc:
+        raise _refused(exc) from exc
+    except (WebSocketException, OSError, json.JSONDecodeError) as exc:
+        raise SIEConnectionError(f"WebSocket error on {url}: {exc}") from exc
+
+
+async def watch_async(url: str, headers: Mapping[str, str], open_timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+    """Async twin of :func:`watch_sync`."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
+
+    try:
+        async with connect(url, additional_headers=ws_headers(headers), open_timeout=open_timeout_s) as ws:
+            try:
+                async for message in ws:
+                    yield _frame(message)
+            except ConnectionClosedOK:
+                return
+    except InvalidStatus as exc:
+        raise _refused(exc) from exc
+    except (WebSocketException, OSError, json.JSONDecodeError) as exc:
+        raise SIEConnectionError(f"WebSocket error on {url}: {exc}") from exc
+
+
+def capacity_timeout_message(gpu: str, elapsed: float) -> str:
+    return f"Timeout after {elapsed:.1f}s waiting for GPU '{gpu}' capacity"

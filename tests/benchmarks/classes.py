@@ -1,0 +1,152 @@
+"""Benchmark rows of issue 17 on the cluster path (``sie up``'s launcher): the result cache's hit
+path and the priority classes.
+
+* cache hit path: the same requests answered from the gateway's result cache (nothing published)
+  beside the same requests with ``X-SIE-Cache: off`` through the whole path (``sie-fake``, so the
+  path is what is measured, not a model).
+* priority: MiniLM; interactive single-text p99 with the cluster idle, then with a bulk backlog of
+  ``bulk_items`` items queued (``X-SIE-Priority: bulk``); the bulk rate alone and under the
+  interactive probe. Every text is unique and the cache is off, so every item is computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from protocol.codec import packb
+
+D = "sentence-transformers/all-MiniLM-L6-v2"
+HEADERS = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+OFF = {"X-SIE-Cache": "off"}
+
+
+async def _post(session: aiohttp.ClientSession, url: str, model: str, texts: list[str], headers: dict) -> None:
+    body = packb({"items": [{"text": t} for t in texts]})
+    async with session.post(f"{url}/v1/encode/{model}", data=body, headers={**HEADERS, **headers}) as r:
+        data = await r.read()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {data[:200]!r}")
+
+
+def _pct(lat: list[float], q: float) -> float:
+    lat = sorted(lat)
+    return lat[min(len(lat) - 1, int(len(lat) * q))] * 1000 if lat else float("nan")
+
+
+async def _load(url: str, model: str, per_req: int, clients: int, seconds: float, headers: dict,
+                unique: bool) -> tuple[float, float, float]:
+    """(items/s, p50 ms, p99 ms) of ``clients`` closed-loop clients."""
+    lat: list[float] = []
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def client(session: aiohttp.ClientSession, cid: int) -> None:
+        nonlocal done
+        n = 0
+        while time.perf_counter() < stop:
+            n += 1
+            tag = f"{cid}-{n}" if unique else str(cid)
+            texts = [f"text {tag} {k} of the cache benchmark" for k in range(per_req)]
+            t = time.perf_counter()
+            await _post(session, url, model, texts, headers)
+            lat.append(time.perf_counter() - t)
+            done += per_req
+
+    start = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(client(session, c) for c in range(clients)))
+    return done / (time.perf_counter() - start), _pct(lat, 0.5), _pct(lat, 0.99)
+
+
+def bench_cache_hits(url: str, seconds: float) -> list[str]:
+    lines = [f"result cache hit path (gateway only) vs the full path with X-SIE-Cache: off, sie-fake, {seconds:.0f} s",
+             f"{'workload':26} {'hit items/s':>11} {'hit p50/p99 ms':>15} {'off items/s':>11} {'off p50/p99 ms':>15}"]
+    for per_req, clients in ((1, 1), (1, 16), (32, 4)):
+        asyncio.run(_load(url, "sie-fake", per_req, clients, 1.0, {}, unique=False))  # fill the cache
+        h_rate, h50, h99 = asyncio.run(_load(url, "sie-fake", per_req, clients, seconds, {}, unique=False))
+        o_rate, o50, o99 = asyncio.run(_load(url, "sie-fake", per_req, clients, seconds, OFF, unique=False))
+        lines.append(f"{f'{per_req}/req x {clients} clients':26} {h_rate:11.1f} {h50:7.2f}/{h99:7.2f} "
+                     f"{o_rate:11.1f} {o50:7.2f}/{o99:7.2f}")
+    return lines
+
+
+async def _bulk(url: str, n_items: int, per_req: int, tag: str) -> float:
+    """Queue ``n_items`` bulk items at once (n_items/per_req concurrent requests); seconds until all are done."""
+    start = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(
+            _post(session, url, D, [f"bulk {tag} {i} {k} document text for the re-index" for k in range(per_req)],
+                  {**OFF, "X-SIE-Priority": "bulk"})
+            for i in range(n_items // per_req)
+        ))  # fmt: skip
+    return time.perf_counter() - start
+
+
+async def _probe(url: str, until: asyncio.Future | None, seconds: float) -> list[float]:
+    """Sequential interactive single-text requests until ``until`` is done (or for ``seconds``)."""
+    lat: list[float] = []
+    stop = time.perf_counter() + seconds
+    n = 0
+    async with aiohttp.ClientSession() as session:
+        while (until is not None and not until.done()) or (until is None and time.perf_counter() < stop):
+            n += 1
+            t = time.perf_counter()
+            await _post(session, url, D, [f"interactive query {n} {time.time()}"], OFF)
+            lat.append(time.perf_counter() - t)
+    return lat
+
+
+async def _mixed(url: str, n_items: int, per_req: int) -> tuple[float, list[float]]:
+    bulk = asyncio.ensure_future(_bulk(url, n_items, per_req, "mixed"))
+    await asyncio.sleep(1.0)  # let the backlog build before probing
+    lat = await _probe(url, bulk, 0)
+    return await bulk, lat
+
+
+def bench_priority(url: str, seconds: float, bulk_items: int) -> list[str]:
+    per_req = 250
+    bulk_items = max(per_req, bulk_items // per_req * per_req)
+    asyncio.run(_probe(url, None, 2.0))  # warm-up
+    idle = asyncio.run(_probe(url, None, seconds))
+    solo_s = asyncio.run(_bulk(url, bulk_items, per_req, "solo"))
+    mixed_s, busy = asyncio.run(_mixed(url, bulk_items, per_req))
+    idle99, busy99 = _pct(idle, 0.99), _pct(busy, 0.99)
+    solo_rate, mixed_rate = bulk_items / solo_s, bulk_items / mixed_s
+    return [
+        f"priority classes, MiniLM, bulk backlog of {bulk_items} items ({per_req}/req, all queued at once)",
+        f"interactive 1 text, idle:         p50 {_pct(idle, 0.5):7.1f} ms  p99 {idle99:7.1f} ms  ({len(idle)} requests)",
+        f"interactive 1 text, bulk backlog: p50 {_pct(busy, 0.5):7.1f} ms  p99 {busy99:7.1f} ms  ({len(busy)} requests)"
+        f"  = {busy99 / idle99:.2f}x idle p99",
+        f"bulk alone {solo_rate:8.1f} items/s; with the interactive probe {mixed_rate:8.1f} items/s"
+        f"  = {mixed_rate / solo_rate:.0%} of solo",
+    ]
+
+
+def bench_classes(seconds: float, threads: int, bulk_items: int) -> list[str]:
+    from deploy.launcher import Cluster
+    from tests.support.nats_server import free_port
+
+    os.environ.update({
+        "SIE_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "SIE_HF_OFFLINE": "1",
+        "SIE_GATEWAY_REQUEST_TIMEOUT_S": "3600", "SIE_GATEWAY_MAX_STREAM_PENDING": str(max(50_000, 2 * bulk_items)),
+        "SIE_STREAM_MAX_MSGS": str(max(100_000, 3 * bulk_items)), "SIE_GATEWAY_MAX_ITEMS": "4096",
+        "SIE_RESULT_CACHE_ENABLED": "true",  # the cache rows measure it; the priority rows send X-SIE-Cache: off
+    })  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="sie-bench-classes-") as tmp:
+        cluster = Cluster(state_dir=Path(tmp), gateway_port=free_port(), config_port=free_port(),
+                          nats_port=free_port(), preload=f"{D},sie-fake")
+        try:
+            cluster.start(say=lambda line: None)
+            lines = bench_cache_hits(cluster.gateway_url, seconds)
+            lines.append("")
+            lines += bench_priority(cluster.gateway_url, seconds, bulk_items)
+        finally:
+            cluster.stop()
+    return lines
