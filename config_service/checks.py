@@ -1,5 +1,5 @@
-"""Write-time checks of what the config service can see: a local ``weights_path`` and profile
-runtime options.
+"""Write-time checks of what the config service can see: a local ``weights_path``, profile
+runtime options and our adapters' load-time options.
 
 Runtime options are checked with the same functions (``protocol.params``) the gateway and the
 worker apply to every request, so a profile the service accepts cannot make every request to it a
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from config_service.registry import ConfigError
+from protocol.adapter_options import loadtime_problems
 from protocol.catalog import Resolved
 from protocol.errors import SIEError
 from protocol.model_config import ModelConfig
@@ -43,11 +44,15 @@ def check_weights_path(config: ModelConfig, data: dict[str, Any]) -> list[str]:
     return [f"weights_path {path!r} does not exist on the config service; workers will fall back to hf_id/weights_fallback"]
 
 
-def check_runtime_options(config: ModelConfig) -> None:
-    """Each profile's runtime options pass the request-time checks (422 ``validation_error`` else)."""
+def check_adapter_options(config: ModelConfig) -> None:
+    """Each profile's runtime options pass the request-time checks, and its load-time options are
+    ones its adapter reads, of the right type (422 ``validation_error`` else)."""
     details: list[dict[str, Any]] = []
     for name in sorted(config.profiles):
         resolved = Resolved(config, name, config.resolved_profile(name))
+        for key, message in loadtime_problems(resolved.profile.adapter_path, resolved.loadtime_options):
+            where = ["profiles", name, "adapter_options", "loadtime", key] if key else ["profiles", name, "adapter_path"]
+            details.append({"loc": where, "message": message})
         options = resolved.runtime_options
         loc = ["profiles", name, "adapter_options", "runtime"]
         try:
@@ -62,5 +67,5 @@ def check_runtime_options(config: ModelConfig) -> None:
         except SIEError as exc:
             details.append({"loc": loc, "message": exc.message})
     if details:
-        raise ConfigError(422, "validation_error", "profile runtime options are invalid", details=details)
+        raise ConfigError(422, "validation_error", "profile adapter options are invalid", details=details)
 

@@ -11,7 +11,7 @@ import hashlib
 import logging
 from typing import Any
 
-from config_service.checks import check_runtime_options, check_weights_path
+from config_service.checks import check_adapter_options, check_weights_path
 from config_service.lock import NotWriter, WriterLock
 from config_service.metrics import ConfigMetrics
 from config_service.publisher import DeltaPublisher
@@ -185,7 +185,7 @@ class ConfigService:
 
     def _write_checks(self, entry: ModelEntry, weights_changed: bool) -> list[str]:
         """What can be checked here before a write: runtime options; a new or changed weights_path."""
-        check_runtime_options(entry.config)
+        check_adapter_options(entry.config)
         return check_weights_path(entry.config, entry.data) if weights_changed else []
 
     async def add_model(self, body: bytes, idempotency_key: str | None = None) -> tuple[int, dict[str, Any]]:

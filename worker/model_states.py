@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from protocol.adapter_options import loadtime_problems
 from protocol.catalog import Catalog, Resolved
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig, model_spec
@@ -209,6 +210,9 @@ class ModelStates:
 
     def _build_adapter(self, resolved: Resolved, key: tuple) -> Adapter:
         """Load thread: weights through the cache tiers, room made under memory pressure, then load."""
+        problems = loadtime_problems(resolved.profile.adapter_path, resolved.loadtime_options)
+        if problems:  # before any download: the config can never load
+            raise ValueError("; ".join(message for _, message in problems))
         cls = import_adapter(resolved.profile.adapter_path or "")
         weights = self.weights.resolve_model(resolved.config, protect=self._weight_keys())
         self._on_loop(self.memory.relieve(required_bytes=weight_bytes(weights), keep=key))

@@ -248,6 +248,25 @@ async def test_write_time_checks_weights_path_and_runtime_options(
         bad_pooling = bad_options.replace("max_seq_length: -3, output_dtype: float64", "pooling: median")
         r = await c.post("/v1/configs/models", content=bad_pooling)
         assert r.status_code == 422 and "pooling must be one of" in r.json()["detail"]["details"][0]["message"]
+        # load-time options: only those the adapter reads, of the type it reads
+        bad_loadtime = bad_options.replace(
+            "runtime: {max_seq_length: -3, output_dtype: float64}", "loadtime: {pakced: true, packed: 'yes'}"
+        )
+        r = await c.post("/v1/configs/models", content=bad_loadtime)
+        assert r.status_code == 422, r.text
+        details = {tuple(d["loc"]): d["message"] for d in r.json()["detail"]["details"]}
+        assert set(details) == {
+            ("profiles", "default", "adapter_options", "loadtime", "packed"),
+            ("profiles", "default", "adapter_options", "loadtime", "pakced"),
+        }
+        assert "must be a bool" in details[("profiles", "default", "adapter_options", "loadtime", "packed")]
+        assert "no load-time option 'pakced'" in details[("profiles", "default", "adapter_options", "loadtime", "pakced")]
+        # a misspelt class of a shipped adapter module
+        typo = NEW_MODEL.replace("DenseAdapter", "DenseAdaptor").replace(MODEL_ID, "acme/typo")
+        r = await c.post("/v1/configs/models", content=typo)
+        assert r.status_code == 422 and "unknown adapter 'worker.adapters.dense:DenseAdaptor'" in r.text
+        good = bad_options.replace("runtime: {max_seq_length: -3, output_dtype: float64}", "loadtime: {packed: false}")
+        assert (await c.post("/v1/configs/models", content=good)).status_code == 201
 
 
 async def test_put_idempotency_key_and_body_limit(nats_server, db_url, catalog_dirs, instances):

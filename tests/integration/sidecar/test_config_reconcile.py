@@ -120,7 +120,7 @@ def parse_model_bundle():
 
 async def test_changed_profile_unloads_stale_model_and_unsupported_adapters():
     sock = socket_path()
-    before = model_yaml("test/m", dim_scale=1)
+    before = model_yaml("test/m", memory_bytes=1_000_001)
     runtime = Runtime(WorkerSettings(device="cpu", cpu_workers=1), catalog=Catalog([parse_model_yaml(before)]))
     await runtime.start()
     server = await serve_ipc(runtime, sock, worker_id="w")
@@ -141,7 +141,7 @@ async def test_changed_profile_unloads_stale_model_and_unsupported_adapters():
         assert runtime.loaded()[0] is loaded_before
 
         # new load-time options for the profile: the old load is dropped, the next use loads anew
-        after = model_yaml("test/m", dim_scale=2)
+        after = model_yaml("test/m", memory_bytes=1_000_002)
         resp = await client.call(
             ipc.APPLY_MODEL_CONFIG,
             {"model_id": "test/m", "model_config": after, "epoch": 2,
@@ -151,7 +151,7 @@ async def test_changed_profile_unloads_stale_model_and_unsupported_adapters():
         assert loaded_before.closed and runtime.loaded_models() == []
         assert await ready() in (ipc.STATE_LOADING_STARTED, ipc.STATE_READY)
         await wait_until(lambda: runtime.loaded_models() == ["test/m"], 10)
-        assert runtime.loaded()[0].resolved.loadtime_options == {"dim_scale": 2}
+        assert runtime.loaded()[0].resolved.loadtime_options == {"memory_bytes": 1_000_002}
 
         # an adapter module this image lacks: accepted into the catalog, reported unsupported
         ghost = model_yaml("test/ghost").replace("worker.adapters.fake:FakeAdapter",
