@@ -127,13 +127,35 @@ class Progress:
     def report(self) -> None:
         done = self.measure()
         self.reports.append(done)
-        elapsed = max(time.monotonic() - self.started, 1e-6)
-        of = f" of {_mb(self.total)} ({100.0 * done / self.total:.0f}%)" if self.total else ""
-        log.info("downloading %s: %s%s, %.1f MB/s", self.label, _mb(done), of, done / elapsed / 1e6)
+        log.info("downloading %s: %s", self.label, progress_line(done, self.total, time.monotonic() - self.started))
 
 
 def _mb(n: int | None) -> str:
     return f"{(n or 0) / 1e6:.1f} MB"
+
+
+def progress_line(done: int, total: int | None, elapsed_s: float, width: int = 20) -> str:
+    """``45% [#########-----------] 2.0 MB of 4.4 MB, 5.0 MB/s, 1 s left`` (a bar only when the
+    total is known; log lines, not a redrawn terminal bar, so ``sie up`` and ``sie logs`` show it)."""
+    rate = done / max(elapsed_s, 1e-6)
+    if not total:
+        return f"{_mb(done)}, {rate / 1e6:.1f} MB/s"
+    share = min(done / total, 1.0)
+    filled = round(share * width)
+    left = f", {max(total - done, 0) / rate:.0f} s left" if rate > 0 else ""
+    return f"{100 * share:.0f}% [{'#' * filled}{'-' * (width - filled)}] {_mb(done)} of {_mb(total)}, {rate / 1e6:.1f} MB/s{left}"
+
+
+def hub_total_bytes(hub_id: str, revision: str | None) -> int | None:
+    """The size of a hub repository's files (for the progress bar); None when the hub cannot say."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi().model_info(hub_id, revision=revision, files_metadata=True)
+    except Exception:  # noqa: BLE001 - the download itself reports what is wrong
+        return None
+    sizes = [s.size for s in info.siblings or [] if s.size]
+    return sum(sizes) or None
 
 
 # ---- the cluster cache (fsspec) --------------------------------------------------------------
@@ -391,7 +413,8 @@ class WeightCache:
                 return Path(snapshot_download(hub_id, revision=source.revision, local_files_only=True))
 
             def download(tmp: Path) -> None:
-                with Progress(f"{hub_id} from the hub", tmp, self.progress_interval_s):
+                total = hub_total_bytes(hub_id, source.revision)
+                with Progress(f"{hub_id} from the hub", tmp, self.progress_interval_s, total):
                     snapshot_download(hub_id, revision=source.revision, local_dir=str(tmp))
 
             return self._fill(key, download, protect)

@@ -19,6 +19,7 @@ from worker.weights import (
     WeightsError,
     cache_key,
     hub_offline,
+    progress_line,
 )
 
 
@@ -177,8 +178,14 @@ def test_progress_is_logged_while_a_download_runs(tmp_path, caplog):
     assert progress.reports[0] == 2_000_000
     text = caplog.text
     assert "downloading org/model (4.0 MB)" in text
-    assert "downloading org/model: 2.0 MB of 4.0 MB (50%)" in text
+    assert "downloading org/model: 50% [##########----------] 2.0 MB of 4.0 MB, " in text
     assert "downloaded org/model: 2.0 MB" in text
+
+
+def test_progress_line_draws_a_bar_when_the_total_is_known():
+    assert progress_line(1_000_000, 4_000_000, 2.0) == "25% [#####---------------] 1.0 MB of 4.0 MB, 0.5 MB/s, 6 s left"
+    assert progress_line(5_000_000, 4_000_000, 1.0).startswith("100% [####################] 5.0 MB of 4.0 MB")
+    assert progress_line(3_000_000, None, 1.5) == "3.0 MB, 2.0 MB/s"
 
 
 def test_cluster_download_logs_progress(tmp_path, caplog):
