@@ -107,12 +107,24 @@ class Gateway:
         self._tasks: list[asyncio.Task] = []
         self._stopping = False  # background loops end on this too: library code may swallow a cancel
         self.started_at = time.time()
+        self.draining = False  # set by drain(): new API requests are answered 503, /readyz fails
+        self.in_flight = 0  # API requests (/v1/...) being handled, counted by the middleware
 
     @property
     def router_id(self) -> str:
         return self.dispatcher.router_id
 
     # ---- lifecycle -------------------------------------------------------------------------
+    async def drain(self, timeout_s: float) -> int:
+        """Stop taking API requests (each new one is answered ``503 QUEUE_UNAVAILABLE`` with a
+        ``Retry-After``, which clients retry, and ``/readyz`` fails) and wait, at most ``timeout_s``,
+        for those in flight to be answered. Returns how many were still in flight."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.in_flight
+
     async def start(self) -> None:
         js = self.nc.jetstream()
         await self.dispatcher.start()

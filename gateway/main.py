@@ -106,6 +106,11 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
                 loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        gw = app[GATEWAY_KEY]
+        log.info("gateway draining: new requests answered 503, waiting for %d in flight", gw.in_flight)
+        left = await gw.drain(settings.gateway_drain_timeout_s)
+        if left:
+            log.warning("gateway drain timed out with %d request(s) still in flight", left)
     finally:
         log.info("gateway shutting down")
         if scaler_task is not None:

@@ -32,6 +32,17 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     endpoint = resource.canonical if resource is not None else "unmatched"
     status = 500
     openai_route = request.path == "/v1/embeddings"  # errors in the OpenAI envelope there
+    counted = request.path.startswith("/v1/")  # API requests: what a drain waits for
+    if counted and gw.draining:
+        draining = SIEError(
+            ErrorCode.QUEUE_UNAVAILABLE, "This gateway is shutting down; retry shortly", retry_after=1
+        )
+        gw.metrics.requests.labels(endpoint, str(draining.status), "").inc()
+        resp = error_response(draining, openai=openai_route)
+        resp.force_close()  # the client's next try opens a new connection (to a live replica)
+        return resp
+    if counted:
+        gw.in_flight += 1
     try:
         auth.check(
             request,
@@ -75,6 +86,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         log.exception("unhandled error on %s", request.path)
         return error_response(http.unexpected_error(exc), openai=openai_route)
     finally:
+        if counted:
+            gw.in_flight -= 1
         profile = request.headers.get("X-SIE-MACHINE-PROFILE", "") or ""
         gw.metrics.requests.labels(endpoint, str(status), profile.lower()[:64]).inc()
         gw.metrics.latency.labels(endpoint).observe(time.monotonic() - t0)

@@ -140,6 +140,8 @@ async def handle_healthz(request: web.Request) -> web.Response:
 
 async def handle_readyz(request: web.Request) -> web.Response:
     gw = gateway_of(request)
+    if gw.draining:
+        return web.json_response({"status": "not ready", "reason": "draining"}, status=503)
     if not gw.registry.ready():
         return web.json_response({"status": "not ready", "reason": "config bootstrap pending"}, status=503)
     if not gw.nc.is_connected:
