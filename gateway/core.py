@@ -33,6 +33,7 @@ from gateway.workers import WorkerRegistry
 from protocol import http, tracing
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.logs import bind
+from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
 from protocol.subjects import BULK, HEALTH_PREFIX
@@ -305,8 +306,8 @@ class Gateway:
                 ErrorCode.QUEUE_UNAVAILABLE, "Work queue is not connected; retry later", retry_after=2
             )
         lane = await self.choose_lane(route, pool_name, profile)
-        priority = routing.request_priority(
-            request.headers.get("X-SIE-Priority"), self.token_priority(request), lane.priority
+        priority = request_priority(
+            request.headers.get(PRIORITY_HEADER), self.token_priority(request), lane.priority
         )
         lane = dataclasses.replace(lane, priority=priority)
         request_id = http.new_request_id()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gateway.workers import WorkerRecord
 from protocol.errors import invalid_input
-from protocol.subjects import INTERACTIVE, PRIORITIES
+from protocol.subjects import INTERACTIVE
 
 ANY_PROFILE = ("", "any")
 
@@ -97,17 +97,6 @@ def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequ
 
     (profile, bundle), _ = min(lanes.items(), key=score)
     return Lane(pool, profile, bundle)
-
-
-def request_priority(header: str | None, token_default: str | None, default: str) -> str:
-    """The priority class of a request: ``X-SIE-Priority``, else its token's default, else ``default``
-    (its pool's default, else the gateway's). An unknown header value is a 400."""
-    if header is not None and header.strip():
-        value = header.strip().lower()
-        if value not in PRIORITIES:
-            raise invalid_input(f"X-SIE-Priority must be one of {list(PRIORITIES)}, got {header!r}", param="X-SIE-Priority")
-        return value
-    return token_default or default
 
 
 def provisioning_message(model_id: str, profile: str | None, pool_name: str | None) -> str:

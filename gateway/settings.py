@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from protocol.subjects import PRIORITIES
+from protocol.priority import priority_setting
 
 
 def _csv(value: object) -> list[str]:
@@ -108,10 +108,7 @@ class GatewaySettings(BaseSettings):
     @field_validator("gateway_default_priority")
     @classmethod
     def _priority(cls, value: str) -> str:
-        value = (value or "").strip().lower()
-        if value not in PRIORITIES:
-            raise ValueError(f"SIE_GATEWAY_DEFAULT_PRIORITY must be one of {list(PRIORITIES)}")
-        return value
+        return priority_setting(value, "SIE_GATEWAY_DEFAULT_PRIORITY")
 
     @field_validator("stream_storage")
     @classmethod

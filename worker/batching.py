@@ -6,6 +6,15 @@ when its pending cost or count reaches the cap, when its oldest unit has waited 
 when nothing new arrived for ``coalesce_ms``. Pending units are sorted by cost and cut into chunks
 under the caps, so each forward pass pads only to its own longest unit; the chunk holding the
 oldest unit runs first, so long units are never starved by a stream of short ones.
+
+Priority classes (``X-SIE-Priority`` on ``sie serve``, the same rules as the sidecar's): queues are
+keyed by class too. Of the queues due to flush, interactive ones go first (oldest head first), then
+bulk; a bulk queue that has waited ``bulk_max_wait_ms`` for its next batch (since its oldest unit
+arrived or its last batch was cut, whichever is later) ranks like an interactive one that arrived
+then, so bulk is never starved, and a bulk backlog never ranks above the interactive work that
+arrives while it is worked through. At most one bulk batch is in flight at a time, and while
+interactive work arrived within ``bulk_mixed_window_s`` bulk chunks hold at most
+``bulk_mixed_requests`` units: an interactive unit waits behind at most one small bulk batch.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.priority import BULK, INTERACTIVE, PRIORITIES
 from worker.adapters.base import Prepared, RequestContext
 
 
@@ -66,8 +76,16 @@ class _Pending:
 @dataclass
 class _Queue:
     ctx: RequestContext
+    priority: str
     items: list[_Pending] = field(default_factory=list)
     last_arrival: float = 0.0
+    last_cut: float = float("-inf")  # monotonic time the queue's last batch was cut
+
+    @property
+    def waiting_since(self) -> float:
+        """When the queue's next batch started waiting: its oldest unit's arrival or its last cut
+        (a backlog's head has waited since it arrived, its next batch only since the last one)."""
+        return max(self.items[0].enqueued, self.last_cut)
 
     @property
     def cost(self) -> int:
@@ -114,6 +132,9 @@ class BatchFormer:
         coalesce_ms: float,
         max_pad_share: float = 0.2,
         in_flight: int = 1,
+        bulk_mixed_requests: int = 8,
+        bulk_mixed_window_s: float = 2.0,
+        bulk_max_wait_ms: float = 2000.0,
         name: str = "",
     ) -> None:
         #: requests announced with ``expect()`` that have not submitted yet (still tokenising)
@@ -125,7 +146,12 @@ class BatchFormer:
         self.coalesce = coalesce_ms / 1000.0
         self.max_pad_share = max_pad_share
         self.window = 8 * max_requests
+        self.bulk_mixed_requests = max(1, min(bulk_mixed_requests, max_requests))
+        self.bulk_mixed_window = bulk_mixed_window_s
+        self.bulk_max_wait = bulk_max_wait_ms / 1000.0
         self.name = name
+        self._last_interactive = float("-inf")  # monotonic time of the newest interactive submit
+        self._bulk_running = 0  # bulk batches handed over and not finished (at most one)
         self._queues: dict[tuple, _Queue] = {}
         self._wakeup = asyncio.Event()
         # batches handed to the inference thread and not finished: with two, the next batch is
@@ -152,18 +178,24 @@ class BatchFormer:
         self.preparing -= 1
         self._wakeup.set()
 
-    def submit(self, ctx: RequestContext, units: list[Prepared], *, expected: bool = False) -> list[asyncio.Future]:
-        """Queue ``units``; ``expected`` when the request was announced with ``expect()``."""
+    def submit(self, ctx: RequestContext, units: list[Prepared], *, expected: bool = False,
+               priority: str = INTERACTIVE) -> list[asyncio.Future]:
+        """Queue ``units`` in ``priority``'s class; ``expected`` when the request was announced with
+        ``expect()``."""
         if expected:
             self.preparing -= 1
         if self._closed:
             raise RuntimeError("batch former is closed")
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        key = ctx.batch_key()
+        if priority == INTERACTIVE:
+            self._last_interactive = now
+        key = (priority, ctx.batch_key())
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = _Queue(ctx)
+            queue = self._queues[key] = _Queue(ctx, priority)
         futures = []
         for unit in units:
             fut = loop.create_future()
@@ -190,6 +222,12 @@ class BatchFormer:
                         p.future.cancel()
         self._queues.clear()
 
+    def _max_count(self, queue: _Queue, now: float) -> int:
+        """Units per chunk of ``queue``: bulk chunks are small while interactive work is arriving."""
+        if queue.priority == BULK and now - self._last_interactive <= self.bulk_mixed_window:
+            return self.bulk_mixed_requests
+        return self.max_requests
+
     def _due(self, queue: _Queue, now: float) -> float:
         """Seconds until ``queue`` should flush (0 = now).
 
@@ -197,39 +235,58 @@ class BatchFormer:
         tokenising: nothing could join, so waiting would only add latency. Otherwise a queue
         waits for its coalesce window or its oldest unit's deadline.
         """
-        if len(queue.items) >= self.max_requests or queue.cost >= self.max_cost or self.preparing <= 0:
+        if len(queue.items) >= self._max_count(queue, now) or queue.cost >= self.max_cost or self.preparing <= 0:
             return 0.0
         oldest = queue.items[0].enqueued
         return max(0.0, min(oldest + self.max_wait, queue.last_arrival + self.coalesce) - now)
 
+    def _rank(self, queue: _Queue, now: float) -> tuple[bool, float]:
+        """Interactive first (oldest head first), then bulk (longest waiting for its next batch
+        first); bulk that has waited ``bulk_max_wait`` ranks as interactive work that arrived when
+        it started waiting (anti-starvation)."""
+        if queue.priority != BULK:
+            return (False, queue.items[0].enqueued)
+        since = queue.waiting_since
+        return (now - since < self.bulk_max_wait, since)
+
+    def _eligible(self) -> list[_Queue]:
+        """Queues a batch may come from now: bulk ones only while no bulk batch is in flight."""
+        return [q for q in self._queues.values() if q.items and (q.priority != BULK or not self._bulk_running)]
+
     async def _loop(self) -> None:
         while True:
             self._queues = {k: q for k, q in self._queues.items() if q.items}
-            if not self._queues:
+            eligible = self._eligible()
+            if not eligible:  # nothing pending, or only bulk while a bulk batch runs (its end wakes us)
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             now = time.monotonic()
-            wait = min(self._due(q, now) for q in self._queues.values())
+            wait = min(self._due(q, now) for q in eligible)
             if wait > 0:
                 self._wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
                 continue
-            # flush the due queue whose head is oldest, once the inference thread has room
+            # flush the best due queue, once the inference thread has room
             await self._slots.acquire()
             now = time.monotonic()
-            due = [q for q in self._queues.values() if q.items and self._due(q, now) == 0.0]
-            taken = self._take(min(due, key=lambda q: q.items[0].enqueued)) if due else None
-            if taken is None:
+            due = [q for q in self._eligible() if self._due(q, now) == 0.0]
+            queue = min(due, key=lambda q: self._rank(q, now)) if due else None
+            taken = self._take(queue, self._max_count(queue, now)) if queue is not None else None
+            if queue is None or taken is None:
                 self._slots.release()
                 continue
-            task = asyncio.create_task(self._execute(*taken))
+            queue.last_cut = now
+            bulk = queue.priority == BULK
+            self._bulk_running += bulk
+            task = asyncio.create_task(self._execute(*taken, bulk=bulk))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    def _take(self, queue: _Queue) -> tuple[RequestContext, list[_Pending]] | None:
-        """Remove the chunk holding the queue's oldest live unit; None when all were cancelled."""
+    def _take(self, queue: _Queue, max_count: int) -> tuple[RequestContext, list[_Pending]] | None:
+        """Remove the chunk (at most ``max_count`` units) holding the queue's oldest live unit; None
+        when all were cancelled."""
         live = [p for p in queue.items if not p.future.done()]  # cancelled requests drop out here
         if not live:
             queue.items = []
@@ -237,13 +294,13 @@ class BatchFormer:
         # bands are cut among the oldest units only: sorting a deep queue on every flush would
         # cost the event loop time quadratic in its depth
         window = live[: self.window]
-        chunks = chunk_by_cost([p.unit for p in window], self.max_cost, self.max_requests, self.max_pad_share)
+        chunks = chunk_by_cost([p.unit for p in window], self.max_cost, max_count, self.max_pad_share)
         chunk = next(c for c in chunks if 0 in c)  # live[0] is the oldest pending unit
         taken = set(chunk)
         queue.items = [p for i, p in enumerate(live) if i not in taken]
         return queue.ctx, [live[i] for i in chunk]
 
-    async def _execute(self, ctx: RequestContext, batch: list[_Pending]) -> None:
+    async def _execute(self, ctx: RequestContext, batch: list[_Pending], *, bulk: bool = False) -> None:
         try:
             started = time.monotonic()
             try:
@@ -258,5 +315,6 @@ class BatchFormer:
                 if not p.future.done():
                     p.future.set_result((out, info))
         finally:
+            self._bulk_running -= bulk
             self._slots.release()
             self._wakeup.set()

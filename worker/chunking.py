@@ -23,6 +23,7 @@ import numpy as np
 
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.params import ChunkSpec
+from protocol.priority import INTERACTIVE
 from worker.adapters.base import RequestContext, apply_template
 from worker.adapters.hf import HFTextAdapter
 from worker.execution import Execution
@@ -125,7 +126,7 @@ class Chunking(Execution):
 
     # ---- encode ------------------------------------------------------------------------------
     async def encode_chunked(self, plan: Plan, items: list[dict[str, Any]], direct: bool,
-                             timing: Timing) -> tuple[list[dict[str, Any]], int]:
+                             timing: Timing, *, priority: str = INTERACTIVE) -> tuple[list[dict[str, Any]], int]:
         """Encode answers with chunks, and the input tokens the forward passes saw."""
         assert plan.chunk is not None
         lm = await self._ready_model(plan.resolved)
@@ -135,10 +136,10 @@ class Chunking(Execution):
         spans, token_windows = await self._postprocess(self._chunk_spans, adapter, plan.chunk, texts, room)
         if plan.chunk.late:
             vectors, tokens = await self._late_vectors(lm, adapter, plan, texts, spans, token_windows, room,
-                                                       direct, timing)
+                                                       direct, timing, priority=priority)
         else:
             sub = [{"text": text[s:e]} for text, item_spans in zip(texts, spans, strict=True) for s, e in item_spans]
-            units, raws = await self._infer(lm, plan.ctx, sub, direct, timing)
+            units, raws = await self._infer(lm, plan.ctx, sub, direct, timing, priority=priority)
             vectors = [np.asarray(r["dense"], dtype=np.float32) for r in requested_outputs(plan, raws)]
             tokens = sum(u.input_tokens for u in units)
         normalize = bool(plan.options.get("normalize", True))
@@ -157,7 +158,7 @@ class Chunking(Execution):
 
     async def _late_vectors(self, lm: LoadedModel, adapter: HFTextAdapter, plan: Plan, texts: list[str],
                             spans: list[list[Span]], token_windows: list[list[Span]], room: int, direct: bool,
-                            timing: Timing) -> tuple[list[np.ndarray], int]:
+                            timing: Timing, *, priority: str = INTERACTIVE) -> tuple[list[np.ndarray], int]:
         """Late chunking: windows of whole chunks up to the model's limit run once each; every chunk
         mean-pools its own tokens' states from its window (normalised when the model normalises)."""
         from worker.adapters.dense import DenseAdapter
@@ -179,7 +180,7 @@ class Chunking(Execution):
             groups.append((i, spans[i][current[0]][0], current))
         sub = [{"text": texts[i][start : spans[i][chunks[-1]][1]]} for i, start, chunks in groups]
         ctx = replace(plan.ctx, output_types=("token_states",))
-        units, raws = await self._infer(lm, ctx, sub, direct, timing)
+        units, raws = await self._infer(lm, ctx, sub, direct, timing, priority=priority)
         window_tokens = await self._postprocess(adapter.token_spans, [x["text"] for x in sub], True)
         normalize = bool(plan.options.get("normalize", True))
         per_chunk: dict[tuple[int, int], np.ndarray] = {}
@@ -198,7 +199,7 @@ class Chunking(Execution):
 
     # ---- score -------------------------------------------------------------------------------
     async def score_chunked(self, plan: Plan, query: dict[str, Any], items: list[dict[str, Any]], direct: bool,
-                            timing: Timing) -> tuple[list[dict[str, Any]], int]:
+                            timing: Timing, *, priority: str = INTERACTIVE) -> tuple[list[dict[str, Any]], int]:
         """MaxP: every document's windows scored beside the query; a document scores its best window
         and says which (``span``: start/end characters) and of how many (``chunks``)."""
         from worker.adapters.cross_encoder import CrossEncoderAdapter
@@ -215,7 +216,7 @@ class Chunking(Execution):
         spans, _ = await self._postprocess(self._chunk_spans, adapter, plan.chunk, texts, room)
         pairs = [(query, {"text": text[s:e]}) for text, item_spans in zip(texts, spans, strict=True)
                  for s, e in item_spans]
-        units, scores = await self._infer(lm, plan.ctx, pairs, direct, timing)
+        units, scores = await self._infer(lm, plan.ctx, pairs, direct, timing, priority=priority)
         best_scores, best_units, extra, k = [], [], [], 0
         for item_spans in spans:
             mine = [float(x) for x in scores[k : k + len(item_spans)]]

@@ -9,6 +9,7 @@ from typing import Any
 from protocol import tracing
 from protocol.catalog import Resolved
 from protocol.errors import invalid_input
+from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared, RequestContext
 from worker.batching import BatchInfo, chunk_by_cost
 from worker.loaded import LoadedModel
@@ -39,8 +40,9 @@ class Execution(OomRecovery):
         return [u for part in parts for u in part]
 
     async def _infer(self, lm: LoadedModel, ctx: RequestContext, inputs: list[Any], direct: bool,
-                     timing: Timing) -> tuple[list[Prepared], list[Any]]:
-        """Tokenise ``inputs`` (CPU pool) and run them (batcher, or at once when ``direct``).
+                     timing: Timing, *, priority: str = INTERACTIVE) -> tuple[list[Prepared], list[Any]]:
+        """Tokenise ``inputs`` (CPU pool) and run them (batcher in ``priority``'s class, or at once
+        when ``direct``).
 
         On the batched path the request is announced to the model's BatchFormer before it
         tokenises, so a batch about to run waits for it briefly instead of running without it.
@@ -58,11 +60,11 @@ class Execution(OomRecovery):
             raise
         timing.tokenization_ms = (time.monotonic() - t) * 1000
         with lm.loras.use(ctx.lora):
-            outputs = await self._execute(lm, ctx, units, direct, timing)
+            outputs = await self._execute(lm, ctx, units, direct, timing, priority=priority)
         return units, outputs
 
     async def _execute(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], direct: bool,
-                       timing: Timing) -> list[Any]:
+                       timing: Timing, *, priority: str = INTERACTIVE) -> list[Any]:
         if ctx.op not in lm.adapter.operations:
             if not direct:
                 lm.former.unexpect()
@@ -84,7 +86,7 @@ class Execution(OomRecovery):
                 for i, out in zip(chunk, outs, strict=True):
                     outputs[i] = out
             return outputs
-        futures = lm.former.submit(ctx, units, expected=True)
+        futures = lm.former.submit(ctx, units, expected=True, priority=priority)
         try:
             results = await asyncio.gather(*futures)
         except BaseException:

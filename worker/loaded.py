@@ -80,6 +80,9 @@ class LoadedModel:
             coalesce_ms=s.batch_coalesce_ms,
             max_pad_share=s.max_padding_share,
             in_flight=s.forwards_in_flight or (2 if runtime.on_cuda else 1),
+            bulk_mixed_requests=s.serve_bulk_mixed_batch_requests,
+            bulk_mixed_window_s=s.serve_bulk_mixed_window_s,
+            bulk_max_wait_ms=s.serve_bulk_max_wait_ms,
             name=resolved.model_id,
         )
 

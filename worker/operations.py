@@ -8,6 +8,7 @@ from typing import Any
 from protocol import params as request_params
 from protocol import tracing
 from protocol.errors import invalid_input
+from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared
 from worker.adapters.hf import HFTextAdapter
 from worker.chunking import Chunking
@@ -18,25 +19,28 @@ from worker.results import Result, Timing, extract_item, rank_scores, truncation
 
 class Operations(Chunking):
     # ---- public operations -----------------------------------------------------------------
+    # ``priority``: the request's class (interactive | bulk) in the model's BatchFormer; the direct
+    # path (queue mode, the sidecar batched already) ignores it
     async def encode(self, spec: str, items: list[dict[str, Any]], params: dict[str, Any] | None = None,
-                     *, direct: bool = False) -> Result:
+                     *, direct: bool = False, priority: str = INTERACTIVE) -> Result:
         t0 = time.monotonic()
         params = params or {}
         options = params.get("options") or {}
         resolved = self.catalog.resolve(spec, options if isinstance(options, dict) else None)
         plan = plan_encode(resolved, params)
-        return await self.encode_plan(plan, items, direct=direct, t0=t0)
+        return await self.encode_plan(plan, items, direct=direct, t0=t0, priority=priority)
 
-    async def encode_plan(self, plan: Plan, items: list[dict[str, Any]], *, direct: bool, t0: float) -> Result:
+    async def encode_plan(self, plan: Plan, items: list[dict[str, Any]], *, direct: bool, t0: float,
+                          priority: str = INTERACTIVE) -> Result:
         self._check_items(plan.resolved, items)
         if plan.chunk is not None:
             timing = Timing()
-            chunked, tokens = await self.encode_chunked(plan, items, direct, timing)
+            chunked, tokens = await self.encode_chunked(plan, items, direct, timing, priority=priority)
             timing.total_ms = (time.monotonic() - t0) * 1000
             return Result(chunked, timing, tokens)
         lm = await self._ready_model(plan.resolved)
         timing = Timing()
-        units, raws = await self._infer(lm, plan.ctx, items, direct, timing)
+        units, raws = await self._infer(lm, plan.ctx, items, direct, timing, priority=priority)
         t = time.monotonic()
         with tracing.span("worker.postprocess"):
             out = await self._postprocess(self._encode_outputs, plan, raws, items, units)
@@ -55,7 +59,7 @@ class Operations(Chunking):
 
     async def score(self, spec: str, query: dict[str, Any], items: list[dict[str, Any]],
                     instruction: Any = None, options: dict[str, Any] | None = None,
-                    *, direct: bool = False) -> Result:
+                    *, direct: bool = False, priority: str = INTERACTIVE) -> Result:
         t0 = time.monotonic()
         resolved = self.catalog.resolve(spec, options if isinstance(options, dict) else None)
         plan = plan_score(resolved, instruction, options)
@@ -66,11 +70,12 @@ class Operations(Chunking):
         self._check_items(resolved, [query, *items])
         timing = Timing()
         if plan.chunk is not None:
-            entries, tokens = await self.score_chunked(plan, query, items, direct, timing)
+            entries, tokens = await self.score_chunked(plan, query, items, direct, timing, priority=priority)
             timing.total_ms = (time.monotonic() - t0) * 1000
             return Result(entries, timing, tokens, query_id=query.get("id"))
         lm = await self._ready_model(resolved)
-        units, scores = await self._infer(lm, plan.ctx, [(query, item) for item in items], direct, timing)
+        units, scores = await self._infer(lm, plan.ctx, [(query, item) for item in items], direct, timing,
+                                          priority=priority)
         t = time.monotonic()
         with tracing.span("worker.postprocess"):
             entries = rank_scores(scores, items, units)
@@ -80,7 +85,7 @@ class Operations(Chunking):
         return Result(entries, timing, sum(u.input_tokens for u in units), query_id=query.get("id"))
 
     async def extract(self, spec: str, items: list[dict[str, Any]], params: dict[str, Any] | None = None,
-                      *, direct: bool = False) -> Result:
+                      *, direct: bool = False, priority: str = INTERACTIVE) -> Result:
         t0 = time.monotonic()
         params = params or {}
         options = params.get("options") or {}
@@ -89,7 +94,7 @@ class Operations(Chunking):
         self._check_items(resolved, items)
         lm = await self._ready_model(resolved)
         timing = Timing()
-        units, raws = await self._infer(lm, plan.ctx, items, direct, timing)
+        units, raws = await self._infer(lm, plan.ctx, items, direct, timing, priority=priority)
         out = [extract_item(raw, item, i, unit)
                for i, (raw, item, unit) in enumerate(zip(raws, items, units, strict=True))]
         timing.total_ms = (time.monotonic() - t0) * 1000

@@ -6,9 +6,10 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.priority import priority_setting
 from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR
 
 
@@ -45,6 +46,11 @@ class WorkerSettings(BaseSettings):
     max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share
     forwards_in_flight: int = Field(default=0, ge=0)  # batches queued per model's inference thread; 0 = 2 on CUDA, 1 on CPU
     gil_switch_interval_ms: float = Field(default=0.0, ge=0)  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
+    # priority classes of sie serve (X-SIE-Priority: interactive | bulk), as the sidecar's SIE_BULK_*
+    serve_default_priority: str = "interactive"  # sie serve: priority class of requests without X-SIE-Priority (interactive or bulk)
+    serve_bulk_mixed_batch_requests: int = Field(default=8, gt=0)  # sie serve: most items per bulk batch while interactive work of the model is arriving (at most one bulk batch runs at a time)
+    serve_bulk_mixed_window_s: float = Field(default=2.0, ge=0)  # sie serve: interactive work seen this recently makes bulk batches the mixed size
+    serve_bulk_max_wait_ms: float = Field(default=2000.0, gt=0)  # sie serve: a bulk batch waiting this long is scheduled like an interactive one
     # limits
     max_request_body_bytes: int = 34 * 1024 * 1024  # largest request body (413 INPUT_TOO_LONG above)
     request_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)
@@ -75,6 +81,11 @@ class WorkerSettings(BaseSettings):
     download_progress_interval_s: float = Field(default=10.0, gt=0)  # progress log period while downloading
     log_level: str = "INFO"  # logging level
     log_format: Literal["text", "json"] = "text"  # log lines: text, or json (one object per line with request_id and trace_id)
+
+    @field_validator("serve_default_priority")
+    @classmethod
+    def _priority(cls, value: str) -> str:
+        return priority_setting(value, "SIE_SERVE_DEFAULT_PRIORITY")
 
     def preload_list(self) -> list[str]:
         return [m.strip() for m in self.preload_models.split(",") if m.strip()]

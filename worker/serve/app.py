@@ -48,6 +48,7 @@ from protocol.openai import (
     parse_embeddings_request,
     resolve_model,
 )
+from protocol.priority import PRIORITY_HEADER, request_priority
 from worker.runtime import Result, Runtime
 from worker.serve.metrics import ServeMetrics
 from worker.serve.result_cache import ResultLRU, encode_cached
@@ -107,6 +108,12 @@ async def _decoded(request: web.Request) -> Any:
     return decode_body(body, request.headers.get("Content-Type"))
 
 
+def _priority(request: web.Request) -> str:
+    """The request's priority class: ``X-SIE-Priority``, else ``SIE_SERVE_DEFAULT_PRIORITY`` (serve
+    has no tokens, so no token default); a bad header value is a 400 INVALID_INPUT, as on the gateway."""
+    return request_priority(request.headers.get(PRIORITY_HEADER), None, request.app[SETTINGS].serve_default_priority)
+
+
 def _check_count(items: list, settings: WorkerSettings) -> None:
     if len(items) > settings.max_items_per_request:
         raise invalid_input(
@@ -124,14 +131,16 @@ async def encode(request: web.Request) -> web.Response:
     parse_request(EncodeRequest, data)
     _check_count(data["items"], settings)
     params = data.get("params") or {}
+    priority = _priority(request)
     cache = request.app[RESULT_CACHE]
     hits = 0
     if cache is not None and _cache_wanted(request):
-        result, hits = await encode_cached(request.app[RUNTIME], cache, model, data["items"], params)
+        result, hits = await encode_cached(request.app[RUNTIME], cache, model, data["items"], params,
+                                           priority=priority)
         request.app[METRICS].cache_lookups.labels("hit").inc(hits)
         request.app[METRICS].cache_lookups.labels("miss").inc(len(data["items"]) - hits)
     else:
-        result = await request.app[RUNTIME].encode(model, data["items"], params)
+        result = await request.app[RUNTIME].encode(model, data["items"], params, priority=priority)
     body = {"model": model, "items": result.items, "timing": _timing_body(result),
             "usage": _usage(result)}
     headers = {**base_headers(request[REQUEST_ID]), **_timing_headers(result), "X-SIE-Cache-Hits": str(hits)}
@@ -152,7 +161,8 @@ async def score(request: web.Request) -> web.Response:
     data = await _decoded(request)
     parse_request(ScoreRequest, data)
     result = await request.app[RUNTIME].score(
-        model, data["query"], data["items"], data.get("instruction"), data.get("options")
+        model, data["query"], data["items"], data.get("instruction"), data.get("options"),
+        priority=_priority(request),
     )
     body = {"model": model, "query_id": result.query_id, "scores": result.items,
             "timing": _timing_body(result), "usage": _usage(result)}
@@ -166,7 +176,8 @@ async def extract(request: web.Request) -> web.Response:
     data = await _decoded(request)
     parse_request(ExtractRequest, data)
     _check_count(data["items"], settings)
-    result = await request.app[RUNTIME].extract(model, data["items"], data.get("params") or {})
+    result = await request.app[RUNTIME].extract(model, data["items"], data.get("params") or {},
+                                                priority=_priority(request))
     body = {"model": model, "items": result.items, "timing": _timing_body(result),
             "usage": _usage(result)}
     return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
@@ -179,6 +190,7 @@ async def tokenize(request: web.Request) -> web.Response:
     data = await _decoded(request)
     parse_request(TokenizeRequest, data)
     _check_count(data["items"], settings)
+    _priority(request)  # checked as on the gateway; tokenizing runs no forward pass, so nothing waits
     options = (data.get("params") or {}).get("options")
     result = await request.app[RUNTIME].tokenize(model, data["items"], options)
     body = {"model": model, "items": result.items, "timing": _timing_body(result),
@@ -290,7 +302,8 @@ async def openai_embeddings(request: web.Request) -> web.Response:
         resolved = resolve_model(runtime.catalog.resolve, req.model)
         options = dimension_options(req.dimensions, dense_dimension(resolved, req.model))
         result = await runtime.encode(req.model, [{"text": t} for t in req.inputs],
-                                      {"output_types": ["dense"], "output_dtype": "float32", "options": options})
+                                      {"output_types": ["dense"], "output_dtype": "float32", "options": options},
+                                      priority=_priority(request))
     except SIEError as exc:
         return openai_error_response(exc)
     rows = [embedding_row(item["dense"]["values"], i, req.encoding_format) for i, item in enumerate(result.items)]

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from protocol.priority import INTERACTIVE
 from protocol.result_cache import model_config_hash, result_key
 from worker.results import Result, Timing
 from worker.runtime import Runtime
@@ -48,7 +49,7 @@ class ResultLRU:
 
 
 async def encode_cached(runtime: Runtime, cache: ResultLRU, model: str, items: list[Any],
-                        params: dict[str, Any]) -> tuple[Result, int]:
+                        params: dict[str, Any], *, priority: str = INTERACTIVE) -> tuple[Result, int]:
     """``runtime.encode`` of the items the cache does not hold; ``(result in request order, hits)``.
     Usage counts the tokens encoded now (hits cost none)."""
     t0 = time.monotonic()
@@ -66,7 +67,7 @@ async def encode_cached(runtime: Runtime, cache: ResultLRU, model: str, items: l
     todo = [i for i, found in enumerate(out) if found is None]
     if not todo:
         return Result(out, Timing(total_ms=(time.monotonic() - t0) * 1000), 0), len(items)
-    fresh = await runtime.encode(model, [items[i] for i in todo], params)
+    fresh = await runtime.encode(model, [items[i] for i in todo], params, priority=priority)
     for i, value in zip(todo, fresh.items, strict=True):
         out[i] = value
         cache.put(keys[i], value)

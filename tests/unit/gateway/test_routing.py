@@ -10,7 +10,6 @@ from gateway.routing import (
     canonical_profile,
     lane_served,
     provisioning_message,
-    request_priority,
     split_routing_headers,
 )
 from gateway.workers import WorkerRecord
@@ -123,24 +122,3 @@ def test_provisioning_message_says_what_and_where():
         "No ready worker for model 'm' on any machine profile in the cluster; capacity is being provisioned"
     )
     assert "machine profile 'l4' in pool 'team-a'" in provisioning_message("m", "l4", "team-a")
-
-
-@pytest.mark.parametrize(
-    ("header", "token", "default", "expected"),
-    [
-        (None, None, "interactive", "interactive"),
-        (None, None, "bulk", "bulk"),  # the pool's (or the gateway's) default
-        (None, "bulk", "interactive", "bulk"),  # a bulk token wins over the default
-        ("interactive", "bulk", "bulk", "interactive"),  # the header wins over both
-        (" BULK ", None, "interactive", "bulk"),
-        ("", None, "bulk", "bulk"),
-    ],
-)
-def test_request_priority_precedence(header, token, default, expected):
-    assert request_priority(header, token, default) == expected
-
-
-def test_an_unknown_priority_is_a_400():
-    with pytest.raises(SIEError) as err:
-        request_priority("urgent", None, "interactive")
-    assert err.value.code == ErrorCode.INVALID_INPUT and err.value.status == 400

@@ -154,3 +154,146 @@ async def test_two_in_flight_queues_the_next_batch_while_one_runs():
     results = await asyncio.gather(*first, *second, *third)
     assert [r[0] for r in results] == [3, 4, 5] and started[2] == [5]
     await former.close()
+
+
+# ---- priority classes ---------------------------------------------------------------------------
+
+
+class Gate:
+    """A forward pass that waits until the test lets it finish: batches start in the former's order
+    and the test sees each start (``started``) before deciding what arrives next."""
+
+    def __init__(self):
+        self.batches: list[list[str]] = []  # the units' labels, per batch, in start order
+        self.started: asyncio.Queue = asyncio.Queue()
+        self.open = asyncio.Event()
+        self.running = 0
+        self.most_running = 0
+
+    async def __call__(self, ctx, batch):
+        self.batches.append([u.data for u in batch])
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        self.started.put_nowait(len(self.batches))
+        try:
+            await self.open.wait()
+        finally:
+            self.running -= 1
+        return [u.data for u in batch]
+
+    async def next_start(self):
+        return await asyncio.wait_for(self.started.get(), timeout=5)
+
+
+def labelled(prefix, n):
+    return [Prepared(cost=4, data=f"{prefix}{i}") for i in range(n)]
+
+
+def classes(batches):
+    return ["".join(sorted({label[0] for label in b})) for b in batches]
+
+
+def former(run, **over):
+    opts = dict(max_cost=10_000, max_requests=8, max_wait_ms=10_000, coalesce_ms=10_000,
+                bulk_mixed_requests=2, bulk_mixed_window_s=3600, bulk_max_wait_ms=3_600_000)
+    return BatchFormer(run, **{**opts, **over})
+
+
+async def test_interactive_overtakes_a_bulk_backlog_and_bulk_shrinks_while_it_arrives():
+    gate = Gate()
+    bf = former(gate)
+    ctx = RequestContext(op="encode")
+    bulk = bf.submit(ctx, labelled("b", 40), priority="bulk")
+    assert await gate.next_start() == 1  # bulk alone: a full-size batch
+    inter = bf.submit(ctx, labelled("i", 3))  # interactive is the default class
+    gate.open.set()
+    await asyncio.wait_for(asyncio.gather(*inter, *bulk), timeout=5)
+    # the interactive request ran right after the bulk batch that was on the worker, and bulk
+    # batches were cut at the mixed size from then on
+    assert classes(gate.batches[:3]) == ["b", "i", "b"]
+    assert [len(b) for b in gate.batches] == [8, 3] + [2] * 16
+    await bf.close()
+
+
+async def test_without_interactive_traffic_bulk_keeps_the_full_batch_size():
+    gate = Gate()
+    gate.open.set()
+    bf = former(gate, bulk_mixed_window_s=0)  # interactive seen 'recently' never applies
+    ctx = RequestContext(op="encode")
+    (done,) = bf.submit(ctx, labelled("i", 1))
+    await done
+    futs = bf.submit(ctx, labelled("b", 24), priority="bulk")
+    await asyncio.gather(*futs)
+    assert [len(b) for b in gate.batches] == [1, 8, 8, 8]
+    await bf.close()
+
+
+async def test_at_most_one_bulk_batch_is_in_flight_and_interactive_runs_beside_it():
+    gate = Gate()
+    bf = former(gate, in_flight=2)
+    ctx = RequestContext(op="encode")
+    bulk = bf.submit(ctx, labelled("b", 16), priority="bulk")
+    bulk += bf.submit(RequestContext(op="encode", is_query=True), labelled("c", 16), priority="bulk")
+    await gate.next_start()
+    await asyncio.sleep(0.05)  # a free slot and two bulk queues: still only one bulk batch started
+    assert len(gate.batches) == 1 and gate.running == 1
+    inter = bf.submit(ctx, labelled("i", 2))
+    await gate.next_start()  # the second slot takes the interactive batch at once
+    assert classes(gate.batches) == ["b", "i"] and gate.running == 2
+    gate.open.set()
+    await asyncio.wait_for(asyncio.gather(*inter, *bulk), timeout=5)
+    assert gate.most_running == 2
+    await bf.close()
+
+
+async def test_interactive_batches_use_both_slots():
+    gate = Gate()
+    bf = former(gate, in_flight=2, max_requests=2)
+    futs = bf.submit(RequestContext(op="encode"), labelled("i", 4))
+    await gate.next_start()
+    await gate.next_start()
+    assert gate.running == 2
+    gate.open.set()
+    await asyncio.gather(*futs)
+    await bf.close()
+
+
+async def _bulk_behind_an_interactive_stream(bulk_max_wait_ms: float, batches: int) -> list[str]:
+    """A bulk backlog, and interactive work that keeps arriving: one new interactive unit each time
+    a batch starts. The classes of the first ``batches`` batches."""
+    gate = Gate()
+    bf = former(gate, max_requests=1, bulk_mixed_requests=1, bulk_max_wait_ms=bulk_max_wait_ms)
+    ctx = RequestContext(op="encode")
+    (first,) = bf.submit(ctx, labelled("i", 1))
+    await gate.next_start()
+    bulk = bf.submit(ctx, labelled("b", 3), priority="bulk")
+    futs = [first]
+    for n in range(batches - 1):
+        futs += bf.submit(ctx, labelled(f"i{n}-", 1))
+        gate.open.set()
+        gate.open.clear()  # let exactly the running batch finish
+        await gate.next_start()
+    out = classes(gate.batches[:batches])
+    gate.open.set()
+    await asyncio.wait_for(asyncio.gather(*futs, *bulk), timeout=5)
+    await bf.close()
+    return out
+
+
+async def test_a_bulk_backlog_is_starved_by_interactive_work_until_its_max_wait():
+    assert "b" not in await _bulk_behind_an_interactive_stream(3_600_000, 8)
+
+
+async def test_bulk_past_its_max_wait_progresses_despite_interactive_work():
+    # waited past its max wait (0 here): each bulk batch competes as interactive work that arrived
+    # when the previous bulk batch was cut, so bulk and the interactive stream take turns
+    order = await _bulk_behind_an_interactive_stream(0, 8)
+    assert order.count("b") == 3 and order[0] == "i"
+    assert "bb" not in "".join(order)  # never two bulk batches in a row while interactive waits
+
+
+async def test_an_unknown_priority_is_refused():
+    bf = former(Recorder())
+    with pytest.raises(ValueError):
+        bf.submit(RequestContext(op="encode"), units(1), priority="urgent")
+    await bf.close()
