@@ -201,6 +201,10 @@ class EnsureModelReadyResponse:
     state: str
     max_batch_tokens: int | None = None
     batch_budget: int | None = None  # the model's max_batch_requests
+    # batches the model's inference thread takes at once (1 on CPU, 2 on CUDA): the sidecar keeps
+    # no more interactive batches than this on the worker, so waiting items join the next batch
+    # instead of queueing there as many small ones
+    forwards_in_flight: int | None = None
     error: str | None = None
     error_code: str | None = None
 

@@ -123,6 +123,7 @@ class Readiness(Settlement):
             sched.limits.max_requests = min(
                 s.batcher_max_batch_requests, resp.batch_budget or s.batcher_max_batch_requests
             )
+            sched.depth = resp.forwards_in_flight or 0
             return True
         sched.ready = False
         if resp.state in (ipc.STATE_LOADING_STARTED, ipc.STATE_LOADING_IN_PROGRESS):

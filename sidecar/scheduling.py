@@ -65,7 +65,8 @@ class Scheduling(Liveness):
                         break
                     due = next_due(batchers, sched.limits)
                     if due is None and sched.pending_count() > 0:
-                        # only bulk is pending and its batches are all on the worker: wait for one
+                        # what is pending may not go to the worker yet (it holds as many batches
+                        # as it takes): wait for one to finish
                         sched.wake.clear()
                         await sched.wake.wait()
                         continue
@@ -105,10 +106,13 @@ class Scheduling(Liveness):
     def _eligible(self, sched: ModelScheduler) -> list[Batcher]:
         """The batchers a batch may come from now: bulk ones only while fewer than
         ``bulk_max_concurrent_batches`` bulk batches of the model are on the worker, so an interactive
-        batch never queues there behind more bulk work than that."""
-        if sched.bulk_running < self.settings.bulk_max_concurrent_batches:
-            return list(sched.batchers.values())
-        return [b for b in sched.batchers.values() if b.priority != BULK]
+        batch never queues there behind more bulk work than that; interactive ones only while fewer
+        interactive batches than the worker's depth (its forwards in flight) are there, so what
+        arrives meanwhile waits here and joins the next batch, as it would in ``sie serve``, instead
+        of queueing on the worker as many small batches cut every ``batcher_max_batch_wait_ms``."""
+        bulk_ok = sched.bulk_running < self.settings.bulk_max_concurrent_batches
+        interactive_ok = not sched.depth or sched.running - sched.bulk_running < sched.depth
+        return [b for b in sched.batchers.values() if (bulk_ok if b.priority == BULK else interactive_ok)]
 
     async def _drop_cancelled(self, sched: ModelScheduler) -> None:
         for b in sched.batchers.values():

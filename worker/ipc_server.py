@@ -145,6 +145,7 @@ class IpcHandler(ConfigCalls):
             state=res.state if res.state in ipc.ENSURE_STATES else ipc.STATE_RETRY_LATER,
             max_batch_tokens=res.max_batch_tokens,
             batch_budget=res.max_batch_requests,
+            forwards_in_flight=res.forwards_in_flight or None,
         )
         if res.error is not None:
             resp.error = res.error.message

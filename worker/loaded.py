@@ -72,6 +72,8 @@ class LoadedModel:
             retry_after_s=s.lora_loading_retry_after_s,
             failure_cooldown_s=s.load_failure_cooldown_s,
         )
+        # batches the inference thread takes at once: the next one queued while a forward runs (CUDA)
+        self.forwards_in_flight = s.forwards_in_flight or (2 if runtime.on_cuda else 1)
         self.former = BatchFormer(
             self.run,
             max_cost=self.max_cost,
@@ -79,7 +81,7 @@ class LoadedModel:
             max_wait_ms=s.max_batch_wait_ms,
             coalesce_ms=s.batch_coalesce_ms,
             max_pad_share=s.max_padding_share,
-            in_flight=s.forwards_in_flight or (2 if runtime.on_cuda else 1),
+            in_flight=self.forwards_in_flight,
             bulk_mixed_requests=s.serve_bulk_mixed_batch_requests,
             bulk_mixed_window_s=s.serve_bulk_mixed_window_s,
             bulk_max_wait_ms=s.serve_bulk_max_wait_ms,

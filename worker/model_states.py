@@ -351,4 +351,4 @@ class ModelStates:
             if exc.code == ErrorCode.MODEL_LOAD_FAILED:
                 return EnsureResult("failed", exc)
             return EnsureResult("loading_in_progress" if before == "loading" else "loading_started", exc)
-        return EnsureResult("ready", None, lm.max_cost, lm.max_requests)
+        return EnsureResult("ready", None, lm.max_cost, lm.max_requests, lm.forwards_in_flight)

@@ -16,6 +16,7 @@ class EnsureResult:
     error: SIEError | None = None
     max_batch_tokens: int = 0
     max_batch_requests: int = 0
+    forwards_in_flight: int = 0  # batches the model's inference thread takes at once
 
 
 @dataclass
