@@ -28,6 +28,7 @@ from protocol.model_config import (
     Profile,
     bundle_config_hash,
     bundles_hash,
+    load_yaml,
     parse_bundle_yaml,
 )
 
@@ -84,7 +85,7 @@ def load_baseline_models(directory: Path | None) -> dict[str, ModelEntry]:
     for path in _yaml_files(directory):
         text = path.read_text(encoding="utf-8")
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
             if not isinstance(data, dict):
                 raise ValueError("a model config must be a YAML mapping")
             config = ModelConfig.model_validate(data)
@@ -116,7 +117,7 @@ def model_pool(config: ModelConfig) -> str:
 
 
 def entry_from_yaml(raw_yaml: str, source: str = "api") -> ModelEntry:
-    data = yaml.safe_load(raw_yaml)
+    data = load_yaml(raw_yaml)
     if not isinstance(data, dict):
         raise ValueError("stored model config is not a mapping")
     return ModelEntry(config=ModelConfig.model_validate(data), data=data, raw_yaml=raw_yaml, source=source)
@@ -292,7 +293,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(400, "parse_error", f"Invalid YAML: body is not UTF-8 ({exc})") from exc
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
         check_plain(data)
     except (yaml.YAMLError, CodecError) as exc:
         raise ConfigError(400, "parse_error", f"Invalid YAML: {exc}") from exc

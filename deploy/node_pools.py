@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from protocol.model_config import load_yaml
 
 DATA = Path(__file__).resolve().parent / "docs" / "node-pools.yaml"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -15,7 +15,7 @@ SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "No
 
 
 def load() -> dict:
-    return yaml.safe_load(DATA.read_text())
+    return load_yaml(DATA.read_text())
 
 
 def node_labels(cloud: str, pool: dict) -> dict[str, str]:

@@ -49,7 +49,7 @@ from protocol.config_delta import (
     parse_export,
 )
 from protocol.errors import ErrorCode, SIEError
-from protocol.model_config import Bundle, ModelConfig, bundles_hash, parse_model_yaml
+from protocol.model_config import Bundle, ModelConfig, bundles_hash, load_yaml, parse_model_yaml
 from protocol.subjects import CONFIG_ALL
 
 log = logging.getLogger("gateway.config_sync")
@@ -285,7 +285,7 @@ class ConfigServiceRegistry(CatalogRegistry):
             if resp.status != 200:
                 raise BootstrapError(f"GET {path}: HTTP {resp.status}: {text[:200]}")
         try:
-            return yaml.safe_load(text)  # JSON is YAML; the reference answers bundles as YAML
+            return load_yaml(text)  # JSON is YAML; the reference answers bundles as YAML
         except yaml.YAMLError as exc:
             raise BootstrapError(f"GET {path}: unparsable body: {exc}") from exc
 

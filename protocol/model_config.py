@@ -181,15 +181,24 @@ class Bundle(_Strict):
     description: str | None = None
 
 
+# libyaml's parser where PyYAML was built with it (the wheels are): the same documents, ~8x faster
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(text: str | bytes) -> Any:
+    """``yaml.safe_load`` through libyaml when present (every process parses the whole catalog)."""
+    return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+
+
 def parse_model_yaml(text: str) -> ModelConfig:
-    data = yaml.safe_load(text)
+    data = load_yaml(text)
     if not isinstance(data, dict):
         raise ValueError("a model config must be a YAML mapping")
     return ModelConfig.model_validate(data)
 
 
 def parse_bundle_yaml(text: str) -> Bundle:
-    data = yaml.safe_load(text)
+    data = load_yaml(text)
     if not isinstance(data, dict):
         raise ValueError("a bundle must be a YAML mapping")
     return Bundle.model_validate(data)
