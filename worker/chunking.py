@@ -117,11 +117,9 @@ class Chunking(Execution):
             toks.append(spans)
         return chars, toks
 
-    def _room(self, adapter: HFTextAdapter, ctx: RequestContext, query: str | None = None) -> int:
-        """Tokens a chunk may take: the model's limit less the specials, template (and query) around it."""
+    def _room(self, adapter: HFTextAdapter, ctx: RequestContext) -> int:
+        """Tokens a chunk may take: the model's limit less the specials and template around it."""
         around = adapter.token_spans([apply_template("", ctx)], special=True)[0]["count"]
-        if query is not None:
-            around += adapter.token_spans([query], special=False)[0]["count"] + 1  # the pair's second [SEP]
         return adapter.limit(ctx) - around
 
     # ---- encode ------------------------------------------------------------------------------
@@ -202,17 +200,14 @@ class Chunking(Execution):
                             timing: Timing, *, priority: str = INTERACTIVE) -> tuple[list[dict[str, Any]], int]:
         """MaxP: every document's windows scored beside the query; a document scores its best window
         and says which (``span``: start/end characters) and of how many (``chunks``)."""
-        from worker.adapters.cross_encoder import CrossEncoderAdapter
-
         lm = await self._ready_model(plan.resolved)
         adapter = self._text_adapter(lm)
-        if not isinstance(adapter, CrossEncoderAdapter):
-            raise invalid_input(f"Model '{lm.model_id}' does not score in chunks (cross-encoders do)",
-                                param="overflow_policy")
+        room = adapter.document_room(plan.ctx, query.get("text") or "")
+        if room is None:
+            raise invalid_input(f"Model '{lm.model_id}' does not score in chunks (cross-encoders and LLM "
+                                "rerankers do)", param="overflow_policy")
         assert plan.chunk is not None
         texts = [item.get("text") or "" for item in items]
-        room = self._room(adapter, replace(plan.ctx, is_query=True), query=apply_template(
-            query.get("text") or "", replace(plan.ctx, is_query=True)))
         spans, _ = await self._postprocess(self._chunk_spans, adapter, plan.chunk, texts, room)
         pairs = [(query, {"text": text[s:e]}) for text, item_spans in zip(texts, spans, strict=True)
                  for s, e in item_spans]

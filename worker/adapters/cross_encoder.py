@@ -54,6 +54,12 @@ class CrossEncoderAdapter(HFTextAdapter):
         )
         self.uses_token_types = "token_type_ids" in getattr(self.tokenizer, "model_input_names", [])
 
+    def document_room(self, ctx: RequestContext, query: str) -> int | None:
+        qctx = replace(ctx, is_query=True)
+        doc_template = ctx.options.get("doc_template")
+        empty_doc = str(doc_template).replace("{text}", "") if doc_template else ""
+        return self.limit(ctx) - self.full_length(apply_template(query, qctx), empty_doc, special=True)
+
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         qctx = replace(ctx, is_query=True)
         queries = [apply_template(q.get("text") or "", qctx) for q, _ in inputs]

@@ -80,6 +80,12 @@ class HFTextAdapter(Adapter):
     def limit(self, ctx: RequestContext) -> int:
         return min(ctx.max_length or self.max_length, self.max_length)
 
+    def document_room(self, ctx: RequestContext, query: str) -> int | None:
+        """Tokens a document may take beside ``query`` in one scored pair (the rest of the limit goes
+        to the query, the template and the special tokens); None where the adapter does not score
+        (query, document) pairs, so ``score`` cannot split documents into windows (MaxP)."""
+        return None
+
     def _thread_tokenizer(self) -> Any:
         """This thread's own Rust tokenizer (truncation is state of the tokenizer object, so one
         shared by the tokenisation threads races: one thread's limit leaks into another's call)."""

@@ -54,17 +54,21 @@ class LLMRerankerAdapter(HFTextAdapter):
                            status=502)
         return int(ids[0])
 
-    def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
+    def _body(self, ctx: RequestContext, query: str, document: str) -> str:
         instruction = ctx.instruction or self.default_instruction
+        return (self.body_template.replace("{instruction}", instruction).replace("{query}", query)
+                .replace("{document}", document))
+
+    def document_room(self, ctx: RequestContext, query: str) -> int | None:
+        around = len(self.prefix_ids) + len(self.suffix_ids) + self.full_length(self._body(ctx, query, ""), special=False)
+        return self.limit(ctx) - around - 2  # two spare: BPE may merge across the document's edges
+
+    def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         fixed = len(self.prefix_ids) + len(self.suffix_ids)
         room = self.limit(ctx) - fixed
         if room < 8:
             raise SIEError(ErrorCode.INVALID_INPUT, f"the prompt of this model needs more than {self.limit(ctx)} tokens")
-        bodies = [
-            self.body_template.replace("{instruction}", instruction).replace("{query}", q.get("text") or "")
-            .replace("{document}", d.get("text") or "")
-            for q, d in inputs
-        ]
+        bodies = [self._body(ctx, q.get("text") or "", d.get("text") or "") for q, d in inputs]
         encs, truncated = self.encode(bodies, None, room, special=False)
         if not ctx.truncate and any(truncated):
             first = truncated.index(True)
