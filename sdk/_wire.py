@@ -112,6 +112,21 @@ def parse_gpu(gpu: str) -> tuple[str | None, str]:
     return None, gpu
 
 
+PRIORITIES = ("interactive", "bulk")
+
+
+def check_priority(priority: str | None) -> str | None:
+    """A priority class the servers know (``interactive`` or ``bulk``), or None for their default."""
+    if priority is not None and priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {list(PRIORITIES)} or None, got {priority!r}")
+    return priority
+
+
+def priority_headers(priority: str | None) -> dict[str, str]:
+    """``X-SIE-Priority`` for a request of that class (none: the server's default applies)."""
+    return {"X-SIE-Priority": check_priority(priority)} if priority else {}
+
+
 def routing_headers(gpu: str | None) -> dict[str, str]:
     if not gpu:
         return {}

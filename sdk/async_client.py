@@ -63,6 +63,7 @@ class SIEAsyncClient:
         timeout_s: float | None = None,
         api_key: str | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         options: dict[str, Any] | None = None,
         max_connections: int | None = None,
         base_url_headers: Mapping[str, str] | None = None,
@@ -78,6 +79,7 @@ class SIEAsyncClient:
             timeout_s, connect_timeout_s, read_timeout_s
         )
         self._default_gpu = gpu
+        self._default_priority = W.check_priority(priority)
         self._default_options = dict(options or {})
         if lease_renewal_interval_s is not None:
             self.lease_renewal_interval_s = float(lease_renewal_interval_s)
@@ -167,12 +169,13 @@ class SIEAsyncClient:
         *,
         gpu: str | None,
         wait_for_capacity: bool,
+        priority: str | None = None,
         provision_timeout_s: float | None,
         max_oom_retries: int,
         lora: str | None = None,
     ) -> tuple[dict[str, Any], Mapping[str, str]]:
         gpu = gpu if gpu is not None else self._default_gpu
-        headers = W.routing_headers(gpu)
+        headers = {**W.routing_headers(gpu), **W.priority_headers(priority or self._default_priority)}
         payload = packb(body)
         path = f"/v1/{operation}/{model}"
         state = RetryState.start(
@@ -227,6 +230,7 @@ class SIEAsyncClient:
         is_query: bool | None = None,
         options: dict[str, Any] | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
         max_oom_retries: int = RESOURCE_EXHAUSTED_MAX_RETRIES,
@@ -245,6 +249,7 @@ class SIEAsyncClient:
             model,
             body,
             gpu=gpu,
+            priority=priority,
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=max_oom_retries,
@@ -262,6 +267,7 @@ class SIEAsyncClient:
         instruction: str | None = None,
         options: dict[str, Any] | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
         max_oom_retries: int = RESOURCE_EXHAUSTED_MAX_RETRIES,
@@ -274,6 +280,7 @@ class SIEAsyncClient:
             model,
             body,
             gpu=gpu,
+            priority=priority,
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=max_oom_retries,
@@ -290,6 +297,7 @@ class SIEAsyncClient:
         instruction: str | None = None,
         options: dict[str, Any] | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
         max_oom_retries: int = RESOURCE_EXHAUSTED_MAX_RETRIES,
@@ -306,6 +314,7 @@ class SIEAsyncClient:
             model,
             body,
             gpu=gpu,
+            priority=priority,
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=max_oom_retries,
@@ -320,6 +329,7 @@ class SIEAsyncClient:
         *,
         options: dict[str, Any] | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
     ) -> Any:
@@ -332,6 +342,7 @@ class SIEAsyncClient:
             model,
             body,
             gpu=gpu,
+            priority=priority,
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=0,

@@ -65,6 +65,7 @@ class SIEClient:
         timeout_s: float | None = None,
         api_key: str | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         options: dict[str, Any] | None = None,
         max_connections: int | None = None,
         base_url_headers: Mapping[str, str] | None = None,
@@ -80,6 +81,7 @@ class SIEClient:
             timeout_s, connect_timeout_s, read_timeout_s
         )
         self._default_gpu = gpu
+        self._default_priority = W.check_priority(priority)
         self._default_options = dict(options or {})
         if lease_renewal_interval_s is not None:
             self.lease_renewal_interval_s = float(lease_renewal_interval_s)
@@ -174,12 +176,13 @@ class SIEClient:
         *,
         gpu: str | None,
         wait_for_capacity: bool,
+        priority: str | None = None,
         provision_timeout_s: float | None,
         max_oom_retries: int,
         lora: str | None = None,
     ) -> tuple[dict[str, Any], Mapping[str, str]]:
         gpu = gpu if gpu is not None else self._default_gpu
-        headers = W.routing_headers(gpu)
+        headers = {**W.routing_headers(gpu), **W.priority_headers(priority or self._default_priority)}
         payload = packb(body)
         path = f"/v1/{operation}/{model}"
         state = RetryState.start(
@@ -234,6 +237,7 @@ class SIEClient:
         is_query: bool | None = None,
         options: dict[str, Any] | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
         max_oom_retries: int = RESOURCE_EXHAUSTED_MAX_RETRIES,
@@ -253,6 +257,7 @@ class SIEClient:
             model,
             body,
             gpu=gpu,
+            priority=priority,
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=max_oom_retries,
@@ -270,6 +275,7 @@ class SIEClient:
         instruction: str | None = None,
         options: dict[str, Any] | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
         max_oom_retries: int = RESOURCE_EXHAUSTED_MAX_RETRIES,
@@ -283,6 +289,7 @@ class SIEClient:
             model,
             body,
             gpu=gpu,
+            priority=priority,
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=max_oom_retries,
@@ -299,6 +306,7 @@ class SIEClient:
         instruction: str | None = None,
         options: dict[str, Any] | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
         max_oom_retries: int = RESOURCE_EXHAUSTED_MAX_RETRIES,
@@ -316,6 +324,7 @@ class SIEClient:
             model,
             body,
             gpu=gpu,
+            priority=priority,
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=max_oom_retries,
@@ -330,6 +339,7 @@ class SIEClient:
         *,
         options: dict[str, Any] | None = None,
         gpu: str | None = None,
+        priority: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
     ) -> Any:
@@ -342,6 +352,7 @@ class SIEClient:
             model,
             body,
             gpu=gpu,
+            priority=priority,
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=0,

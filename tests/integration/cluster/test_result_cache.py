@@ -263,6 +263,35 @@ def test_bulk_requests_travel_on_the_bulk_durable(cluster, how):
     assert bad.status_code == 400 and "X-SIE-Priority" in bad.text, bad.text
 
 
+def test_sdks_choose_the_priority_class(cluster, sdk):
+    """Our SDK: ``priority=`` per client and per call; the public sie-sdk, which sends no priority
+    header of its own (its ``base_url_headers`` need https): a pool whose default class is bulk,
+    named in ``gpu="pool/profile"``. (Fresh texts each time: a cache hit would publish nothing.)"""
+    from sdk import SIEClient
+
+    with SIEClient(cluster.gateway_url, priority="bulk") as client:
+        before = bulk_delivered(cluster)  # (the stream sequence of the last bulk delivery)
+        client.encode(FAKE, [{"text": "our sdk, bulk by default 1"}, {"text": "our sdk, bulk by default 2"}])
+        after = bulk_delivered(cluster)
+        assert after > before
+        client.encode(FAKE, {"text": "our sdk, this call interactive"}, priority="interactive")
+        assert bulk_delivered(cluster) == after
+        with pytest.raises(ValueError, match="priority"):
+            client.encode(FAKE, {"text": "x"}, priority="urgent")
+    r = httpx.post(cluster.gateway_url + "/v1/pools", json={"name": "sdk-bulk", "gpus": {"cpu": 1}, "priority": "bulk"},
+                   headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)  # fmt: skip
+    assert r.status_code in (200, 201), r.text
+    for gpu, text in [("sdk-bulk/cpu", "public sdk, bulk by its pool"), ("cpu", "public sdk, interactive")]:
+        before = bulk_delivered(cluster)
+        run_sdk(f"""
+        from sie_sdk import SIEClient
+        with SIEClient(URL) as c:
+            c.encode({FAKE!r}, {{"text": {text!r}}}, gpu={gpu!r})
+        print("{{}}")
+        """, cluster.gateway_url)
+        assert (bulk_delivered(cluster) > before) is (gpu == "sdk-bulk/cpu"), gpu
+
+
 def test_the_public_sdk_gets_the_same_vectors_from_the_cache(cluster, sdk):
     script = f"""
     from sie_sdk import SIEClient

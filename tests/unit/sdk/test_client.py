@@ -75,6 +75,21 @@ def test_client_default_gpu_and_call_override(server, make_client):
     assert (second.headers["X-SIE-Pool"], second.headers["X-SIE-MACHINE-PROFILE"]) == ("p", "l4")
 
 
+def test_priority_class_per_client_and_per_call(server, make_client):
+    client = make_client(priority="bulk")
+    client.encode(MODEL, {"text": "x"})
+    client.score(MODEL, {"text": "q"}, [{"text": "x"}], priority="interactive")
+    client.extract(MODEL, {"text": "x"})
+    assert [c.headers.get("X-SIE-Priority") for c in server.calls("/v1/")] == ["bulk", "interactive", "bulk"]
+    plain = make_client()
+    plain.encode(MODEL, {"text": "x"})
+    assert "X-SIE-Priority" not in server.calls("/v1/")[-1].headers  # the server's default applies
+    with pytest.raises(ValueError, match="priority"):
+        plain.encode(MODEL, {"text": "x"}, priority="urgent")
+    with pytest.raises(ValueError, match="priority"):
+        make_client(priority="high")
+
+
 def test_api_key_from_environment_and_explicit_empty(server, make_client, monkeypatch):
     monkeypatch.setenv("SIE_API_KEY", "env-key")
     monkeypatch.delenv("SIE_BASE_URL", raising=False)
