@@ -124,7 +124,10 @@ def check_priority(priority: str | None) -> str | None:
 
 def priority_headers(priority: str | None) -> dict[str, str]:
     """``X-SIE-Priority`` for a request of that class (none: the server's default applies)."""
-    return {"X-SIE-Priority": check_priority(priority)} if priority else {}
+    if not priority:
+        return {}
+    check_priority(priority)
+    return {"X-SIE-Priority": priority}
 
 
 def routing_headers(gpu: str | None) -> dict[str, str]:
