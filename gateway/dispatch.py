@@ -12,7 +12,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -21,6 +20,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
 from gateway.metrics import GatewayMetrics
+from gateway.publisher import AckedPublisher
 from gateway.routing import Lane
 from protocol import tracing
 from protocol.errors import ErrorCode, SIEError
@@ -100,13 +100,13 @@ class Dispatcher:
         # cannot overshoot max_stream_pending
         self._admitted_since: dict[str, int] = {}
         self._sub: Subscription | None = None
-        # resolved (and replaced) at every NATS reconnect: publishes waiting for an ack send again;
-        # one future shared by every waiting publish, made when the first one waits
-        self._reconnected: asyncio.Future[None] | None = None
+        self.publisher = AckedPublisher(nc)
+        self._resends: set[asyncio.Task] = set()
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(inbox_prefix(self.router_id) + ".>", cb=self._on_result)
+        await self.publisher.start()
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -116,6 +116,7 @@ class Dispatcher:
         for col in self._collectors.values():
             if not col.future.done():
                 col.future.cancel()
+        await self.publisher.stop()
 
     def on_reconnect(self) -> None:
         """After a NATS reconnect streams may be gone (memory storage): ensure them again; publishes
@@ -123,14 +124,9 @@ class Dispatcher:
         are sent again at once rather than after their timeout."""
         self._ensured.clear()
         self._pending_cache.clear()
-        if self._reconnected is not None and not self._reconnected.done():
-            self._reconnected.set_result(None)
-        self._reconnected = None
-
-    def _next_reconnect(self) -> asyncio.Future[None]:
-        if self._reconnected is None:
-            self._reconnected = asyncio.get_running_loop().create_future()
-        return self._reconnected
+        task = asyncio.get_running_loop().create_task(self.publisher.resend(), name="resend-publishes")
+        self._resends.add(task)
+        task.add_done_callback(self._resends.discard)
 
     @property
     def pending_requests(self) -> int:
@@ -307,7 +303,7 @@ class Dispatcher:
         headers = {"Nats-Msg-Id": msg_id}
         for attempt in range(2):
             try:
-                await self._publish_until_acked(subject, payload, headers)
+                await self.publisher.publish(subject, payload, headers)
                 return
             except nats.js.errors.NoStreamResponseError:
                 # stream gone (NATS restarted with memory storage, or deleted): ensure and retry once
@@ -347,24 +343,6 @@ class Dispatcher:
                 raise SIEError(
                     ErrorCode.QUEUE_UNAVAILABLE, "Work queue unavailable; retry later", retry_after=2
                 ) from None
-
-    async def _publish_until_acked(self, subject: str, payload: bytes, headers: dict[str, str]) -> None:
-        """js.publish, sent again when the connection is re-established before the ack arrives
-        (Nats-Msg-Id makes a repeated publish land once)."""
-        while True:
-            reconnected: asyncio.Future[Any] = self._next_reconnect()
-            pub: asyncio.Future[Any] = asyncio.ensure_future(
-                self.js.publish(subject, payload, headers=headers, timeout=self.publish_timeout_s)
-            )
-            try:
-                await asyncio.wait({pub, reconnected}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                pub.cancel()
-                raise
-            if pub.done():
-                pub.result()  # raises what the publish raised
-                return
-            pub.cancel()
 
     def reply_subject(self, request_id: str) -> str:
         return reply_subject(self.router_id, request_id)
