@@ -63,6 +63,17 @@ class RuntimeThread:
         self.thread.join(5)
 
 
+def runtime_serving(models_dir, *model_yamls: str) -> RuntimeThread:
+    """A RuntimeThread whose catalog is ``model_yamls`` (written to ``models_dir``); close it after."""
+    from worker.settings import WorkerSettings
+
+    models_dir.mkdir(parents=True, exist_ok=True)
+    for i, text in enumerate(model_yamls):
+        (models_dir / f"model-{i}.yaml").write_text(text)
+    return RuntimeThread(WorkerSettings(models_dir=str(models_dir), bundles_dir=str(DEFAULT_BUNDLES_DIR),
+                                        device="cpu", hf_offline=True, memory_monitor_interval_s=0))
+
+
 @pytest.fixture(scope="session")
 def family_runtime(family_checkpoints):
     from worker.settings import WorkerSettings

@@ -4,7 +4,6 @@ transformers, and Matryoshka truncation (``output_dim``) through ``sie serve``."
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 from pathlib import Path
@@ -18,6 +17,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, Qwen3Mode
 from protocol.codec import packb, unpackb
 from protocol.model_config import ModelConfig
 from tests.support.serve import ServeProcess
+from tests.unit.families.conftest import runtime_serving
 from worker.adapters.base import InputTooLong, LoadSpec, RequestContext
 from worker.adapters.dense import DenseAdapter
 from worker.adapters.llm_reranker import LLMRerankerAdapter
@@ -161,47 +161,36 @@ def test_truncation_is_reported_per_item_through_sie_serve():
         assert raw["items"][0]["input_tokens"] == 302 and raw["items"][0]["used_tokens"] == 256
 
 
-async def test_llm_reranker_scores_long_documents_by_their_best_window(checkpoints):
+def test_llm_reranker_scores_long_documents_by_their_best_window(checkpoints, tmp_path):
     """``overflow_policy: chunk`` on an LLM reranker (MaxP): each window of a long document scored
     beside the query, the document's score its best window's, with that window's span; the same
     scores as sending the windows as documents of their own."""
-    from protocol.catalog import Catalog
-    from protocol.model_config import parse_model_yaml
     from worker.chunking import windows, word_starts
-    from worker.runtime import Runtime
-    from worker.settings import WorkerSettings
 
     yaml = (
         f"sie_id: t/rr\nweights_path: {checkpoints['reranker']}\nmax_sequence_length: 64\ntasks:\n  score: {{}}\n"
         "profiles:\n  default:\n    adapter_path: worker.adapters.llm_reranker:LLMRerankerAdapter\n"
         f"    max_batch_tokens: 4096\n    adapter_options: {{loadtime: {{prefix: '{PREFIX}', suffix: '{SUFFIX}'}}}}\n"
     )
-    runtime = Runtime(WorkerSettings(device="cpu", cpu_workers=1), catalog=Catalog([parse_model_yaml(yaml)]))
-    await runtime.start()
+    rt = runtime_serving(tmp_path / "models", yaml)
     try:
-        for _ in range(400):  # the first call starts the load (503 MODEL_LOADING until it is done)
-            try:
-                await runtime.score("t/rr", {"text": "q"}, [{"text": "warm"}])
-                break
-            except Exception:  # noqa: BLE001
-                await asyncio.sleep(0.05)
         query = {"text": "which passage mentions the harbour"}
         doc = " ".join(f"sentence {i} tells of fields and hills." for i in range(30)) + " the harbour is here."
         opts = {"overflow_policy": "chunk", "chunk_size": 16, "chunk_overlap": 4}
-        chunked = await runtime.score("t/rr", query, [{"id": "d", "text": doc}, {"id": "s", "text": "short"}],
-                                      options=opts)
+        chunked = rt.call("score", "t/rr", query, [{"id": "d", "text": doc}, {"id": "s", "text": "short"}],
+                          options=opts)
         entry = {e["item_id"]: e for e in chunked.items}["d"]
         tok = checkpoints["tok"]
         offsets = tok(doc, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         spans = [(offsets[a][0], offsets[b - 1][1]) for a, b in windows(len(offsets), 16, 4, word_starts(offsets))]
         assert entry["chunks"] == len(spans) > 5
-        alone = await runtime.score("t/rr", query, [{"id": str(i), "text": doc[s:e]} for i, (s, e) in enumerate(spans)])
+        alone = rt.call("score", "t/rr", query, [{"id": str(i), "text": doc[s:e]} for i, (s, e) in enumerate(spans)])
         best = max(alone.items, key=lambda e: e["score"])
         assert abs(entry["score"] - best["score"]) < 1e-5
         assert (entry["span"]["start"], entry["span"]["end"]) == spans[int(best["item_id"])]
         # windows as large as the prompt leaves room for (no chunk_size): none is cut inside the prompt
-        widest = await runtime.score("t/rr", query, [{"id": "d", "text": doc}], options={"overflow_policy": "chunk"})
+        widest = rt.call("score", "t/rr", query, [{"id": "d", "text": doc}], options={"overflow_policy": "chunk"})
         (entry,) = widest.items
         assert entry["chunks"] >= 3 and "truncated" not in entry, entry
     finally:
-        await runtime.close()
+        rt.close()

