@@ -17,6 +17,7 @@ import numpy as np
 
 from protocol import SERVER_VERSION
 from protocol.codec import CodecError, unpackb
+from protocol.priority import PRIORITIES, PRIORITY_HEADER
 from sdk import errors as E
 from sdk._retry import Answer, Decision, RetryState, Rule, Transport, classify, decide
 from sdk.media import convert_item
@@ -112,9 +113,6 @@ def parse_gpu(gpu: str) -> tuple[str | None, str]:
     return None, gpu
 
 
-PRIORITIES = ("interactive", "bulk")
-
-
 def check_priority(priority: str | None) -> str | None:
     """A priority class the servers know (``interactive`` or ``bulk``), or None for their default."""
     if priority is not None and priority not in PRIORITIES:
@@ -127,7 +125,7 @@ def priority_headers(priority: str | None) -> dict[str, str]:
     if not priority:
         return {}
     check_priority(priority)
-    return {"X-SIE-Priority": priority}
+    return {PRIORITY_HEADER: priority}
 
 
 def routing_headers(gpu: str | None) -> dict[str, str]:
