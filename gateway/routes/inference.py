@@ -19,7 +19,7 @@ from gateway.routing import Lane
 from protocol import params as request_params
 from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, TokenizeRequest, parse_request
 from protocol.errors import invalid_input
-from protocol.work import WorkItem
+from protocol.work import WorkItem, WorkResult
 
 
 async def _itemised_request(
@@ -37,6 +37,20 @@ async def _itemised_request(
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
     return gw, model, data, params, options, route
+
+
+def _items_answer(request: web.Request, model: str, rid: str, results: list[WorkResult], wait_ms: float, *,
+                  allow_item_errors: bool = False) -> web.Response:
+    """The answer of a per-item operation (encode, extract, tokenize), in the format the client
+    asked for; ``allow_item_errors`` (extract): failed items answer in place, the rest succeed."""
+    item_errors = responses.check_failures(results, allow_item_errors=allow_item_errors)
+    t = responses.timing(results, wait_ms)
+    return respond(
+        request,
+        lambda: responses.items_msgpack(model, results, t, item_errors),
+        lambda: responses.items_json(model, results, t, item_errors),
+        success_headers(rid, results, wait_ms),
+    )
 
 
 async def handle_encode(request: web.Request) -> web.Response:
@@ -62,14 +76,7 @@ async def handle_encode(request: web.Request) -> web.Response:
         ]  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build)
-    responses.check_failures(results)
-    t = responses.timing(results, wait_ms)
-    return respond(
-        request,
-        lambda: responses.items_msgpack(model, results, t),
-        lambda: responses.items_json(model, results, t),
-        success_headers(rid, results, wait_ms),
-    )
+    return _items_answer(request, model, rid, results, wait_ms)
 
 
 async def handle_score(request: web.Request) -> web.Response:
@@ -134,14 +141,7 @@ async def handle_extract(request: web.Request) -> web.Response:
         ]  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "extract", build)
-    item_errors = responses.check_failures(results, allow_item_errors=True)
-    t = responses.timing(results, wait_ms)
-    return respond(
-        request,
-        lambda: responses.items_msgpack(model, results, t, item_errors),
-        lambda: responses.items_json(model, results, t, item_errors),
-        success_headers(rid, results, wait_ms),
-    )
+    return _items_answer(request, model, rid, results, wait_ms, allow_item_errors=True)
 
 
 async def handle_tokenize(request: web.Request) -> web.Response:
@@ -163,11 +163,4 @@ async def handle_tokenize(request: web.Request) -> web.Response:
         ]  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "tokenize", build)
-    responses.check_failures(results)
-    t = responses.timing(results, wait_ms)
-    return respond(
-        request,
-        lambda: responses.items_msgpack(model, results, t),
-        lambda: responses.items_json(model, results, t),
-        success_headers(rid, results, wait_ms),
-    )
+    return _items_answer(request, model, rid, results, wait_ms)
