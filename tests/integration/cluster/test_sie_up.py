@@ -27,6 +27,16 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
+    """Teardown whatever the test left: ``sie up`` itself and the children it had started."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
     ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
@@ -63,12 +73,7 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
                  and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]
         assert alive == [], f"processes left running: {alive}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(proc, children)
 
 
 SLOW_YAML = """
@@ -149,12 +154,7 @@ def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
         assert order == sorted(order), out
         assert "all processes stopped" in out
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(proc, pids)
 
 
 def _alive(pid: int) -> bool:
@@ -195,9 +195,4 @@ def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
             assert time.monotonic() < deadline, f"left running: {[p for p in pids if _alive(p)]}"
             time.sleep(0.1)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(proc, pids)
