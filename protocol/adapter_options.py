@@ -55,6 +55,11 @@ LOADTIME: dict[str, dict[str, _Kind]] = {
         "text_padding": "string",
         "text_attention_mask": "bool",
     },
+    "worker.adapters.colpali:ColPaliAdapter": {
+        **_MULTIVECTOR,
+        "max_image_bytes": "int",
+        "max_image_pixels": "int",
+    },
     "worker.adapters.gliner_ner:GLiNERAdapter": {},
     "worker.adapters.fake:FakeAdapter": {
         **_MULTIVECTOR,

@@ -66,6 +66,19 @@ def decode_image(data: bytes, index: int, max_pixels: int) -> Any:
         raise invalid_input(f"Item {index}: image cannot be decoded ({exc})", param=f"items.{index}.images") from None
 
 
+def image_limits(loadtime: dict[str, Any]) -> tuple[int, int]:
+    """The load-time options ``max_image_bytes`` (default 20 MiB) and ``max_image_pixels`` (40 M)."""
+    return (
+        int(loadtime.get("max_image_bytes") or 20 * 1024 * 1024),
+        int(loadtime.get("max_image_pixels") or 40_000_000),
+    )
+
+
+def first_image(item: dict[str, Any], index: int, max_bytes: int, max_pixels: int) -> Any:
+    """The first image of ``item`` decoded to RGB within the limits; 400 naming the item otherwise."""
+    return decode_image(image_bytes(item, index, max_bytes), index, max_pixels)
+
+
 def load_image_processor(path: str) -> Any:
     """The checkpoint's image processor, on its Pillow backend: transformers' default backend (and
     its AutoImageProcessor) needs torchvision, which the worker does without."""
@@ -91,8 +104,7 @@ class CLIPAdapter(HFTextAdapter):
         self.load_model(AutoModel)
         self.image_processor = load_image_processor(self.spec.weights_dir or "")
         opts = self.spec.loadtime
-        self.max_image_bytes = int(opts.get("max_image_bytes") or 20 * 1024 * 1024)
-        self.max_image_pixels = int(opts.get("max_image_pixels") or 40_000_000)
+        self.max_image_bytes, self.max_image_pixels = image_limits(opts)
         self.pad_to_window = opts.get("text_padding") == "max_length"
         self.text_mask = bool(opts.get("text_attention_mask", True))
 
@@ -101,7 +113,7 @@ class CLIPAdapter(HFTextAdapter):
         texts, text_at = [], []
         for i, item in enumerate(inputs):
             if item.get("images"):
-                img = decode_image(image_bytes(item, i, self.max_image_bytes), i, self.max_image_pixels)
+                img = first_image(item, i, self.max_image_bytes, self.max_image_pixels)
                 pixels = self.image_processor(images=img, return_tensors="np")["pixel_values"][0]
                 units[i] = Prepared(cost=1, data=(IMAGE, pixels.astype(np.float32)))
             else:

@@ -65,10 +65,13 @@ class HFTextAdapter(Adapter):
     def memory_bytes(self) -> int:
         return self.param_bytes(self.model)
 
-    def load_tokenizer(self) -> None:
+    def load_tokenizer(self, tokenizer: Any = None) -> None:
+        """The checkpoint's tokenizer (or ``tokenizer``, one already loaded, e.g. a processor's)."""
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.spec.weights_dir)
+        self.tokenizer = (
+            tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(self.spec.weights_dir)
+        )
         model_max = getattr(self.tokenizer, "model_max_length", None) or 512
         if model_max > 10**8:  # transformers' "no limit known" sentinel (1e30)
             model_max = 512
