@@ -67,11 +67,11 @@ def checkpoint_config(weights_dir: str | Path | None) -> dict[str, Any] | None:
 
 
 def is_new_model(config: dict[str, Any] | None) -> bool:
-    """A GTE NewModel checkpoint: ``model_type: new`` or a ``New*`` architecture."""
+    """A GTE NewModel checkpoint: ``model_type: new``, or architecture ``NewModel`` / ``NewFor...``."""
     if not config:
         return False
-    archs = config.get("architectures") or []
-    return config.get("model_type") == "new" or any(str(a).startswith("New") for a in archs)
+    archs = [str(a) for a in config.get("architectures") or []]
+    return config.get("model_type") == "new" or any(a == "NewModel" or a.startswith("NewFor") for a in archs)
 
 
 @dataclass
