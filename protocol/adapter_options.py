@@ -22,7 +22,7 @@ _PACKED: dict[str, _Kind] = {"packed": "bool"}  # every transformers-body adapte
 _MULTIVECTOR: dict[str, _Kind] = {"muvera_config": "map"}  # adapters with multivector output
 
 LOADTIME: dict[str, dict[str, _Kind]] = {
-    "worker.adapters.dense:DenseAdapter": _PACKED,
+    "worker.adapters.dense:DenseAdapter": {**_PACKED, "projection": "string"},
     "worker.adapters.sparse:SpladeAdapter": _PACKED,
     "worker.adapters.cross_encoder:CrossEncoderAdapter": {**_PACKED, "activation": "string"},
     "worker.adapters.colbert:ColBERTAdapter": {

@@ -1,9 +1,16 @@
 """Dense sentence embeddings from a transformer encoder or decoder: mean, CLS, max or last-token pooling,
-optional L2 norm."""
+an optional sentence-transformers Dense projection, optional L2 norm.
+
+Load-time option ``projection``: the checkpoint's sub-directory of a sentence-transformers ``Dense``
+module (``config.json`` with ``in_features``, ``out_features``, ``bias``, ``activation_function``;
+``linear.weight``/``linear.bias`` in ``model.safetensors`` or ``pytorch_model.bin``), applied after
+pooling and before normalisation, as sentence-transformers does (stella_en_400M_v5: ``2_Dense_1024``).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +39,66 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 
 
+#: sentence-transformers Dense activations (the class path's last name) and what they compute
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "Identity": lambda x: x,
+    "Tanh": torch.tanh,
+    "ReLU": torch.relu,
+    "GELU": torch.nn.functional.gelu,
+    "Sigmoid": torch.sigmoid,
+}
+
+
+class Projection:
+    """A sentence-transformers ``Dense`` module: ``activation(x @ W.T + b)``, run in float32."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:
+        self.weight = weight.float()
+        self.bias = bias.float() if bias is not None else None
+        self.activation = ACTIVATIONS[activation]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(torch.nn.functional.linear(x.float(), self.weight, self.bias))
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.bias) if t is not None)
+
+
+def load_projection(root: Path, sub: str, device: str) -> Projection:
+    """The ``Dense`` module in ``root/sub``, on ``device``; ValueError where its files do not make one."""
+    folder = root / sub
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"projection {sub!r}: no {cfg_path}")
+    cfg = json.loads(cfg_path.read_text())
+    activation = str(cfg.get("activation_function") or "torch.nn.modules.linear.Identity").rsplit(".", 1)[-1]
+    if activation not in ACTIVATIONS:
+        known = ", ".join(ACTIVATIONS)
+        raise ValueError(f"projection {sub!r}: activation {activation!r} is not supported ({known})")
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(folder / "model.safetensors"))
+    elif (folder / "pytorch_model.bin").is_file():
+        state = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"projection {sub!r}: no model.safetensors or pytorch_model.bin in {folder}")
+    weight = state.get("linear.weight")
+    bias = state.get("linear.bias") if cfg.get("bias", True) else None
+    shape = (int(cfg["out_features"]), int(cfg["in_features"]))
+    if weight is None or tuple(weight.shape) != shape or (cfg.get("bias", True) and bias is None):
+        raise ValueError(f"projection {sub!r}: linear.weight/bias do not match {shape} (config.json)")
+    return Projection(weight.to(device), bias.to(device) if bias is not None else None, activation)
+
+
 class DenseAdapter(HFTextAdapter):
     operations = frozenset({"encode"})
     supports_lora = True
+    projection: Projection | None = None
 
     def load(self) -> None:
         from transformers import AutoModel
@@ -42,6 +106,12 @@ class DenseAdapter(HFTextAdapter):
         self.load_model(AutoModel)
         self.enable_packed(self.model)
         self.default_pooling = self._pooling_from_files()
+        sub = self.spec.loadtime.get("projection")
+        if sub:
+            self.projection = load_projection(Path(self.spec.weights_dir or ""), str(sub), self.spec.device)
+
+    def memory_bytes(self) -> int:
+        return super().memory_bytes() + (self.projection.nbytes() if self.projection is not None else 0)
 
     def _pooling_from_files(self) -> str:
         """sentence-transformers checkpoints say their pooling in 1_Pooling/config.json."""
@@ -64,7 +134,10 @@ class DenseAdapter(HFTextAdapter):
         if "token_states" in ctx.output_types:  # late chunking pools spans of these itself
             ids, mask = self.pad(batch)
             with self.activate_lora(ctx.lora):
-                hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float().cpu().numpy()
+                states = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            if self.projection is not None:  # affine, so spans' means of these equal projected means
+                states = self.projection(states)
+            hidden = states.cpu().numpy()
             return [{"token_states": hidden[i, : p.cost]} for i, p in enumerate(batch)]
         options = ctx.options
         mode = options.get("pooling") or self.default_pooling
@@ -76,6 +149,8 @@ class DenseAdapter(HFTextAdapter):
             with self.activate_lora(ctx.lora):
                 hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
             vectors = pool(hidden, mask, mode)
+        if self.projection is not None:
+            vectors = self.projection(vectors)
         if options.get("normalize", True):
             vectors = torch.nn.functional.normalize(vectors.float(), p=2, dim=-1)
         out = vectors.float().cpu().numpy()

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from worker.adapters.base import Adapter, InputTooLong, Prepared, RequestContext, apply_template
+from worker.gte_new import checkpoint_config, is_new_model, load_new_model
 from worker.packed import PackedBatch, PackedEncoder, try_packed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,10 +54,19 @@ class HFTextAdapter(Adapter):
 
     def load_model(self, auto_cls: Any) -> None:
         """The tokenizer, then the transformers model (``auto_cls``: AutoModel, AutoModelFor...) in
-        eval mode on the device."""
+        eval mode on the device.
+
+        A bare encoder of an architecture we implement ourselves (GTE NewModel, worker/gte_new.py,
+        whose own code is remote) is built from the checkpoint's config and weights instead.
+        """
         self.load_tokenizer()
+        device = self.spec.device
+        bare = getattr(auto_cls, "__name__", "") == "AutoModel"
+        if bare and is_new_model(checkpoint_config(self.spec.weights_dir)):
+            self.model = load_new_model(str(self.spec.weights_dir), device, torch_dtype(self.spec.precision, device))
+            return
         self.model = auto_cls.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
-        self.model.to(self.spec.device).eval()
+        self.model.to(device).eval()
 
     def unload(self) -> None:
         self.model = None

