@@ -161,7 +161,7 @@ def test_sie_down_stops_the_cluster_gateway_first(detached):
         assert any("gateway shutting down" in ln for ln in seen)
     finally:
         follow.send_signal(signal.SIGINT)
-        follow.wait(30)
+        follow.communicate(timeout=30)  # drains what it still prints: a full pipe would hold its exit
     said = (detached.state / "logs" / "sie-up.log").read_text()
     order = [said.index(f"stopping {name} (pid") for name in reversed(ALL)]
     assert order == sorted(order), said

@@ -67,7 +67,8 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         assert r.status_code == 200 and len(r.json()["items"][0]["dense"]["values"]) == 384
         assert (tmp_path / "state" / "admin-token").exists()
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
+        out, _ = proc.communicate(timeout=60)  # reads while it waits: a full pipe never stalls sie up
+        assert proc.returncode == 0, out
         time.sleep(0.5)
         alive = [p for p in children if Path(f"/proc/{p}").exists()
                  and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]
@@ -146,8 +147,8 @@ def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
         thread.join(90)
-        assert proc.wait(90) == 0
-        out = proc.stdout.read()
+        out, _ = proc.communicate(timeout=90)  # reads while it waits: a full pipe never stalls sie up
+        assert proc.returncode == 0, out
         assert result.get("status") in (200, 503), result  # answered, not a dropped connection
         print("in-flight request answered with", result["status"])
         order = [out.index(f"stopping {name} (pid") for name in ("gateway", "sidecar", "worker", "config", "nats")]
@@ -186,9 +187,8 @@ def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
         pids = _children(proc.pid)
         assert len(pids) == 5
         proc.send_signal(sig)
-        proc.wait(90)
+        out, _ = proc.communicate(timeout=90)  # reads while it waits: a full pipe never stalls sie up
         deadline = time.monotonic() + 60  # generous: only guards against a hang
-        out = proc.stdout.read()
         if sig == signal.SIGHUP:
             assert proc.returncode == 0 and "stopping gateway (pid" in out and "all processes stopped" in out, out
         while [p for p in pids if _alive(p)]:
