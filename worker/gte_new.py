@@ -32,7 +32,6 @@ padding), which the adapters pick as they do for BERT.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable
@@ -44,26 +43,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.checkpoint import checkpoint_config, read_state_dict
 from worker.packed import PackedBatch, PackedEncoder, varlen_attention
 
 log = logging.getLogger(__name__)
 
 #: key prefixes of heads a bare encoder does not use (task-head checkpoints carry them)
 IGNORED_PREFIXES = ("pooler.", "classifier.", "lm_head.", "cls.")
-
-
-def checkpoint_config(weights_dir: str | Path | None) -> dict[str, Any] | None:
-    """The checkpoint's ``config.json`` as a dict, or None where there is none."""
-    if not weights_dir:
-        return None
-    path = Path(weights_dir) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def is_new_model(config: dict[str, Any] | None) -> bool:
@@ -332,26 +318,6 @@ class NewPackedEncoder(PackedEncoder):
 
 
 # ---- loading ---------------------------------------------------------------------------------------
-def read_state_dict(weights_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint: ``model.safetensors`` (or its shards), else ``pytorch_model.bin``."""
-    from safetensors.torch import load_file
-
-    index = weights_dir / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(load_file(str(weights_dir / shard)))
-        return state
-    single = weights_dir / "model.safetensors"
-    if single.is_file():
-        return load_file(str(single))
-    legacy = weights_dir / "pytorch_model.bin"
-    if legacy.is_file():
-        return torch.load(str(legacy), map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {weights_dir}")
-
-
 def hub_keys_to_ours(state: dict[str, torch.Tensor], cfg: NewConfig) -> dict[str, torch.Tensor]:
     """The hub's key names as this module's: ``new.`` prefix dropped, heads and buffers left out,
     separate q/k/v projections (``pack_qkv: false``) fused into ``qkv_proj``."""

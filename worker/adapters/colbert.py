@@ -27,6 +27,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
+from worker.checkpoint import load_tensors
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -36,27 +37,19 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return torch.load(str(path), map_location="cpu", weights_only=True)
-
-
 def find_projection(root: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The (out, in) projection weight and optional bias from either checkpoint layout."""
     for name in ("1_Dense/model.safetensors", "1_Dense/pytorch_model.bin"):
         path = root / name
         if path.exists():
-            tensors = _load_tensors(path)
+            tensors = load_tensors(path)
             weight = tensors.get("linear.weight")
             if weight is not None:
                 return weight, tensors.get("linear.bias")
     for name in ("model.safetensors", "pytorch_model.bin"):
         path = root / name
         if path.exists():
-            tensors = _load_tensors(path)
+            tensors = load_tensors(path)
             if "linear.weight" in tensors:
                 return tensors["linear.weight"], tensors.get("linear.bias")
     raise FileNotFoundError(f"no ColBERT projection (linear.weight) under {root}")

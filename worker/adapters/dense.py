@@ -18,6 +18,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
+from worker.checkpoint import read_state_dict
 from worker.packed import pool_packed
 
 
@@ -79,14 +80,10 @@ def load_projection(root: Path, sub: str, device: str) -> Projection:
     if activation not in ACTIVATIONS:
         known = ", ".join(ACTIVATIONS)
         raise ValueError(f"projection {sub!r}: activation {activation!r} is not supported ({known})")
-    if (folder / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(str(folder / "model.safetensors"))
-    elif (folder / "pytorch_model.bin").is_file():
-        state = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
-    else:
-        raise ValueError(f"projection {sub!r}: no model.safetensors or pytorch_model.bin in {folder}")
+    try:
+        state = read_state_dict(folder)
+    except FileNotFoundError:
+        raise ValueError(f"projection {sub!r}: no model.safetensors or pytorch_model.bin in {folder}") from None
     weight = state.get("linear.weight")
     bias = state.get("linear.bias") if cfg.get("bias", True) else None
     shape = (int(cfg["out_features"]), int(cfg["in_features"]))

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from worker.adapters.base import Adapter, InputTooLong, Prepared, RequestContext, apply_template
-from worker.gte_new import checkpoint_config, is_new_model, load_new_model
+from worker.checkpoint import checkpoint_config
+from worker.gte_new import is_new_model, load_new_model
 from worker.packed import PackedBatch, PackedEncoder, try_packed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
