@@ -9,10 +9,10 @@ interactive work leaves ``bulk_min_held_share`` to bulk, so bulk is never starve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
-import nats.errors
 from nats.aio.msg import Msg
 
 from protocol import tracing
@@ -22,6 +22,7 @@ from protocol.subjects import BULK, INTERACTIVE, in_lane, is_valid_reply_subject
 from protocol.work import OPERATIONS, WorkItem
 from sidecar.batcher import item_cost
 from sidecar.deliveries import Delivery
+from sidecar.puller import Puller
 from sidecar.scheduling import Scheduling
 from sidecar.streams import ensure_lane_consumer, ensure_stream
 from sidecar.tombstones import request_id_from_cancel_subject
@@ -37,6 +38,13 @@ class Intake(Scheduling):
         self.durable = await ensure_lane_consumer(self.js, self.stream, self.settings)
         self.bulk_durable = await ensure_lane_consumer(self.js, self.stream, self.settings, BULK)
 
+    async def start_pullers(self) -> None:
+        for priority, durable in ((INTERACTIVE, self.durable), (BULK, self.bulk_durable)):
+            puller = Puller(self.nc, self.stream, durable, self._delivered,
+                            expires_s=self.settings.nats_fetch_timeout_s, wake=self._wakes[priority])
+            await puller.start()
+            self._pullers[priority] = puller
+
     # ------------------------------------------------------------------ pulling
     def _free(self, priority: str) -> int:
         """How many more deliveries of ``priority`` may be pulled now."""
@@ -49,48 +57,56 @@ class Intake(Scheduling):
         return limit - len(self.held) - kept_for_bulk
 
     async def _pull_loop(self, priority: str = INTERACTIVE) -> None:
-        errors = 0
+        """Keep one pull request open on the lane durable of ``priority`` while there is room:
+        deliveries are handed to :meth:`intake` as they arrive (:mod:`sidecar.puller`)."""
+        puller = self._pullers[priority]
+        wake = self._wakes[priority]
+        reported = 0
         while not self._stop.is_set():
             if not self.worker.fresh(self._worker_stale_after_s()):
                 # No worker to run anything: leave the work in the stream for the lane's other pods
                 # instead of pulling it only to NAK it and burn its deliveries.
                 await asyncio.sleep(self.settings.worker_ping_interval_ms / 1000.0 / 2)
                 continue
-            free = self._free(priority)
-            if free <= 0:
-                self._space.clear()
-                await self._space.wait()
-                continue
-            sub = self._bulk_sub if priority == BULK else self._sub
-            assert sub is not None  # bound in start() before this loop runs
-            try:
-                msgs = await sub.fetch(
-                    batch=min(self.settings.nats_fetch_budget, free),
-                    timeout=self.settings.nats_fetch_timeout_s,
-                )
-            except (nats.errors.TimeoutError, TimeoutError):
-                errors = 0
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - keep the one pull loop alive across NATS trouble
-                errors += 1
-                log.warning("fetch failed (%s): %s", type(exc).__name__, exc)
-                await asyncio.sleep(min(5.0, 0.2 * errors))
-                if errors % 5 == 0:
+            if puller.failures > reported:
+                reported = puller.failures
+                log.warning("pull request failed: %s", puller.last_failure)
+                await asyncio.sleep(min(5.0, 0.2 * puller.failures))
+                if puller.failures % 5 == 0:
                     # the stream or durable may be gone (memory storage after a NATS restart)
                     try:
                         await self.ensure_jetstream()
                         self.stats["reensured"] = self.stats.get("reensured", 0) + 1
                     except Exception as ens:  # noqa: BLE001
                         log.warning("re-ensuring stream/consumer failed: %s", ens)
-                continue
-            errors = 0
-            for msg in msgs:
+            elif puller.failures == 0:
+                reported = 0
+            wake.clear()  # before looking: a change from here on wakes the wait below
+            free = self._free(priority)
+            if not puller.is_open and free > 0:
                 try:
-                    await self.intake(msg)
-                except Exception:  # noqa: BLE001 - one bad message never stops the loop
-                    log.exception("intake failed")
+                    await puller.request(min(self.settings.nats_fetch_budget, free))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - keep the one pull loop alive across NATS trouble
+                    log.warning("pull request not sent (%s): %s", type(exc).__name__, exc)
+                    await asyncio.sleep(0.2)
+                continue
+            # a request is open (deliveries come to intake by themselves) or there is no room:
+            # wait for the request to end, room to free up, or the request to be overdue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(puller.seconds_left()):
+                    await wake.wait()
+
+    async def _delivered(self, msg: Msg) -> None:
+        """A delivery from a pull request: intake, or straight back to the stream once stopping."""
+        if self._stop.is_set():
+            await self._raw_nak(msg, self.settings.overflow_nak_delay_s)
+            return
+        try:
+            await self.intake(msg)
+        except Exception:  # noqa: BLE001 - one bad message never stops the deliveries
+            log.exception("intake failed")
 
     async def intake(self, msg: Msg) -> None:
         """Validate one delivery and queue it on its model's scheduler (or settle it right away)."""

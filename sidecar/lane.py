@@ -52,8 +52,7 @@ class LaneConsumer(Intake):
         self.ipc.on_disconnect = self._worker_lost
         await self.ensure_jetstream()
         self._cancel_sub = await self.nc.subscribe(f"{WORK_CANCEL_PREFIX}.>", cb=self._on_cancel)
-        self._sub = await self.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
-        self._bulk_sub = await self.js.pull_subscribe_bind(durable=self.bulk_durable, stream=self.stream)
+        await self.start_pullers()
         self._tasks = [
             asyncio.create_task(self._pull_loop(INTERACTIVE), name="sidecar-pull"),
             asyncio.create_task(self._pull_loop(BULK), name="sidecar-pull-bulk"),
@@ -88,10 +87,12 @@ class LaneConsumer(Intake):
         await self._cancel_all([sched.task for sched in self.schedulers.values() if sched.task])
         for d in list(self.held):
             await self._nak(d, self.settings.overflow_nak_delay_s)
-        for sub in (self._sub, self._bulk_sub, self._cancel_sub):
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+        for puller in self._pullers.values():
+            with contextlib.suppress(Exception):
+                await puller.stop()
+        if self._cancel_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._cancel_sub.unsubscribe()
         with contextlib.suppress(Exception):
             await self.nc.flush(timeout=2)
 

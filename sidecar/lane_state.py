@@ -13,14 +13,14 @@ from typing import Protocol
 
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext
 
 from protocol import ipc
-from protocol.subjects import lane_prefix
+from protocol.subjects import BULK, INTERACTIVE, lane_prefix
 from sidecar.barrier import ExecutionBarrier
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcClient
 from sidecar.metrics import SidecarMetrics
+from sidecar.puller import Puller
 from sidecar.settings import SidecarSettings
 from sidecar.tombstones import Tombstones
 
@@ -74,14 +74,13 @@ class LaneState:
         self.durable = ""
         self.bulk_durable = ""
         self._batch_slots = asyncio.Semaphore(settings.max_concurrent_batches)
-        self._space = asyncio.Event()
-        self._space.set()
+        # per priority class: set when a delivery is settled (room to pull) or its pull request ends
+        self._wakes: dict[str, asyncio.Event] = {INTERACTIVE: asyncio.Event(), BULK: asyncio.Event()}
         self._stop = asyncio.Event()
         self.draining = False
         self._tasks: list[asyncio.Task] = []
         self._batch_tasks: set[asyncio.Task] = set()
-        self._sub: JetStreamContext.PullSubscription | None = None
-        self._bulk_sub: JetStreamContext.PullSubscription | None = None
+        self._pullers: dict[str, Puller] = {}
         self._cancel_sub: Subscription | None = None
         self._lane_prefix = lane_prefix(settings.pool, settings.machine_profile, settings.bundle)
         # counters (observability and tests)
