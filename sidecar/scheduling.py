@@ -123,6 +123,18 @@ class Scheduling(Liveness):
         s = self.settings
         self.inflight_batches += 1
         self._update_saturation()
+        on_worker = True
+
+        def off_worker() -> None:
+            """The worker has answered (or failed) this batch: the scheduler may send the next one
+            now, while this one's results are still being published and acked."""
+            nonlocal on_worker
+            if on_worker:
+                on_worker = False
+                sched.running -= 1
+                sched.bulk_running -= bulk
+                sched.wake.set()
+
         try:
             live = []
             for d in batch:
@@ -159,6 +171,7 @@ class Scheduling(Liveness):
                                                    traceparent=tracing.traceparent())
                 self.metrics.run_batch_seconds.labels(sched.spec).observe(time.time() - dispatched)
             except IpcTransportError as exc:
+                off_worker()
                 log.warning("RunBatch of %d items for %s failed: %s", len(live), sched.spec, exc)
                 sched.ready = False
                 delay = self._transport_nak_delay()
@@ -166,11 +179,13 @@ class Scheduling(Liveness):
                     await self._nak(d, delay)
                 return
             except IpcRemoteError as exc:
+                off_worker()
                 delay = s.overflow_nak_delay_s if exc.code == ipc.IPC_DRAINING else s.nak_delay_s
                 log.warning("worker refused RunBatch for %s: %s", sched.spec, exc)
                 for d in live:
                     await self._nak(d, delay)
                 return
+            off_worker()
             outcomes = body.get("outcomes") if isinstance(body, dict) else None
             by_id: dict[str, list[dict[str, Any]]] = {}
             for out in outcomes if isinstance(outcomes, list) else []:
@@ -188,8 +203,7 @@ class Scheduling(Liveness):
                     sched.learn(d.estimate, tokens)
                 await self._settle(sched, d, outcome)
         finally:
-            sched.running -= 1
-            sched.bulk_running -= bulk
+            off_worker()
             self.inflight_batches -= 1
             self._update_saturation()
             self._batch_slots.release()
