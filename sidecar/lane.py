@@ -61,6 +61,12 @@ class LaneConsumer(Intake):
             asyncio.create_task(self._heartbeat_loop(), name="sidecar-heartbeat"),
         ]
 
+    def on_reconnect(self) -> None:
+        """After a NATS reconnect the open pull requests may have died with the old connection (a
+        restarted server has none): open new ones now rather than at their expiry."""
+        for puller in self._pullers.values():
+            puller.forget()
+
     async def stop(self, *, drain_timeout_s: float | None = None) -> None:
         """Tombstone heartbeat, stop pulling, Drain the worker, finish in-flight batches, NAK the rest."""
         if self._stop.is_set():

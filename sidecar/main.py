@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -24,12 +25,18 @@ from sidecar.settings import SidecarSettings
 log = logging.getLogger("sie.sidecar")
 
 
-async def connect_nats(settings: SidecarSettings) -> NatsClient:
+async def connect_nats(
+    settings: SidecarSettings, on_reconnect: list[Callable[[], None]] | None = None
+) -> NatsClient:
+    """Connect to NATS; each of ``on_reconnect`` (filled in later, once its owner exists) runs after a
+    reconnect."""
     async def disconnected() -> None:
         log.warning("NATS disconnected")
 
     async def reconnected() -> None:
         log.info("NATS reconnected")
+        for hook in on_reconnect or ():
+            hook()
 
     async def error_cb(exc: Exception) -> None:
         log.warning("NATS error: %s", exc)
@@ -48,7 +55,8 @@ async def connect_nats(settings: SidecarSettings) -> NatsClient:
 
 async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, NatsClient, IpcClient]:
     """Connect and start a lane consumer; returns (consumer, nats client, ipc client)."""
-    nc = await connect_nats(settings)
+    on_reconnect: list[Callable[[], None]] = []
+    nc = await connect_nats(settings, on_reconnect)
     client = IpcClient(settings.ipc_socket_path, timeout_s=settings.ipc_request_timeout_s)
     barrier = ExecutionBarrier()
     worker = WorkerHealth()
@@ -56,6 +64,7 @@ async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, NatsCl
         nc, client, settings, barrier, current_hash=lambda: worker.ping.bundle_config_hash or ""
     )
     lane = LaneConsumer(nc, client, settings, barrier=barrier, worker=worker, config=config)
+    on_reconnect.append(lane.on_reconnect)
     try:
         await lane.start()
         await config.start()

@@ -109,6 +109,11 @@ class Puller:
             self._open = None
             raise
 
+    def forget(self) -> None:
+        """Count the open request as over (its connection is gone); the caller may open another."""
+        if self._open is not None:
+            self._end()
+
     def _forget_overdue(self) -> None:
         if self._open is not None and time.monotonic() >= self._open.deadline:
             log.debug("pull request %s forgotten: no answer after its expiry", self._open.token)

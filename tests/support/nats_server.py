@@ -70,7 +70,12 @@ class NatsServer:
                 self.proc.wait(5)
         self.proc = None
 
-    def restart(self) -> None:
+    def restart(self, *, kill: bool = False) -> None:
+        """Stop (SIGTERM: the server says goodbye to its clients; ``kill``: SIGKILL, it says
+        nothing) and start again on the same port and store."""
+        if kill and self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
         self.stop()
         self.start()
 

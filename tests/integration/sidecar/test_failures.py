@@ -114,3 +114,31 @@ async def test_memory_stream_is_recreated_after_a_nats_restart(nats_server, work
         await stop_lane(lane, nc, client)
         worker.stop()
         await gw_nc.close()
+
+
+async def test_after_a_nats_restart_the_sidecar_pulls_again_at_once(nats_server, worker_dirs):
+    """A server killed and started again has forgotten the sidecar's open pull request without a
+    word; the sidecar opens a new one when it reconnects, not when the old one would have expired
+    (here a minute)."""
+    models, bundles = worker_dirs
+    (models / "fake.yaml").write_text(model_yaml(MODEL))
+    sock = socket_path()
+    worker = WorkerProcess(sock, models, bundles).start()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    await gw.js.add_stream(StreamConfig(**stream_config("default")))
+    lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, nats_fetch_timeout_s=60.0))
+    try:
+        first = gw.item("req-pull-1", 0, model_id=MODEL, text="before")
+        await gw.publish(first)
+        await gw.wait_for([first.work_item_id], timeout=60)
+        nats_server.restart(kill=True)
+        await wait_until(lambda: gw_nc.is_connected and nc.is_connected, 30)
+        second = gw.item("req-pull-2", 0, model_id=MODEL, text="after")
+        await gw.publish(second)
+        got = await gw.wait_for([second.work_item_id], timeout=20)
+        assert got[second.work_item_id][0].success
+    finally:
+        await stop_lane(lane, nc, client)
+        worker.stop()
+        await gw_nc.close()
