@@ -37,7 +37,7 @@ from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
 from protocol.subjects import BULK, HEALTH_PREFIX
-from protocol.work import WorkItem, WorkResult
+from protocol.work import RoutingHeader, WorkItem, WorkResult
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +342,7 @@ class Gateway:
         for item in todo:
             item.batch_key = group
         payloads = [item.to_msgpack() for item in todo]  # encoded once: checked here, published as is
+        headers = [RoutingHeader.of(item).headers() for item in todo]  # all the sidecar reads of an item
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:
             for item, payload in zip(todo, payloads, strict=True):
@@ -354,7 +355,7 @@ class Gateway:
         with bind(request_id=request_id, trace_id=tracing.current_trace_id()
                   or tracing.trace_id_of(request.headers.get("traceparent"))):
             results = await self.dispatcher.run(
-                request_id, lane, route.model_id, todo, payloads, operation=operation, deadline=t0 + timeout,
+                request_id, lane, route.model_id, todo, payloads, headers, operation=operation, deadline=t0 + timeout,
                 known=known,
             )  # fmt: skip
         self.demand.clear(lane.machine_profile, lane.bundle)

@@ -218,13 +218,14 @@ class Dispatcher:
         model_id: str,
         items: list[WorkItem],
         payloads: list[bytes],
+        headers: list[dict[str, str]],
         *,
         operation: str,
         deadline: float,
         known: list[WorkResult | None] | None = None,
     ) -> list[WorkResult]:
         """Publish ``items`` (already carrying ids and reply subject; ``payloads`` are their msgpack
-        encodings, made once by the caller) and wait for every result. ``known`` holds the results
+        encodings, made once by the caller, ``headers`` their routing headers) and wait for every result. ``known`` holds the results
         of the request's items that are not published (cache hits) and ``None`` for each of ``items``;
         without it ``items`` are the whole request.
 
@@ -244,7 +245,7 @@ class Dispatcher:
         try:
             t0 = time.monotonic()
             with tracing.span("gateway.publish", attributes={"items": len(items), "subject": subject}):
-                await self._publish_all(subject, lane.pool, items, payloads, deadline)
+                await self._publish_all(subject, lane.pool, payloads, headers, deadline)
             self.metrics.items_published.labels(operation).inc(len(items))
             self.metrics.priority_items.labels(lane.priority).inc(len(items))
             self.metrics.publish_seconds.labels(operation).observe(time.monotonic() - t0)
@@ -269,21 +270,21 @@ class Dispatcher:
                 # shield: the caller may itself be cancelled (client disconnected)
                 await asyncio.shield(self.cancel(request_id, reason))
 
-    async def _publish_all(self, subject: str, pool: str, items: list[WorkItem], payloads: list[bytes],
+    async def _publish_all(self, subject: str, pool: str, payloads: list[bytes], headers: list[dict[str, str]],
                            deadline: float) -> None:
-        async def one(item: WorkItem, payload: bytes) -> None:
+        async def one(payload: bytes, header: dict[str, str]) -> None:
             async with self._sem:
-                await self._publish(subject, pool, item.work_item_id, payload)
+                await self._publish(subject, pool, payload, header)
 
         timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
-        if len(items) == 1:  # most requests: no task per item to gather
+        if len(payloads) == 1:  # most requests: no task per item to gather
             try:
                 async with asyncio.timeout(timeout):
-                    await one(items[0], payloads[0])
+                    await one(payloads[0], headers[0])
             except TimeoutError:
                 raise _publish_timed_out() from None
             return
-        tasks = [asyncio.ensure_future(one(i, p)) for i, p in zip(items, payloads, strict=True)]
+        tasks = [asyncio.ensure_future(one(p, h)) for p, h in zip(payloads, headers, strict=True)]
         try:
             done, pending = await asyncio.wait(tasks, timeout=timeout)
         except asyncio.CancelledError:
@@ -299,8 +300,7 @@ class Dispatcher:
             if exc is not None:
                 raise exc
 
-    async def _publish(self, subject: str, pool: str, msg_id: str, payload: bytes) -> None:
-        headers = {"Nats-Msg-Id": msg_id}
+    async def _publish(self, subject: str, pool: str, payload: bytes, headers: dict[str, str]) -> None:
         for attempt in range(2):
             try:
                 await self.publisher.publish(subject, payload, headers)

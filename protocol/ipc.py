@@ -63,6 +63,7 @@ ENSURE_STATES = (
 PUBLISH_AND_ACK = "publish_and_ack"
 PUBLISH_ERROR_AND_ACK = "publish_error_and_ack"
 NAK_RETRY = "nak_retry"
+DEAD_LETTER = "dead_letter"  # the item's body is not a work item: no retry can fix it (``error`` says why)
 
 # Error text of a batch method refused because the worker is draining.
 DRAINING_ERROR = "draining"
@@ -228,29 +229,52 @@ class RunBatchRequest:
     model_id: str  # model spec: "M" or "M:profile"
     items: list[bytes]  # work messages as published
     worker_id: str = ""
+    # the items' ids from their routing headers, in order: an item whose body does not decode is
+    # still answered under its id
+    item_ids: list[str] = field(default_factory=list)
 
     def to_map(self) -> dict[str, Any]:
-        return {"model_id": self.model_id, "items": self.items, "worker_id": self.worker_id}
+        return {"model_id": self.model_id, "items": self.items, "worker_id": self.worker_id,
+                "item_ids": self.item_ids}
 
     @classmethod
     def from_map(cls, data: dict[str, Any]) -> RunBatchRequest:
         return _from_map(cls, data)
 
-    def work_items(self) -> list[WorkItem]:
-        """Decode the items (ValueError if one is not an encoded work item)."""
+    def work_items(self) -> tuple[list[WorkItem], list[dict[str, Any]]]:
+        """Decode the items: those that are work items, and a DEAD_LETTER outcome for each that is
+        not (ValueError when the batch itself is malformed)."""
         if not isinstance(self.items, list):
             raise ValueError("items must be a list")
-        out = []
-        for raw in self.items:
-            if not isinstance(raw, bytes):
-                raise ValueError("batch item must be an encoded work item")
+        ids = self.item_ids if isinstance(self.item_ids, list) else []
+        good: list[WorkItem] = []
+        dead: list[dict[str, Any]] = []
+        for i, raw in enumerate(self.items):
             try:
-                out.append(WorkItem.from_msgpack(raw))
-            except CodecError as exc:
-                raise ValueError(f"batch item is not msgpack: {exc}") from exc
-            except TypeError as exc:
-                raise ValueError(f"batch item is missing fields: {exc}") from exc
-        return out
+                good.append(decode_work_item(raw))
+            except ValueError as exc:
+                if i >= len(ids) or not isinstance(ids[i], str):
+                    raise ValueError(f"batch item {i} is not a work item ({exc}) and has no id") from None
+                dead.append({"work_item_id": ids[i], "disposition": DEAD_LETTER,
+                             "error": f"undecodable work item: {exc}"})
+        return good, dead
+
+
+def decode_work_item(raw: Any) -> WorkItem:
+    """One work message's body as a WorkItem; ValueError saying what is wrong with it."""
+    if not isinstance(raw, bytes):
+        raise ValueError("not an encoded work item")
+    try:
+        item = WorkItem.from_msgpack(raw)
+    except CodecError as exc:
+        raise ValueError(f"not msgpack: {exc}") from None
+    except TypeError as exc:
+        raise ValueError(f"missing fields: {exc}") from None
+    if not isinstance(item.reply_subject, str) or not isinstance(item.model_id, str) or not item.model_id:
+        raise ValueError("work item lacks reply_subject or model_id")
+    if not isinstance(item.options, dict):
+        raise ValueError("options must be a map")
+    return item
 
 
 def disposition_for(success: bool, error_code: str | None) -> str:
@@ -289,6 +313,7 @@ def run_batch_response(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
 __all__ = [
     "APPLY_MODEL_CONFIG",
     "DRAIN",
+    "DEAD_LETTER",
     "DRAINING_ERROR",
     "IPC_BAD_REQUEST",
     "IPC_DRAINING",
@@ -317,6 +342,7 @@ __all__ = [
     "STATE_READY",
     "STATE_RETRY_LATER",
     "decode_payload",
+    "decode_work_item",
     "disposition_for",
     "encode_frame",
     "outcome_from_result",

@@ -135,6 +135,117 @@ def batch_key(*params: Any) -> str:
     return hashlib.blake2b(packb(list(params)), digest_size=12).hexdigest()
 
 
+def text_cost(text: str | None) -> int:
+    """Token-count proxy (nobody before the worker tokenizes): chars / 4 + 2; each model's scheduler
+    in the sidecar scales it by the tokens per unit it has learned from the worker's counts."""
+    return len(text or "") // 4 + 2
+
+
+def item_cost(
+    operation: str,
+    item: dict[str, Any] | None,
+    query_item: dict[str, Any] | None = None,
+    score_items: list[dict[str, Any]] | None = None,
+) -> int:
+    """Cost estimate of one work item: text proxy; media count 1 each (score: summed over the pairs)."""
+
+    def one(value: dict[str, Any] | None) -> int:
+        if not isinstance(value, dict):
+            return 1
+        text = value.get("text")
+        cost = text_cost(text) if isinstance(text, str) else 0
+        for key in ("images", "image", "audio", "video", "document"):
+            media = value.get(key)
+            if media:
+                cost += len(media) if isinstance(media, list) else 1
+        return max(cost, 1)
+
+    if operation == "score":
+        q = one(query_item)
+        docs = score_items or []
+        return max(1, sum(q + one(d) for d in docs)) if docs else q
+    return one(item)
+
+
+# The headers of a work message: what the sidecar routes, batches, cancels and settles it by, so it
+# never decodes the msgpack body (the worker does, once). ``Nats-Msg-Id`` makes a publish sent again
+# after a reconnect land in the stream once.
+MSG_ID = "Nats-Msg-Id"
+H_REQUEST = "Sie-Request"
+H_INDEX = "Sie-Index"
+H_REPLY = "Sie-Reply"
+H_MODEL = "Sie-Model"  # the worker's model spec: model_id or model_id:profile
+H_OPERATION = "Sie-Operation"
+H_GROUP = "Sie-Group"  # WorkItem.group_key: items with equal keys may share a batch
+H_COST = "Sie-Cost"  # item_cost: the sidecar's batching unit before it learns tokens per unit
+H_SENT = "Sie-Sent"  # unix seconds the gateway built the item (queue wait)
+H_DEADLINE = "Sie-Deadline"  # unix seconds after which nobody waits for the result
+H_TRACEPARENT = "traceparent"
+
+
+@dataclass(frozen=True)
+class RoutingHeader:
+    """A work message's routing header, as the sidecar reads it (an :class:`ItemIds`)."""
+
+    work_item_id: str
+    request_id: str
+    item_index: int
+    reply_subject: str
+    model_spec: str
+    operation: str
+    group_key: str
+    cost: int
+    timestamp: float | None = None
+    deadline: float | None = None
+    traceparent: str | None = None
+
+    @classmethod
+    def of(cls, item: WorkItem) -> RoutingHeader:
+        return cls(
+            work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
+            reply_subject=item.reply_subject, model_spec=item.model_spec, operation=item.operation,
+            group_key=item.group_key, cost=item_cost(item.operation, item.item, item.query_item, item.score_items),
+            timestamp=item.timestamp, deadline=item.deadline, traceparent=item.traceparent,
+        )  # fmt: skip
+
+    def headers(self) -> dict[str, str]:
+        out = {
+            MSG_ID: self.work_item_id, H_REQUEST: self.request_id, H_INDEX: str(self.item_index),
+            H_REPLY: self.reply_subject, H_MODEL: self.model_spec, H_OPERATION: self.operation,
+            H_GROUP: self.group_key, H_COST: str(self.cost),
+        }  # fmt: skip
+        if self.timestamp is not None:
+            out[H_SENT] = repr(float(self.timestamp))
+        if self.deadline is not None:
+            out[H_DEADLINE] = repr(float(self.deadline))
+        if self.traceparent:
+            out[H_TRACEPARENT] = self.traceparent
+        return out
+
+    @classmethod
+    def from_headers(cls, headers: dict[str, str] | None) -> RoutingHeader:
+        """The route of a delivered work message; ValueError when a header is missing or malformed."""
+        if not headers:
+            raise ValueError("no routing headers")
+        try:
+            route = cls(
+                work_item_id=headers[MSG_ID], request_id=headers[H_REQUEST], item_index=int(headers[H_INDEX]),
+                reply_subject=headers[H_REPLY], model_spec=headers[H_MODEL], operation=headers[H_OPERATION],
+                group_key=headers[H_GROUP], cost=max(1, int(headers[H_COST])),
+                timestamp=_optional_float(headers.get(H_SENT)), deadline=_optional_float(headers.get(H_DEADLINE)),
+                traceparent=headers.get(H_TRACEPARENT) or None,
+            )  # fmt: skip
+        except KeyError as exc:
+            raise ValueError(f"routing header {exc.args[0]} missing") from None
+        if not (route.work_item_id and route.request_id and route.reply_subject and route.model_spec):
+            raise ValueError("empty routing header")
+        return route
+
+
+def _optional_float(value: str | None) -> float | None:
+    return float(value) if value else None
+
+
 @dataclass
 class WorkResult:
     work_item_id: str

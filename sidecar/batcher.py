@@ -24,38 +24,6 @@ class Costed(Protocol):
     arrived: float  # monotonic seconds
 
 
-def text_cost(text: str | None) -> int:
-    """Token-count proxy (the sidecar does not tokenize): chars / 4 + 2; each model's scheduler
-    scales it by the tokens per unit it has learned from the worker's counts."""
-    return len(text or "") // 4 + 2
-
-
-def item_cost(
-    operation: str,
-    item: dict[str, Any] | None,
-    query_item: dict[str, Any] | None = None,
-    score_items: list[dict[str, Any]] | None = None,
-) -> int:
-    """Cost of one work item: text proxy; media count 1 each (score: summed over the pairs)."""
-
-    def one(value: dict[str, Any] | None) -> int:
-        if not isinstance(value, dict):
-            return 1
-        text = value.get("text")
-        cost = text_cost(text) if isinstance(text, str) else 0
-        for key in ("images", "image", "audio", "video", "document"):
-            media = value.get(key)
-            if media:
-                cost += len(media) if isinstance(media, list) else 1
-        return max(cost, 1)
-
-    if operation == "score":
-        q = one(query_item)
-        docs = score_items or []
-        return max(1, sum(q + one(d) for d in docs)) if docs else q
-    return one(item)
-
-
 @dataclass
 class BatchLimits:
     max_cost: int

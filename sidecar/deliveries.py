@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 
 from protocol.subjects import INTERACTIVE
-from protocol.work import WorkItem
+from protocol.work import RoutingHeader
 from sidecar.batcher import Batcher, BatchLimits
 
 
 @dataclass(eq=False)
 class Delivery:
     msg: Msg
-    item: WorkItem
+    route: RoutingHeader  # the message's routing header: the sidecar never decodes the body
     spec: str
     cost: int  # predicted tokens (scheduler's cost_of the character estimate)
     arrived: float  # monotonic, for batching
@@ -28,7 +28,7 @@ class Delivery:
 
     @property
     def group(self) -> str:
-        return self.item.group_key
+        return self.route.group_key
 
     @property
     def num_delivered(self) -> int:

@@ -16,11 +16,9 @@ import time
 from nats.aio.msg import Msg
 
 from protocol import tracing
-from protocol.codec import CodecError
 from protocol.errors import ErrorCode
 from protocol.subjects import BULK, INTERACTIVE, in_lane, is_valid_reply_subject, subject_priority
-from protocol.work import OPERATIONS, WorkItem
-from sidecar.batcher import item_cost
+from protocol.work import OPERATIONS, RoutingHeader
 from sidecar.deliveries import Delivery
 from sidecar.puller import Puller
 from sidecar.scheduling import Scheduling
@@ -28,8 +26,6 @@ from sidecar.streams import ensure_lane_consumer, ensure_stream
 from sidecar.tombstones import request_id_from_cancel_subject
 
 log = logging.getLogger("sie.sidecar")
-
-_ALWAYS_ERROR = (CodecError, ValueError, TypeError)
 
 
 class Intake(Scheduling):
@@ -117,28 +113,20 @@ class Intake(Scheduling):
             await self._raw_nak(msg, self.settings.nak_delay_s)
             return
         try:
-            item = WorkItem.from_msgpack(msg.data)
-            if (
-                not isinstance(item.reply_subject, str)
-                or not isinstance(item.model_id, str)
-                or not item.model_id
-            ):
-                raise ValueError("work item lacks reply_subject or model_id")
-            if not isinstance(item.options, dict):
-                raise ValueError("options must be a map")
-        except _ALWAYS_ERROR as exc:
+            route = RoutingHeader.from_headers(msg.headers)
+        except ValueError as exc:
             log.warning("dead-lettering undecodable work item on %s: %s", msg.subject, exc)
             await self._dead_letter(msg, f"undecodable work item: {exc}")
             return
-        if not is_valid_reply_subject(item.reply_subject):
+        if not is_valid_reply_subject(route.reply_subject):
             log.warning(
                 "dropping work item %s: reply subject %r is not an inbox",
-                item.work_item_id,
-                item.reply_subject,
+                route.work_item_id,
+                route.reply_subject,
             )
             await self._raw_ack(msg, drop=True)
             return
-        if item.request_id in self.tombstones:
+        if route.request_id in self.tombstones:
             await self._raw_ack(msg, drop=True)
             return
         if not self.worker.fresh(self._worker_stale_after_s()):
@@ -147,8 +135,8 @@ class Intake(Scheduling):
             return
         d = Delivery(
             msg=msg,
-            item=item,
-            spec=item.model_spec,
+            route=route,
+            spec=route.model_spec,
             cost=1,
             arrived=now,
             received_wall=time.time(),
@@ -156,21 +144,21 @@ class Intake(Scheduling):
             priority=subject_priority(msg.subject),
         )
         self.held.add(d)
-        if isinstance(item.timestamp, (int, float)):
-            self.metrics.queue_wait.observe(max(0.0, d.received_wall - item.timestamp))
+        if route.timestamp is not None:
+            self.metrics.queue_wait.observe(max(0.0, d.received_wall - route.timestamp))
         delivered = d.num_delivered
         if delivered > 1:
             self.metrics.redeliveries.inc()
-        if tracing.enabled() and isinstance(item.timestamp, (int, float)):
-            tracing.record("sidecar.queue_wait", parent=item.traceparent, start_s=item.timestamp,
+        if tracing.enabled() and route.timestamp is not None:
+            tracing.record("sidecar.queue_wait", parent=route.traceparent, start_s=route.timestamp,
                            end_s=d.received_wall, attributes={"delivery": delivered})
-        if item.operation not in OPERATIONS:
+        if route.operation not in OPERATIONS:
             await self._publish_and_ack(
-                d, self._error_result(d, ErrorCode.INVALID_INPUT, f"unknown operation {item.operation!r}")
+                d, self._error_result(d, ErrorCode.INVALID_INPUT, f"unknown operation {route.operation!r}")
             )
             return
         sched = self._scheduler(d.spec)
-        d.estimate = item_cost(item.operation, item.item, item.query_item, item.score_items)
+        d.estimate = route.cost
         d.cost = sched.cost_of(d.estimate)
         cap = max(1, sched.limits.max_requests) * self.settings.max_concurrent_batches * 2
         # per class: a bulk backlog never turns interactive work away
@@ -179,7 +167,7 @@ class Intake(Scheduling):
             return
         if d.priority != BULK:
             sched.last_interactive = now
-        sched.batcher(item.operation, d.group, d.priority).add(d)
+        sched.batcher(route.operation, d.group, d.priority).add(d)
         sched.wake.set()
 
     # ------------------------------------------------------------------ cancellation
@@ -190,5 +178,5 @@ class Intake(Scheduling):
         self.tombstones.add(request_id)
         for sched in self.schedulers.values():
             for b in sched.batchers.values():
-                for d in b.remove(lambda e: e.item.request_id == request_id):
+                for d in b.remove(lambda e: e.route.request_id == request_id):
                     await self._ack(d, drop=True)

@@ -11,7 +11,8 @@ situation                                             action
 success / permanent error outcome                     publish WorkResult to reply_subject, then ACK
 reply publish fails                                   no ACK (redelivered after ack_wait)
 reply subject not ``_INBOX.``                         ACK-drop
-undecodable work item                                 DLQ copy with the reason, then TERM (leaves the stream)
+no valid routing header                               DLQ copy with the reason, then TERM (leaves the stream)
+body the worker cannot decode                         error result INTERNAL_ERROR, DLQ copy, TERM
 subject outside the lane                              NAK ``nak_delay_s``
 unknown operation                                     error result INVALID_INPUT + ACK
 model loading on the worker                           progress-ACK and recheck (no delivery spent)

@@ -116,7 +116,7 @@ class Scheduling(Liveness):
 
     async def _drop_cancelled(self, sched: ModelScheduler) -> None:
         for b in sched.batchers.values():
-            for d in b.remove(lambda e: e.item.request_id in self.tombstones):
+            for d in b.remove(lambda e: e.route.request_id in self.tombstones):
                 await self._ack(d, drop=True)
 
     async def _run_batch(self, sched: ModelScheduler, batch: list[Delivery], bulk: bool = False) -> None:
@@ -138,7 +138,7 @@ class Scheduling(Liveness):
         try:
             live = []
             for d in batch:
-                if d.item.request_id in self.tombstones:
+                if d.route.request_id in self.tombstones:
                     await self._ack(d, drop=True)
                 else:
                     live.append(d)
@@ -147,22 +147,23 @@ class Scheduling(Liveness):
             self.stats["batches"] += 1
             dispatched = time.time()
             request = ipc.RunBatchRequest(
-                model_id=sched.spec, items=[d.msg.data for d in live], worker_id=s.worker_id
+                model_id=sched.spec, items=[d.msg.data for d in live], worker_id=s.worker_id,
+                item_ids=[d.route.work_item_id for d in live],
             )
             timeout = s.ipc_request_timeout_s
-            deadlines = [d.item.deadline for d in live if isinstance(d.item.deadline, (int, float))]
+            deadlines = [d.route.deadline for d in live if isinstance(d.route.deadline, (int, float))]
             if deadlines:
                 timeout = min(180.0, max(timeout, max(deadlines) - time.time()))
             self.metrics.batch_size.labels(sched.spec).observe(len(live))
             if tracing.enabled():
                 for d in live:
-                    tracing.record("sidecar.batch_formation", parent=d.item.traceparent, start_s=d.received_wall,
+                    tracing.record("sidecar.batch_formation", parent=d.route.traceparent, start_s=d.received_wall,
                                    end_s=dispatched, attributes={"batch_size": len(live)})
             try:
                 # one span per batch: a child of its first item's request, linked to the others'
                 with tracing.span(
-                    "sidecar.run_batch", parent=live[0].item.traceparent,
-                    links=[d.item.traceparent for d in live[1:] if isinstance(d.item.traceparent, str)]
+                    "sidecar.run_batch", parent=live[0].route.traceparent,
+                    links=[d.route.traceparent for d in live[1:] if isinstance(d.route.traceparent, str)]
                     if tracing.enabled() else (),
                     attributes={"model": sched.spec, "batch_size": len(live)},
                 ):
@@ -192,9 +193,9 @@ class Scheduling(Liveness):
                 if isinstance(out, dict):
                     by_id.setdefault(str(out.get("work_item_id")), []).append(out)
             for d in live:
-                queue = by_id.get(d.item.work_item_id)
+                queue = by_id.get(d.route.work_item_id)
                 if not queue:
-                    log.warning("no outcome for %s", d.item.work_item_id)
+                    log.warning("no outcome for %s", d.route.work_item_id)
                     await self._nak(d, s.nak_delay_s)
                     continue
                 outcome = queue.pop(0)

@@ -36,11 +36,23 @@ class Settlement(LaneState):
         if disposition in (ipc.PUBLISH_AND_ACK, ipc.PUBLISH_ERROR_AND_ACK):
             result = outcome.get("result")
             if not isinstance(result, bytes):
-                log.warning("outcome of %s carries no result", d.item.work_item_id)
+                log.warning("outcome of %s carries no result", d.route.work_item_id)
                 await self._nak(d, s.nak_delay_s)
                 return
             # the worker's bytes, as they are
             await self._publish_and_ack(d, result, success=disposition == ipc.PUBLISH_AND_ACK)
+            return
+        if disposition == ipc.DEAD_LETTER:
+            # the worker could not decode the body: no retry can fix it. The routing header still
+            # names the item and its inbox, so the request is answered now rather than at its deadline.
+            reason = str(outcome.get("error") or "undecodable work item")
+            failure = self._error_result(d, ErrorCode.INTERNAL_ERROR, reason)
+            try:
+                await self.nc.publish(d.route.reply_subject, failure.to_msgpack())
+            except Exception as exc:  # noqa: BLE001 - the DLQ copy below is what must happen
+                log.warning("answering dead-lettered %s failed: %s", d.route.work_item_id, exc)
+            self._release(d)
+            await self._dead_letter(d.msg, reason)
             return
         code = outcome.get("error_code")
         if code == ErrorCode.RESOURCE_EXHAUSTED:
@@ -56,7 +68,7 @@ class Settlement(LaneState):
 
     # ------------------------------------------------------------------ settlement primitives
     def _error_result(self, d: Delivery, code: str, message: str) -> WorkResult:
-        return WorkResult.failure(d.item, code, message, worker_id=self.settings.worker_id)
+        return WorkResult.failure(d.route, code, message, worker_id=self.settings.worker_id)
 
     def _release(self, d: Delivery) -> None:
         d.settled = True
@@ -70,8 +82,8 @@ class Settlement(LaneState):
         if d.settled:
             return
         ok = result.success if isinstance(result, WorkResult) else success
-        with bind(request_id=d.item.request_id), tracing.span(
-            "sidecar.result_publish", parent=d.item.traceparent, attributes={"success": ok}
+        with bind(request_id=d.route.request_id), tracing.span(
+            "sidecar.result_publish", parent=d.route.traceparent, attributes={"success": ok}
         ):
             await self._publish_result_and_ack(d, result)
 
@@ -79,14 +91,14 @@ class Settlement(LaneState):
         try:
             data = result if isinstance(result, bytes) else result.to_msgpack()
             try:
-                await self.nc.publish(d.item.reply_subject, data)
+                await self.nc.publish(d.route.reply_subject, data)
             except nats.errors.MaxPayloadError:
                 compact = self._error_result(
                     d, ErrorCode.INTERNAL_ERROR, "result larger than the NATS max payload"
                 )
-                await self.nc.publish(d.item.reply_subject, compact.to_msgpack())
+                await self.nc.publish(d.route.reply_subject, compact.to_msgpack())
         except Exception as exc:  # noqa: BLE001 - no ACK: JetStream redelivers after ack_wait
-            log.warning("publishing result of %s failed: %s", d.item.work_item_id, exc)
+            log.warning("publishing result of %s failed: %s", d.route.work_item_id, exc)
             self._release(d)
             return
         self.stats["published"] += 1

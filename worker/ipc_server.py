@@ -169,11 +169,13 @@ class IpcHandler(ConfigCalls):
     async def run_batch(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
             req = ipc.RunBatchRequest.from_map(body)
-            items = req.work_items()
+            items, dead = req.work_items()
         except (TypeError, ValueError) as exc:
             raise IpcMethodError(f"malformed RunBatch: {exc}") from exc
+        if dead:
+            log.warning("%d undecodable work items in a batch of %s", len(dead), req.model_id)
         if not items:
-            return ipc.run_batch_response([])
+            return ipc.run_batch_response(dead)
         started = time.perf_counter()
         try:
             results = await self.runtime.run_work_items(items)
@@ -190,7 +192,7 @@ class IpcHandler(ConfigCalls):
             ]
         elapsed_ms = (time.perf_counter() - started) * 1000
         worker_id = req.worker_id if isinstance(req.worker_id, str) and req.worker_id else self.worker_id
-        outcomes = []
+        outcomes = dead
         for item, res in zip(items, results, strict=True):
             res.worker_id = worker_id
             if not res.processing_ms:

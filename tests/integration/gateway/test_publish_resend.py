@@ -28,7 +28,7 @@ async def test_a_publish_lost_with_the_server_is_sent_again_at_the_reconnect(nat
         subject = work_subject("default", "cpu", "default", "m")
         assert nats_server.proc is not None
         os.kill(nats_server.proc.pid, signal.SIGSTOP)  # the publish reaches a server that never answers
-        publish = asyncio.create_task(d._publish(subject, "default", "item-1", b"payload"))
+        publish = asyncio.create_task(d._publish(subject, "default", b"payload", {"Nats-Msg-Id": "item-1"}))
         await asyncio.sleep(0.5)
         assert not publish.done()
         os.kill(nats_server.proc.pid, signal.SIGKILL)  # ... and dies with it unread

@@ -21,7 +21,7 @@ import nats.js.errors
 from protocol.catalog import Catalog
 from protocol.model_config import parse_model_yaml
 from protocol.subjects import reply_subject, work_subject
-from protocol.work import WorkItem, WorkResult
+from protocol.work import RoutingHeader, WorkItem, WorkResult
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
 from sidecar.settings import SidecarSettings
@@ -192,10 +192,10 @@ class Gateway:
     async def publish(self, item: WorkItem) -> None:
         subject = work_subject("default", "cpu", "default", item.model_id)
         # Right after a server restart JetStream may need a moment: retry like the gateway does
-        # (Nats-Msg-Id makes a retried publish land once).
+        # (Nats-Msg-Id, among the routing headers, makes a retried publish land once).
         for attempt in range(20):
             try:
-                await self.js.publish(subject, item.to_msgpack(), headers={"Nats-Msg-Id": item.work_item_id})
+                await self.js.publish(subject, item.to_msgpack(), headers=RoutingHeader.of(item).headers())
                 return
             except (
                 nats.errors.TimeoutError,
@@ -206,8 +206,8 @@ class Gateway:
                     raise
                 await asyncio.sleep(0.5)
 
-    async def publish_raw(self, model_id: str, data: bytes) -> None:
-        await self.js.publish(work_subject("default", "cpu", "default", model_id), data)
+    async def publish_raw(self, model_id: str, data: bytes, headers: dict[str, str] | None = None) -> None:
+        await self.js.publish(work_subject("default", "cpu", "default", model_id), data, headers=headers)
 
     async def wait_for(self, work_item_ids: list[str], timeout: float = 60.0) -> dict[str, list[WorkResult]]:
         deadline = time.monotonic() + timeout

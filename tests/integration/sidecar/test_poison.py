@@ -16,6 +16,7 @@ from protocol.subjects import (
     normalize_id,
     pool_stream_name,
 )
+from protocol.work import RoutingHeader
 from tests.integration.sidecar.support import (
     Gateway,
     InProcessWorker,
@@ -71,6 +72,56 @@ async def test_an_undecodable_message_is_dead_lettered_at_once_and_leaves_the_wo
             assert (await js.stream_info(work)).state.messages == 0
             assert lane.stats["naked"] == 0
             assert lane.stats["received"] == 2
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()
+
+
+async def test_a_body_the_worker_cannot_decode_is_dead_lettered_and_its_batch_still_runs(nats_server):
+    """The sidecar reads only the routing headers; a body that is not a work item is found by the
+    worker, which answers that item dead_letter: DLQ copy, terminated, no NAK; the good items of
+    the same batch are answered."""
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    js = gw_nc.jetstream()
+    await js.add_stream(StreamConfig(**dlq_stream_config(storage="memory")))
+    gw = await Gateway(gw_nc).start()
+    dead: list = []
+
+    async def on_dead(msg) -> None:
+        dead.append(msg)
+
+    await gw_nc.subscribe("sie.dlq.>", cb=on_dead)
+    async with InProcessWorker(sock, model_yaml(MODEL)):
+        lane, nc, client = await start_lane(
+            sidecar_settings(nats_server.url, sock, nak_delay_s=30.0, batcher_max_batch_wait_ms=300.0)
+        )
+        try:
+            warm = gw.item("req-warm", 0, model_id=MODEL, text="warm")
+            await gw.publish(warm)
+            await gw.wait_for([warm.work_item_id])
+            good = [gw.item("req-good", i, model_id=MODEL, text=f"fine {i}", total=2) for i in range(2)]
+            poisoned = gw.item("req-poison", 0, model_id=MODEL, text="looks fine")
+            await gw.publish(good[0])
+            await gw.publish_raw(MODEL, POISON, headers=RoutingHeader.of(poisoned).headers())
+            await gw.publish(good[1])
+            got = await gw.wait_for([g.work_item_id for g in good])
+            assert all(r[0].success for r in got.values())
+            await wait_until(lambda: dead, 10)
+            assert dead[0].data == POISON
+            assert dead[0].headers[DLQ_REASON_HEADER].startswith("undecodable work item:")
+            await wait_until(lambda: lane.stats["dead_lettered"] == 1, 10)
+            work = pool_stream_name("default")
+            for _ in range(100):
+                if (await js.stream_info(work)).state.messages == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await js.stream_info(work)).state.messages == 0
+            assert lane.stats["naked"] == 0
+            # its routing header names its inbox: the request is answered now, not at its deadline
+            answer = (await gw.wait_for([poisoned.work_item_id]))[poisoned.work_item_id][0]
+            assert not answer.success and answer.error_code == "INTERNAL_ERROR"
+            assert "undecodable work item" in answer.error
         finally:
             await stop_lane(lane, nc, client)
     await gw_nc.close()

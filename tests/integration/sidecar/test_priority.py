@@ -8,7 +8,7 @@ Order, not time, is asserted: results are recorded in the order they arrive at t
 from __future__ import annotations
 
 from protocol.subjects import BULK, lane_durable, work_subject
-from protocol.work import WorkResult
+from protocol.work import RoutingHeader, WorkResult
 from tests.integration.sidecar.support import (
     Gateway,
     InProcessWorker,
@@ -38,7 +38,7 @@ class OrderedGateway(Gateway):
 
     async def publish_bulk(self, item) -> None:
         subject = work_subject("default", "cpu", "default", item.model_id, BULK)
-        await self.js.publish(subject, item.to_msgpack(), headers={"Nats-Msg-Id": item.work_item_id})
+        await self.js.publish(subject, item.to_msgpack(), headers=RoutingHeader.of(item).headers())
 
 
 async def test_an_interactive_item_overtakes_a_bulk_backlog(nats_server):

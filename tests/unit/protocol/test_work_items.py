@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from protocol.codec import unpackb
-from protocol.work import WorkItem, WorkResult
+from protocol.work import RoutingHeader, WorkItem, WorkResult, item_cost
 
 
 def item(**extra) -> WorkItem:
@@ -47,3 +49,36 @@ def test_encoding_round_trips_and_leaves_out_unset_fields():
     assert WorkItem.from_msgpack(data) == wi
     res = WorkResult.failure(wi, "INVALID_INPUT", "bad", extra={"k": [1]})
     assert WorkResult.from_msgpack(res.to_msgpack()) == res
+
+
+def test_the_routing_header_carries_what_the_sidecar_needs_without_the_body():
+    wi = item(deadline=12.5, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01", batch_key="k",
+              item={"text": "a" * 40})
+    route = RoutingHeader.of(wi)
+    headers = route.headers()
+    assert all(isinstance(v, str) for v in headers.values())
+    assert headers["Nats-Msg-Id"] == "r.0"  # a publish sent again lands once
+    back = RoutingHeader.from_headers(headers)
+    assert back == route
+    assert (back.work_item_id, back.request_id, back.item_index) == ("r.0", "r", 0)
+    assert back.reply_subject == "_INBOX.g.r" and back.model_spec == wi.model_spec
+    assert back.group_key == "k" and back.cost == item_cost("encode", {"text": "a" * 40})
+    assert (back.timestamp, back.deadline, back.traceparent) == (1.0, 12.5, wi.traceparent)
+    # what may be unset is left out
+    bare = RoutingHeader.of(item()).headers()
+    assert "Sie-Deadline" not in bare and "traceparent" not in bare
+
+
+@pytest.mark.parametrize("broken", [None, {}, "missing", "bad-index", "empty-reply"])
+def test_a_missing_or_malformed_routing_header_is_refused(broken):
+    headers = RoutingHeader.of(item()).headers()
+    if broken == "missing":
+        del headers["Sie-Model"]
+    elif broken == "bad-index":
+        headers["Sie-Index"] = "one"
+    elif broken == "empty-reply":
+        headers["Sie-Reply"] = ""
+    else:
+        headers = broken
+    with pytest.raises(ValueError):
+        RoutingHeader.from_headers(headers)

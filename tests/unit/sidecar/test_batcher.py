@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.batcher import Batcher, BatchLimits, item_cost, next_due, oldest_ready, text_cost
+from protocol.work import item_cost, text_cost
+from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
 
 
 @dataclass(eq=False)

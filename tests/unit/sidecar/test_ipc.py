@@ -263,6 +263,20 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
                 await client.call(ipc.RUN_BATCH, {"model_id": "test/fake-embed", "items": [bad]})
             assert refused.value.code == ipc.IPC_BAD_REQUEST
 
+        # ... unless the sidecar names it (its routing header's id): then that item alone is
+        # answered dead_letter, and the rest of the batch runs
+        mixed = ipc.RunBatchRequest(
+            model_id="test/fake-embed", items=[b"\xc1 poison", items[0].to_msgpack(), packb({"x": 1})],
+            item_ids=["req-9.0", "req-1.0", "req-9.2"],
+        )
+        outcomes = (await client.call(ipc.RUN_BATCH, mixed.to_map()))["outcomes"]
+        by_id = {o["work_item_id"]: o for o in outcomes}
+        assert sorted(by_id) == ["req-1.0", "req-9.0", "req-9.2"]
+        assert by_id["req-1.0"]["disposition"] == ipc.PUBLISH_AND_ACK
+        for dead in ("req-9.0", "req-9.2"):
+            assert by_id[dead]["disposition"] == ipc.DEAD_LETTER
+            assert by_id[dead]["error"].startswith("undecodable work item:")
+
         unknown = ipc.EnsureModelReadyResponse.from_map(
             await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "no/such-model"})
         )
