@@ -9,7 +9,6 @@ interactive work leaves ``bulk_min_held_share`` to bulk, so bulk is never starve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -88,11 +87,18 @@ class Intake(Scheduling):
                     log.warning("pull request not sent (%s): %s", type(exc).__name__, exc)
                     await asyncio.sleep(0.2)
                 continue
-            # a request is open (deliveries come to intake by themselves) or there is no room:
-            # wait for the request to end, room to free up, or the request to be overdue
-            with contextlib.suppress(TimeoutError):
+            # a request is open (deliveries come to intake by themselves; wait for it to end or be
+            # overdue), or there is no room (wait for a settlement to make some)
+            wants_room = not puller.is_open
+            if wants_room:
+                self._room_wanted.add(priority)
+            try:
                 async with asyncio.timeout(puller.seconds_left()):
                     await wake.wait()
+            except TimeoutError:
+                pass
+            finally:
+                self._room_wanted.discard(priority)
 
     async def _delivered(self, msg: Msg) -> None:
         """A delivery from a pull request: intake, or straight back to the stream once stopping."""

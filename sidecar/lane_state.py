@@ -74,8 +74,10 @@ class LaneState:
         self.durable = ""
         self.bulk_durable = ""
         self._batch_slots = asyncio.Semaphore(settings.max_concurrent_batches)
-        # per priority class: set when a delivery is settled (room to pull) or its pull request ends
+        # per priority class: set when its pull request ends, or, while its loop waits for room
+        # (``_room_wanted``), when a delivery is settled
         self._wakes: dict[str, asyncio.Event] = {INTERACTIVE: asyncio.Event(), BULK: asyncio.Event()}
+        self._room_wanted: set[str] = set()
         self._stop = asyncio.Event()
         self.draining = False
         self._tasks: list[asyncio.Task] = []

@@ -73,8 +73,8 @@ class Settlement(LaneState):
     def _release(self, d: Delivery) -> None:
         d.settled = True
         self.held.discard(d)
-        for wake in self._wakes.values():
-            wake.set()
+        for priority in self._room_wanted:
+            self._wakes[priority].set()
 
     async def _publish_and_ack(self, d: Delivery, result: WorkResult | bytes, *, success: bool = False) -> None:
         """Publish the result (a WorkResult, or one the worker encoded, whose ``success`` the caller
