@@ -225,9 +225,9 @@ class Dispatcher:
         known: list[WorkResult | None] | None = None,
     ) -> list[WorkResult]:
         """Publish ``items`` (already carrying ids and reply subject; ``payloads`` are their msgpack
-        encodings, made once by the caller, ``headers`` their routing headers) and wait for every result. ``known`` holds the results
-        of the request's items that are not published (cache hits) and ``None`` for each of ``items``;
-        without it ``items`` are the whole request.
+        encodings, made once by the caller, ``headers`` their routing headers) and wait for every
+        result. ``known`` holds the results of the request's items that are not published (cache
+        hits) and ``None`` for each of ``items``; without it ``items`` are the whole request.
 
         ``deadline`` is a ``time.monotonic()`` instant. Raises SIEError on publish failure (the work is
         cancelled) or GATEWAY_TIMEOUT; cancellation of the caller (client gone) cancels the work.
