@@ -89,8 +89,7 @@ class Intake(Scheduling):
                 continue
             # a request is open (deliveries come to intake by themselves; wait for it to end or be
             # overdue), or there is no room (wait for a settlement to make some)
-            wants_room = not puller.is_open
-            if wants_room:
+            if not puller.is_open:
                 self._room_wanted.add(priority)
             try:
                 async with asyncio.timeout(puller.seconds_left()):

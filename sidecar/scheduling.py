@@ -151,7 +151,7 @@ class Scheduling(Liveness):
                 item_ids=[d.route.work_item_id for d in live],
             )
             timeout = s.ipc_request_timeout_s
-            deadlines = [d.route.deadline for d in live if isinstance(d.route.deadline, (int, float))]
+            deadlines = [d.route.deadline for d in live if d.route.deadline is not None]
             if deadlines:
                 timeout = min(180.0, max(timeout, max(deadlines) - time.time()))
             self.metrics.batch_size.labels(sched.spec).observe(len(live))

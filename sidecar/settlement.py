@@ -46,12 +46,8 @@ class Settlement(LaneState):
             # the worker could not decode the body: no retry can fix it. The routing header still
             # names the item and its inbox, so the request is answered now rather than at its deadline.
             reason = str(outcome.get("error") or "undecodable work item")
-            failure = self._error_result(d, ErrorCode.INTERNAL_ERROR, reason)
-            try:
-                await self.nc.publish(d.route.reply_subject, failure.to_msgpack())
-            except Exception as exc:  # noqa: BLE001 - the DLQ copy below is what must happen
-                log.warning("answering dead-lettered %s failed: %s", d.route.work_item_id, exc)
-            self._release(d)
+            await self._publish_result(d, self._error_result(d, ErrorCode.INTERNAL_ERROR, reason))
+            self._release(d)  # published or not, the DLQ copy below is what must happen
             await self._dead_letter(d.msg, reason)
             return
         code = outcome.get("error_code")
@@ -88,6 +84,14 @@ class Settlement(LaneState):
             await self._publish_result_and_ack(d, result)
 
     async def _publish_result_and_ack(self, d: Delivery, result: WorkResult | bytes) -> None:
+        if not await self._publish_result(d, result):
+            self._release(d)  # no ACK: JetStream redelivers after ack_wait
+            return
+        await self._ack(d)
+
+    async def _publish_result(self, d: Delivery, result: WorkResult | bytes) -> bool:
+        """Publish ``result`` to the item's reply inbox (a compact error in its place when it is
+        over the NATS max payload); False, logged, when the publish failed."""
         try:
             data = result if isinstance(result, bytes) else result.to_msgpack()
             try:
@@ -97,12 +101,11 @@ class Settlement(LaneState):
                     d, ErrorCode.INTERNAL_ERROR, "result larger than the NATS max payload"
                 )
                 await self.nc.publish(d.route.reply_subject, compact.to_msgpack())
-        except Exception as exc:  # noqa: BLE001 - no ACK: JetStream redelivers after ack_wait
+        except Exception as exc:  # noqa: BLE001 - the caller decides what a failed publish means
             log.warning("publishing result of %s failed: %s", d.route.work_item_id, exc)
-            self._release(d)
-            return
+            return False
         self.stats["published"] += 1
-        await self._ack(d)
+        return True
 
     async def _ack(self, d: Delivery, *, drop: bool = False) -> None:
         if d.settled:
