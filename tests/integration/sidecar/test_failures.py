@@ -99,17 +99,12 @@ async def test_memory_stream_is_recreated_after_a_nats_restart(nats_server, work
     gw = await Gateway(gw_nc).start()
     lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, stream_storage="memory"))
     try:
-        first = gw.item("req-mem-1", 0, model_id=MODEL, text="before")
-        await gw.publish(first)
-        await gw.wait_for([first.work_item_id], timeout=60)
+        await _one_through(gw, "req-mem-1", "before")
         nats_server.restart()
         await wait_until(lambda: gw_nc.is_connected and nc.is_connected, 30)
         # the gateway side would re-create the stream on publish; here the sidecar must do it
         await wait_until(lambda: lane.stats.get("reensured", 0) >= 1, 60)
-        second = gw.item("req-mem-2", 0, model_id=MODEL, text="after")
-        await gw.publish(second)
-        got = await gw.wait_for([second.work_item_id], timeout=60)
-        assert got[second.work_item_id][0].success
+        await _one_through(gw, "req-mem-2", "after")
     finally:
         await stop_lane(lane, nc, client)
         worker.stop()
@@ -129,16 +124,19 @@ async def test_after_a_nats_restart_the_sidecar_pulls_again_at_once(nats_server,
     await gw.js.add_stream(StreamConfig(**stream_config("default")))
     lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, nats_fetch_timeout_s=60.0))
     try:
-        first = gw.item("req-pull-1", 0, model_id=MODEL, text="before")
-        await gw.publish(first)
-        await gw.wait_for([first.work_item_id], timeout=60)
+        await _one_through(gw, "req-pull-1", "before")
         nats_server.restart(kill=True)
         await wait_until(lambda: gw_nc.is_connected and nc.is_connected, 30)
-        second = gw.item("req-pull-2", 0, model_id=MODEL, text="after")
-        await gw.publish(second)
-        got = await gw.wait_for([second.work_item_id], timeout=20)
-        assert got[second.work_item_id][0].success
+        await _one_through(gw, "req-pull-2", "after", timeout=20)
     finally:
         await stop_lane(lane, nc, client)
         worker.stop()
         await gw_nc.close()
+
+
+async def _one_through(gw, request_id: str, text: str, timeout: float = 60.0) -> None:
+    """Publish one item and wait for its successful result."""
+    item = gw.item(request_id, 0, model_id=MODEL, text=text)
+    await gw.publish(item)
+    got = await gw.wait_for([item.work_item_id], timeout=timeout)
+    assert got[item.work_item_id][0].success

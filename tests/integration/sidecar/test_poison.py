@@ -33,6 +33,16 @@ MODEL = "test/fake-embed"
 POISON = b"\xc1 not msgpack at all"
 
 
+async def _work_left(js, timeout: float = 5.0) -> int:
+    """Messages in the work stream, once it is empty or ``timeout`` has passed (a TERM is
+    applied by the server shortly after the sidecar sends it)."""
+    work = pool_stream_name("default")
+    deadline = time.monotonic() + timeout
+    while (left := (await js.stream_info(work)).state.messages) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return left
+
+
 async def test_an_undecodable_message_is_dead_lettered_at_once_and_leaves_the_work_stream(nats_server):
     sock = socket_path()
     gw_nc = await connect(nats_server.url)
@@ -63,13 +73,8 @@ async def test_an_undecodable_message_is_dead_lettered_at_once_and_leaves_the_wo
             assert msg.headers[DLQ_SUBJECT_HEADER].endswith(normalize_id(MODEL))
             assert (await js.stream_info(DLQ_STREAM)).state.messages == 1  # kept in DEAD_LETTERS
             # terminated, not NAKed: no longer in the work stream, nothing redelivered
-            work = pool_stream_name("default")
             await wait_until(lambda: lane.stats["dead_lettered"] == 1, 10)
-            for _ in range(100):
-                if (await js.stream_info(work)).state.messages == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert (await js.stream_info(work)).state.messages == 0
+            assert await _work_left(js) == 0
             assert lane.stats["naked"] == 0
             assert lane.stats["received"] == 2
         finally:
@@ -111,12 +116,7 @@ async def test_a_body_the_worker_cannot_decode_is_dead_lettered_and_its_batch_st
             assert dead[0].data == POISON
             assert dead[0].headers[DLQ_REASON_HEADER].startswith("undecodable work item:")
             await wait_until(lambda: lane.stats["dead_lettered"] == 1, 10)
-            work = pool_stream_name("default")
-            for _ in range(100):
-                if (await js.stream_info(work)).state.messages == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert (await js.stream_info(work)).state.messages == 0
+            assert await _work_left(js) == 0
             assert lane.stats["naked"] == 0
             # its routing header names its inbox: the request is answered now, not at its deadline
             answer = (await gw.wait_for([poisoned.work_item_id]))[poisoned.work_item_id][0]

@@ -4,6 +4,7 @@ when it arrives, not when its request ends; a status ends only the request it an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import nats
@@ -11,6 +12,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from sidecar.puller import Puller
+from tests.integration.sidecar.support import wait_until
 
 
 @pytest.fixture
@@ -25,48 +27,41 @@ async def js_client(nats_server):
         await nc.close()
 
 
-def _puller(nc, got: list, *, expires_s: float, durable: str = "d") -> tuple[Puller, asyncio.Event]:
+@contextlib.asynccontextmanager
+async def started_puller(nc, *, expires_s: float, durable: str = "d"):
+    """A started Puller, the wake event it sets and the (arrival time, data) of each delivery."""
     wake = asyncio.Event()
+    got: list[tuple[float, bytes]] = []
 
     async def on_message(msg) -> None:
         got.append((time.monotonic(), msg.data))
         await msg.ack()
 
-    return Puller(nc, "S", durable, on_message, expires_s=expires_s, wake=wake), wake
-
-
-async def _until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
-
-
-async def test_each_delivery_is_handed_on_while_its_request_stays_open(js_client):
-    nc, js = js_client
-    got: list = []
-    puller, wake = _puller(nc, got, expires_s=30.0)
+    puller = Puller(nc, "S", durable, on_message, expires_s=expires_s, wake=wake)
     await puller.start()
     try:
-        await puller.request(10)
-        for i in range(3):
-            sent = time.monotonic()
-            await js.publish("s.x", str(i).encode())
-            await _until(lambda i=i: len(got) == i + 1)
-            # handed on long before the request's 30-second expiry, one by one
-            assert got[-1][1] == str(i).encode() and got[-1][0] - sent < 5.0
-        assert puller.is_open and puller.owed == 7
-        assert not wake.is_set()
+        yield puller, wake, got
     finally:
         await puller.stop()
 
 
+async def test_each_delivery_is_handed_on_while_its_request_stays_open(js_client):
+    nc, js = js_client
+    async with started_puller(nc, expires_s=30.0) as (puller, wake, got):
+        await puller.request(10)
+        for i in range(3):
+            sent = time.monotonic()
+            await js.publish("s.x", str(i).encode())
+            await wait_until(lambda i=i: len(got) == i + 1, 5)
+            # handed on long before the request's 30-second expiry, one by one
+            assert got[-1][1] == str(i).encode() and got[-1][0] - sent < 5.0
+        assert puller.is_open and puller.owed == 7
+        assert not wake.is_set()
+
+
 async def test_a_request_ends_when_its_batch_is_delivered_or_it_expires(js_client):
     nc, js = js_client
-    got: list = []
-    puller, wake = _puller(nc, got, expires_s=0.3)
-    await puller.start()
-    try:
+    async with started_puller(nc, expires_s=0.3) as (puller, wake, got):
         for i in range(2):
             await js.publish("s.x", str(i).encode())
         await puller.request(2)
@@ -78,16 +73,11 @@ async def test_a_request_ends_when_its_batch_is_delivered_or_it_expires(js_clien
         await puller.request(5)  # nothing to deliver: the server's 408 ends it at its expiry
         await asyncio.wait_for(wake.wait(), 5)
         assert not puller.is_open and puller.failures == 0
-    finally:
-        await puller.stop()
 
 
 async def test_a_status_left_over_from_an_earlier_request_does_not_end_the_open_one(js_client):
     nc, js = js_client
-    got: list = []
-    puller, wake = _puller(nc, got, expires_s=0.2)
-    await puller.start()
-    try:
+    async with started_puller(nc, expires_s=0.2) as (puller, wake, got):
         await puller.request(4)
         await asyncio.wait_for(wake.wait(), 5)  # expired: 408 on request 0
         wake.clear()
@@ -98,21 +88,14 @@ async def test_a_status_left_over_from_an_earlier_request_does_not_end_the_open_
         await asyncio.sleep(0.05)
         assert puller.is_open and not wake.is_set()
         await js.publish("s.x", b"late")
-        await _until(lambda: len(got) == 1)
+        await wait_until(lambda: len(got) == 1, 5)
         assert got[0][1] == b"late"
-    finally:
-        await puller.stop()
 
 
 async def test_pulling_from_a_missing_durable_counts_failures(js_client):
     nc, _ = js_client
-    got: list = []
-    puller, wake = _puller(nc, got, expires_s=1.0, durable="nobody")
-    await puller.start()
-    try:
+    async with started_puller(nc, expires_s=1.0, durable="nobody") as (puller, wake, _):
         await puller.request(1)
         await asyncio.wait_for(wake.wait(), 5)
         assert puller.failures == 1 and puller.last_failure.startswith("503")
         assert not puller.is_open
-    finally:
-        await puller.stop()
