@@ -27,7 +27,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
-from worker.checkpoint import load_tensors
+from worker.checkpoint import read_state_dict
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -39,19 +39,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def find_projection(root: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The (out, in) projection weight and optional bias from either checkpoint layout."""
-    for name in ("1_Dense/model.safetensors", "1_Dense/pytorch_model.bin"):
-        path = root / name
-        if path.exists():
-            tensors = load_tensors(path)
-            weight = tensors.get("linear.weight")
-            if weight is not None:
-                return weight, tensors.get("linear.bias")
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        path = root / name
-        if path.exists():
-            tensors = load_tensors(path)
-            if "linear.weight" in tensors:
-                return tensors["linear.weight"], tensors.get("linear.bias")
+    for folder in (root / "1_Dense", root):  # PyLate / sentence-transformers, then Stanford colbert-ai
+        try:
+            tensors = read_state_dict(folder)
+        except FileNotFoundError:
+            continue
+        if "linear.weight" in tensors:
+            return tensors["linear.weight"], tensors.get("linear.bias")
     raise FileNotFoundError(f"no ColBERT projection (linear.weight) under {root}")
 
 
