@@ -132,6 +132,7 @@ class BatchFormer:
         coalesce_ms: float,
         max_pad_share: float = 0.2,
         in_flight: int = 1,
+        lanes: int = 1,
         bulk_mixed_requests: int = 8,
         bulk_mixed_window_s: float = 2.0,
         bulk_max_wait_ms: float = 2000.0,
@@ -154,9 +155,11 @@ class BatchFormer:
         self._bulk_running = 0  # bulk batches handed over and not finished (at most one)
         self._queues: dict[tuple, _Queue] = {}
         self._wakeup = asyncio.Event()
-        # batches handed to the inference thread and not finished: with two, the next batch is
-        # already queued when a forward pass ends, so an accelerator never waits for the loop
+        # batches handed to the inference lanes and not finished: on one lane (CUDA) a second is
+        # already queued when a forward pass ends, so an accelerator never waits for the loop; on
+        # several (CPU) each runs its own, and a queue found with lanes idle is spread over them
         self._slots = asyncio.Semaphore(max(1, in_flight))
+        self.lanes = max(1, lanes)
         self._running: set[asyncio.Task] = set()
         self._closed = False
         self._task = asyncio.create_task(self._loop(), name=f"batchformer:{name}")
@@ -268,12 +271,12 @@ class BatchFormer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
                 continue
-            # flush the best due queue, once the inference thread has room
+            # flush the best due queue, once the inference lanes have room
             await self._slots.acquire()
             now = time.monotonic()
             due = [q for q in self._eligible() if self._due(q, now) == 0.0]
             queue = min(due, key=lambda q: self._rank(q, now)) if due else None
-            taken = self._take(queue, self._max_count(queue, now)) if queue is not None else None
+            taken = self._take(queue, self._spread(queue, self._max_count(queue, now))) if queue is not None else None
             if queue is None or taken is None:
                 self._slots.release()
                 continue
@@ -283,6 +286,14 @@ class BatchFormer:
             task = asyncio.create_task(self._execute(*taken, bulk=bulk))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+
+    def _spread(self, queue: _Queue, max_count: int) -> int:
+        """Units for the next batch: with several lanes idle, an equal share of the queue each (a
+        lone request of 32 runs as two forwards of 16 on two lanes, not one on one lane)."""
+        idle = self.lanes - len(self._running)
+        if idle <= 1:
+            return max_count
+        return min(max_count, max(1, -(-len(queue.items) // idle)))
 
     def _take(self, queue: _Queue, max_count: int) -> tuple[RequestContext, list[_Pending]] | None:
         """Remove the chunk (at most ``max_count`` units) holding the queue's oldest live unit; None

@@ -1,4 +1,4 @@
-"""A loaded model (adapter, inference thread, batcher, LoRAs) and the entry tracking its state."""
+"""A loaded model (adapter, inference lanes, batcher, LoRAs) and the entry tracking its state."""
 
 from __future__ import annotations
 
@@ -7,20 +7,23 @@ import importlib
 import importlib.util
 import itertools
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from protocol.catalog import Resolved
 from protocol.errors import SIEError
 from worker.adapters.base import Adapter, Prepared, RequestContext
 from worker.batching import BatchFormer, BatchStats
+from worker.lanes import ForwardGate
 from worker.lora import LoraSet
 
 if TYPE_CHECKING:
     from worker.model_states import ModelStates
 
 
+T = TypeVar("T")
 
 ON_LOOP_TIMEOUT_S = 300.0  # a worker thread waiting on the loop (evictions) never hangs past this
 _use_clock = itertools.count(1)  # orders models by last use (the memory manager's LRU)
@@ -46,14 +49,18 @@ def tune_process_for_cuda() -> None:
 
 
 class LoadedModel:
-    """A loaded adapter with its own inference thread and batcher."""
+    """A loaded adapter with its own inference lanes and batcher."""
 
     def __init__(self, runtime: ModelStates, key: tuple, resolved: Resolved, adapter: Adapter) -> None:
         self.key = key
         self.model_id = resolved.model_id
         self.resolved = resolved
         self.adapter = adapter
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{resolved.model_id}")
+        # the inference lanes (worker/lanes.py): forwards run on these threads, together through
+        # the gate unless one changes state the others see
+        self.lanes = runtime.forward_lanes
+        self.executor = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix=f"infer-{resolved.model_id}")
+        self.gate = ForwardGate()
         s = runtime.settings
         self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
         self.max_requests = s.max_batch_requests
@@ -61,19 +68,19 @@ class LoadedModel:
         self.last_used = next(_use_clock)
         self.closed = False
         self._runtime = runtime
-        loop = asyncio.get_running_loop()
         self.loras = LoraSet(
             resolved.model_id,
             adapter,
             max_loras=s.max_loras_per_model,
             resolve=runtime.resolve_lora,
             resolve_pool=runtime._lora_pool,
-            on_inference_thread=lambda fn, *args: loop.run_in_executor(self.executor, fn, *args),
+            on_inference_thread=self.alone,
             retry_after_s=s.lora_loading_retry_after_s,
             failure_cooldown_s=s.load_failure_cooldown_s,
         )
-        # batches the inference thread takes at once: the next one queued while a forward runs (CUDA)
-        self.forwards_in_flight = s.forwards_in_flight or (2 if runtime.on_cuda else 1)
+        # batches handed to the lanes at once: on CUDA the next one queued while a forward runs,
+        # on CPU one per lane
+        self.forwards_in_flight = s.forwards_in_flight or (2 if runtime.on_cuda else self.lanes)
         self.former = BatchFormer(
             self.run,
             max_cost=self.max_cost,
@@ -82,6 +89,7 @@ class LoadedModel:
             coalesce_ms=s.batch_coalesce_ms,
             max_pad_share=s.max_padding_share,
             in_flight=self.forwards_in_flight,
+            lanes=self.lanes,
             bulk_mixed_requests=s.serve_bulk_mixed_batch_requests,
             bulk_mixed_window_s=s.serve_bulk_mixed_window_s,
             bulk_max_wait_ms=s.serve_bulk_max_wait_ms,
@@ -89,14 +97,30 @@ class LoadedModel:
         )
 
     async def run(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
-        """One forward pass (with OOM recovery) on this model's inference thread."""
+        """One forward pass (with OOM recovery) on one of this model's inference lanes."""
         loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self.executor, self._runtime.forward_with_recovery, self, ctx, units)
+        outputs = await loop.run_in_executor(self.executor, self._forward, ctx, units)
         real = padded = 0
         if self.adapter.token_costed:
             real, padded = self.stats.record(units)
         self._runtime.metrics.observe_batch(self.model_id, len(units), real, padded)
         return outputs
+
+    def _forward(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
+        with self.gate.shared():
+            if not self.adapter.forwards_share_state():
+                return self._runtime.forward_with_recovery(self, ctx, units)
+        with self.gate.exclusive():  # a LoRA is loaded: activating one changes every lane's model
+            return self._runtime.forward_with_recovery(self, ctx, units)
+
+    async def alone(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` on an inference lane while no forward runs (LoRA loads and unloads, unload)."""
+
+        def call() -> T:
+            with self.gate.exclusive():
+                return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
 
     def touch(self) -> None:
         self.last_used = next(_use_clock)

@@ -25,6 +25,7 @@ from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig, model_spec
 from worker.adapters.base import Adapter, LoadSpec, Prepared, RequestContext, is_oom
 from worker.batching import BatchStats
+from worker.lanes import lane_plan
 from worker.loaded import (
     ON_LOOP_TIMEOUT_S,
     LoadedModel,
@@ -68,11 +69,13 @@ class ModelStates:
         self._control_adapters: list[str] | None = None  # the bundle's adapters as the config service sees it
         self.unsupported_models: set[str] = set()
         self._importable: dict[str, bool] = {}
-        if self.settings.torch_threads > 0:
-            import torch
-
-            torch.set_num_threads(self.settings.torch_threads)
         self.on_cuda = self.device.startswith("cuda")
+        import torch
+
+        threads = self.settings.torch_threads or torch.get_num_threads()
+        # forwards of one model that run at once (worker/lanes.py), and the intra-op threads of each
+        self.forward_lanes, lane_threads = lane_plan(self.on_cuda, self.settings.forward_lanes, threads)
+        torch.set_num_threads(lane_threads)
         if self.on_cuda:
             tune_process_for_cuda()
         switch_ms = self.settings.gil_switch_interval_ms or (0.5 if self.on_cuda else 0.0)
@@ -247,7 +250,7 @@ class ModelStates:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=ON_LOOP_TIMEOUT_S)
 
     def forward_with_recovery(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
-        """One forward pass with OOM recovery, on the inference thread: see worker.recovery."""
+        """One forward pass with OOM recovery, on an inference lane: see worker.recovery."""
         raise NotImplementedError
 
     # ---- memory ----------------------------------------------------------------------------
@@ -294,8 +297,7 @@ class ModelStates:
             SIEError(ErrorCode.MODEL_LOADING, f"Model '{lm.model_id}' was unloaded; retry",
                      retry_after=self.settings.model_loading_retry_after_s)
         )
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(lm.executor, lm.adapter.unload)
+        await lm.alone(lm.adapter.unload)
         lm.executor.shutdown(wait=False)
         self._clear_device_cache()
         log.info("unloaded %s", lm.model_id)
@@ -308,7 +310,7 @@ class ModelStates:
             torch.cuda.empty_cache()
 
     def _evict_sibling(self, keep: LoadedModel) -> bool:
-        """From an inference thread: the memory manager unloads the least recently used other model."""
+        """From an inference lane: the memory manager unloads the least recently used other model."""
         if self._loop is None:
             return False
         try:
@@ -351,4 +353,4 @@ class ModelStates:
             if exc.code == ErrorCode.MODEL_LOAD_FAILED:
                 return EnsureResult("failed", exc)
             return EnsureResult("loading_in_progress" if before == "loading" else "loading_started", exc)
-        return EnsureResult("ready", None, lm.max_cost, lm.max_requests, lm.forwards_in_flight)
+        return EnsureResult("ready", None, lm.max_cost, lm.max_requests, lm.forwards_in_flight, lm.lanes)

@@ -1,4 +1,4 @@
-"""Out-of-memory recovery on the inference thread: clear caches, evict a sibling, split the batch."""
+"""Out-of-memory recovery on an inference lane: clear caches, evict a sibling, split the batch."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ class EnsureResult:
     error: SIEError | None = None
     max_batch_tokens: int = 0
     max_batch_requests: int = 0
-    forwards_in_flight: int = 0  # batches the model's inference thread takes at once
+    forwards_in_flight: int = 0  # batches handed to the model's inference lanes at once
+    forward_lanes: int = 0  # forwards of the model that run at once (worker/lanes.py)
 
 
 @dataclass

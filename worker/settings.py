@@ -37,14 +37,15 @@ class WorkerSettings(BaseSettings):
     worker_id: str = Field(default_factory=socket.gethostname)  # worker identity in Ping answers and results (default: hostname)
     # execution
     device: str = "auto"  # auto | cpu | cuda
-    torch_threads: int = 0  # 0 = torch default
+    torch_threads: int = 0  # intra-op threads of all inference together; 0 = torch default (the cores)
+    forward_lanes: int = Field(default=1, ge=1)  # CPU: forwards of one model that run at once, each on its own thread with torch_threads/lanes intra-op threads (worker/lanes.py; CUDA: always 1)
     cpu_workers: int = Field(default_factory=_default_cpu_pool)  # tokenisation / postprocessing pool
     max_batch_cost: int = 16384  # tokens per forward pass (capped by the profile's max_batch_tokens)
     max_batch_requests: int = 64  # items per forward pass
     max_batch_wait_ms: float = 10.0  # longest wait for a batch to fill
     batch_coalesce_ms: float = 2.0  # flush early when nothing new arrived for this long
     max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share
-    forwards_in_flight: int = Field(default=0, ge=0)  # batches queued per model's inference thread; 0 = 2 on CUDA, 1 on CPU
+    forwards_in_flight: int = Field(default=0, ge=0)  # batches handed to a model's inference lanes at once; 0 = 2 on CUDA (the next queued behind the running one), one per lane on CPU
     gil_switch_interval_ms: float = Field(default=0.0, ge=0)  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
     # priority classes of sie serve (X-SIE-Priority: interactive | bulk), as the sidecar's SIE_BULK_*
     serve_default_priority: str = "interactive"  # sie serve: priority class of requests without X-SIE-Priority (interactive or bulk)

@@ -1,7 +1,7 @@
 """The adapter interface: how the runtime talks to one model family.
 
 An adapter turns inputs into ``Prepared`` units (tokenisation; CPU pool, many threads), runs a
-batch of them (inference thread, one per model) and returns raw float32 outputs per unit. The
+batch of them (on one of the model's inference lanes) and returns raw float32 outputs per unit. The
 runtime owns batching, quantisation and the wire format, so an adapter never sees HTTP or NATS.
 """
 
@@ -118,7 +118,7 @@ class Adapter:
     def memory_bytes(self) -> int:
         return 0
 
-    # ---- work (prepare: CPU pool; forward: the model's inference thread) --------------------
+    # ---- work (prepare: CPU pool; forward: one of the model's inference lanes) --------------------
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         """Tokenise. ``inputs`` are item maps (encode/extract) or (query, item) pairs (score)."""
         raise NotImplementedError
@@ -129,7 +129,7 @@ class Adapter:
 
     # ---- LoRA (adapters that support it override) ------------------------------------------
     # The runtime (worker/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
-    # the model's inference thread, so they never race a forward pass. Batches are homogeneous in
+    # an inference lane while no forward runs, so they never race a forward pass. Batches are homogeneous in
     # LoRA: ``forward`` activates ``ctx.lora`` (or none: the base model) before it computes.
     supports_lora: ClassVar[bool] = False
 
@@ -139,6 +139,11 @@ class Adapter:
 
     def unload_lora(self, name: str) -> None:
         """Drop a loaded LoRA adapter (the runtime evicted it from its LRU)."""
+
+    def forwards_share_state(self) -> bool:
+        """Whether a forward changes state that a forward on another lane would see (it activates
+        a LoRA): such forwards run one at a time (worker/lanes.py)."""
+        return False
 
 
 def apply_template(text: str, ctx: RequestContext) -> str:

@@ -220,6 +220,10 @@ class HFTextAdapter(Adapter):
     def lora_names(self) -> list[str]:
         return sorted(self.peft_model.peft_config) if self.peft_model is not None else []
 
+    def forwards_share_state(self) -> bool:
+        """With peft's wrapper in place every forward switches LoRAs (or all of them off)."""
+        return self.peft_model is not None
+
     def activate_lora(self, lora: str | None) -> contextlib.AbstractContextManager:
         """Right before a forward pass: the batch's LoRA active, or every LoRA off for the base model."""
         if self.peft_model is None:

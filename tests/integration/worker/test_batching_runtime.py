@@ -60,3 +60,38 @@ async def test_mixed_lengths_are_sorted_so_padding_stays_small(runtime):
         fifo_pad += max(chunk) * len(chunk) - sum(chunk)
     assert padded < fifo_pad / 3, (padded, fifo_pad)
     assert padded / (real + padded) <= runtime.settings.max_padding_share
+
+
+async def test_two_lanes_run_two_forwards_at_once_with_the_same_vectors():
+    """SIE_FORWARD_LANES=2: two batches are inside the model's forward at the same time (a barrier
+    on the forward breaks, failing the requests, if they ran one after the other), the lanes share
+    one model, and the vectors equal the one-lane ones."""
+    import threading
+
+    texts = [f"lane test sentence {i} with a few more words" for i in range(8)]
+    one = Runtime(WorkerSettings(hf_offline=True, torch_threads=2, preload_models=D))
+    await one.start()
+    try:
+        want = await one.encode(D, [{"text": t} for t in texts])
+    finally:
+        await one.close()
+    rt = Runtime(WorkerSettings(hf_offline=True, torch_threads=2, forward_lanes=2, preload_models=D,
+                                max_batch_wait_ms=50, batch_coalesce_ms=20))
+    await rt.start()
+    try:
+        lm = rt.loaded()[0]
+        assert (lm.lanes, lm.forwards_in_flight) == (2, 2)
+        both_in = threading.Barrier(2, timeout=20)
+        forward = lm.adapter.forward
+
+        def meeting_forward(ctx, batch):
+            both_in.wait()
+            return forward(ctx, batch)
+
+        lm.adapter.forward = meeting_forward  # type: ignore[method-assign]
+        got = await rt.encode(D, [{"text": t} for t in texts])  # idle lanes: two forwards of 4
+        lm.adapter.forward = forward  # type: ignore[method-assign]
+        for a, b in zip(got.items, want.items, strict=True):
+            np.testing.assert_allclose(a["dense"]["values"], b["dense"]["values"], atol=1e-5)
+    finally:
+        await rt.close()

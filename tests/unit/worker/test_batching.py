@@ -297,3 +297,15 @@ async def test_an_unknown_priority_is_refused():
     with pytest.raises(ValueError):
         bf.submit(RequestContext(op="encode"), units(1), priority="urgent")
     await bf.close()
+
+
+async def test_idle_lanes_share_a_lone_request():
+    """Two lanes idle and one request of 8: two forwards of 4, one per lane; with one lane (CUDA:
+    the second slot only queues) the request stays one forward."""
+    for lanes, expected in ((2, [[4, 4, 4, 4], [4, 4, 4, 4]]), (1, [[4] * 8])):
+        rec = Recorder(delay=0.05)
+        bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=50, coalesce_ms=20, in_flight=2,
+                         lanes=lanes)
+        await asyncio.gather(*bf.submit(RequestContext(op="encode"), units(*[4] * 8)))
+        assert rec.batches == expected, lanes
+        await bf.close()
