@@ -202,10 +202,13 @@ class EnsureModelReadyResponse:
     state: str
     max_batch_tokens: int | None = None
     batch_budget: int | None = None  # the model's max_batch_requests
-    # batches the model's inference thread takes at once (1 on CPU, 2 on CUDA): the sidecar keeps
-    # no more interactive batches than this on the worker, so waiting items join the next batch
-    # instead of queueing there as many small ones
+    # batches the model's inference lanes take at once (2 on CUDA, one per lane on CPU): the
+    # sidecar keeps no more interactive batches than this on the worker, so waiting items join the
+    # next batch instead of queueing there as many small ones
     forwards_in_flight: int | None = None
+    # forwards of the model that run at once (CPU lanes; 1 on CUDA): while one of them is idle the
+    # sidecar sends what is pending at once, spread over the idle lanes
+    forward_lanes: int | None = None
     error: str | None = None
     error_code: str | None = None
 

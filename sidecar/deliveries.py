@@ -48,6 +48,7 @@ class ModelScheduler:
     running: int = 0  # batches of this model on the worker now
     bulk_running: int = 0  # of which bulk batches
     depth: int = 0  # interactive batches the worker takes at once for this model (0 = not told)
+    lanes: int = 1  # of those, how many run at once (its forward lanes)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
     # tokens per unit of the character estimate, learned from what the worker counted: batches are

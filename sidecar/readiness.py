@@ -124,6 +124,7 @@ class Readiness(Settlement):
                 s.batcher_max_batch_requests, resp.batch_budget or s.batcher_max_batch_requests
             )
             sched.depth = resp.forwards_in_flight or 0
+            sched.lanes = resp.forward_lanes or 1
             return True
         sched.ready = False
         if resp.state in (ipc.STATE_LOADING_STARTED, ipc.STATE_LOADING_IN_PROGRESS):

@@ -54,11 +54,11 @@ class Scheduling(Liveness):
                     await self._drop_cancelled(sched)
                     now = time.monotonic()
                     batchers = self._eligible(sched)
-                    # a worker with no interactive batch gets what is pending at once; a busy one lets
-                    # batches fill
+                    # a worker with an idle lane (no interactive batch on it) gets what is pending at
+                    # once; a busy one lets batches fill
                     batcher = oldest_ready(
                         batchers, now, sched.limits,
-                        flush_now=self.draining or sched.running == sched.bulk_running,
+                        flush_now=self.draining or self._idle_lanes(sched) > 0,
                         bulk_after_s=self.settings.bulk_max_wait_ms / 1000.0,
                     )  # fmt: skip
                     if batcher is not None:
@@ -80,6 +80,9 @@ class Scheduling(Liveness):
                 limits = sched.limits
                 if batcher.priority == BULK:  # small bulk batches: an interactive one waits for at most one
                     limits = dataclasses.replace(limits, max_requests=min(limits.max_requests, self._bulk_cap(sched)))
+                elif (idle := self._idle_lanes(sched)) > 1:  # an equal share for each idle lane
+                    share = max(1, -(-len(batcher) // idle))
+                    limits = dataclasses.replace(limits, max_requests=min(limits.max_requests, share))
                 batch = batcher.take(limits)
                 if not batch:
                     continue
@@ -95,6 +98,11 @@ class Scheduling(Liveness):
             finally:
                 if not handed_off:
                     self._batch_slots.release()
+
+    @staticmethod
+    def _idle_lanes(sched: ModelScheduler) -> int:
+        """The worker's forward lanes for this model that run no interactive batch now."""
+        return sched.lanes - (sched.running - sched.bulk_running)
 
     def _bulk_cap(self, sched: ModelScheduler) -> int:
         """Items per bulk batch: the mixed size while interactive work of this model is arriving (the

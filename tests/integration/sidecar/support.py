@@ -78,10 +78,10 @@ def sidecar_settings(nats_url: str, sock: str, **overrides) -> SidecarSettings:
 class InProcessWorker:
     """A real Runtime (fake adapter) behind the real IPC server, in this event loop."""
 
-    def __init__(self, sock: str, *yamls: str) -> None:
+    def __init__(self, sock: str, *yamls: str, **settings) -> None:
         self.sock = sock
         self.runtime = Runtime(
-            WorkerSettings(device="cpu", cpu_workers=1),
+            WorkerSettings(device="cpu", cpu_workers=1, **settings),
             catalog=Catalog([parse_model_yaml(y) for y in yamls]),
         )
         self.server = None

@@ -1,7 +1,8 @@
 """The sidecar keeps no more interactive batches of a model on the worker than the worker takes at
-once (its forwards in flight, told in EnsureModelReady: 1 on CPU). What arrives while a batch runs
-waits in the sidecar and goes as one batch when it ends, as ``sie serve`` batches it, instead of
-queueing on the worker as a small batch cut every ``batcher_max_batch_wait_ms``."""
+once (its forwards in flight, told in EnsureModelReady: one per forward lane on CPU). What arrives
+while a batch runs waits in the sidecar and goes as one batch when it ends, as ``sie serve``
+batches it, instead of queueing on the worker as a small batch cut every
+``batcher_max_batch_wait_ms``."""
 
 from __future__ import annotations
 
@@ -49,5 +50,41 @@ async def test_items_arriving_during_a_forward_join_one_next_batch(nats_server):
             got = await gw.wait_for([first.work_item_id] + [it.work_item_id for it in later], timeout=60)
             assert all(r[0].success for r in got.values())
             assert sizes == [1, 8]  # one batch after the first, not several small ones
+        finally:
+            await stop_lane(lane, nc, client)
+
+
+async def test_a_worker_with_two_lanes_gets_an_item_at_once_while_one_lane_is_busy(nats_server):
+    """SIE_FORWARD_LANES=2 (told in EnsureModelReady): while one lane runs a batch the other is
+    idle, so the next item goes at once instead of waiting for the running batch; what arrives
+    while both run goes as one batch when a lane frees."""
+    sock = socket_path()
+    gw = await Gateway(await connect(nats_server.url)).start()
+    async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=2000), forward_lanes=2) as worker:
+        sizes: list[int] = []
+        run = worker.runtime.run_work_items
+
+        async def recording(items):
+            sizes.append(len(items))
+            return await run(items)
+
+        worker.runtime.run_work_items = recording  # type: ignore[method-assign]
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10))
+        try:
+            items = [gw.item("first", 0, model_id=MODEL, text="the first one")]
+            await gw.publish(items[0])
+            await wait_until(lambda: sizes == [1], 30)
+            items.append(gw.item("second", 0, model_id=MODEL, text="the second one"))
+            await gw.publish(items[1])
+            await wait_until(lambda: sizes == [1, 1], 10)  # on the idle lane, beside the first
+            for i in range(6):
+                it = gw.item(f"later-{i}", 0, model_id=MODEL, text=f"later {i}")
+                items.append(it)
+                await gw.publish(it)
+                await asyncio.sleep(0.05)
+            assert sizes == [1, 1], "a forward ended before the others were published"
+            got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
+            assert all(r[0].success for r in got.values())
+            assert sizes == [1, 1, 6]
         finally:
             await stop_lane(lane, nc, client)
