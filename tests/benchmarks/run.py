@@ -168,9 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bulk-items", type=int, default=50_000, help="bulk backlog of the priority row")
     ap.add_argument("--only-classes", action="store_true", help="run only the --classes rows")
     ap.add_argument("--only-cluster", action="store_true", help="run only the --cluster rows")
+    ap.add_argument("--lanes", type=int, default=0,
+                    help="SIE_FORWARD_LANES for every worker started (sie serve and the cluster's); 0 = the default")
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.repeats = 3.0, 1
+    if args.lanes:
+        os.environ["SIE_FORWARD_LANES"] = str(args.lanes)  # inherited by every server this run starts
     if args.only_classes:
         from tests.benchmarks.classes import bench_classes
 
