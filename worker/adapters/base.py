@@ -118,7 +118,7 @@ class Adapter:
     def memory_bytes(self) -> int:
         return 0
 
-    # ---- work (prepare: CPU pool; forward: one of the model's inference lanes) --------------------
+    # ---- work (prepare: CPU pool; forward: one of the model's inference lanes) ------------
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         """Tokenise. ``inputs`` are item maps (encode/extract) or (query, item) pairs (score)."""
         raise NotImplementedError
@@ -129,8 +129,9 @@ class Adapter:
 
     # ---- LoRA (adapters that support it override) ------------------------------------------
     # The runtime (worker/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
-    # an inference lane while no forward runs, so they never race a forward pass. Batches are homogeneous in
-    # LoRA: ``forward`` activates ``ctx.lora`` (or none: the base model) before it computes.
+    # an inference lane while no forward runs, so they never race a forward pass. Batches are
+    # homogeneous in LoRA: ``forward`` activates ``ctx.lora`` (or none: the base model) before it
+    # computes.
     supports_lora: ClassVar[bool] = False
 
     def load_lora(self, name: str, path: str) -> None:
