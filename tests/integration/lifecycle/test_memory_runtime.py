@@ -166,3 +166,22 @@ async def test_oom_through_the_batcher_is_the_same(make_runtime):
     assert err.value.code == ErrorCode.RESOURCE_EXHAUSTED
     assert events(rt, "oom")[:3] == ["oom", "cache_clear", "evict_sibling"]
     assert events(rt, "oom")[-1] == "exhausted"
+
+
+async def test_an_unloaded_model_is_collected_though_loads_freeze_the_heap(make_runtime):
+    """A load freezes the heap (``gc.freeze``: full collections stop walking the loaded model); an
+    unload unfreezes it, so the unloaded model, which its LoRA set holds in a reference cycle, is
+    collected rather than kept for good."""
+    import gc
+    import weakref
+
+    models = [fake_config(m, memory_bytes=40) for m in ("a", "b", "c")]
+    rt = await make_runtime(models, memory_budget_bytes=100)
+    await encode_ready(rt, "a", ITEMS)
+    assert gc.get_freeze_count() > 0
+    first = weakref.ref(rt.loaded()[0])
+    await encode_ready(rt, "b", ITEMS)
+    await encode_ready(rt, "c", ITEMS)  # a is evicted
+    assert rt.loaded_models() == ["b", "c"]
+    gc.collect()
+    assert first() is None
