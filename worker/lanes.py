@@ -9,10 +9,11 @@ machine, MiniLM, 32-token sentences:
 
 - forwards alone, batches of 8: one forward on two threads 385 items/s, two lanes 444/s; with a
   neighbour taking 0.17 core in short bursts, 292/s against 386/s;
-- ``sie serve``, two lanes against one: 32 sentences/request × 4 clients +10–25%, × 1 client
-  about the same, 1 × 16 clients 3–8% less (smaller batches), one client with one sentence 27%
+- ``sie serve``, two lanes against one: 32 sentences/request × 4 clients 2–25% more, × 1 client
+  about the same, 1 × 16 clients 2–17% less (smaller batches), one client with one sentence 27%
   less (a lone forward runs on one core);
-- the cluster path (the worker beside the sidecar, gateway and NATS), 1 × 16 clients: +10%.
+- the cluster path (the worker beside the sidecar, gateway and NATS): 32 × 4 1–20% more, 1 × 16
+  between 7% less and 10% more in different runs (README, "The cluster path beside sie serve").
 
 So one lane stays the default, and a worker that shares its cores with busy neighbours, or serves
 many concurrent batches, can take two. A lane's share of threads is set once for the process:
