@@ -27,25 +27,13 @@ async def test_items_arriving_during_a_forward_join_one_next_batch(nats_server):
     sock = socket_path()
     gw = await Gateway(await connect(nats_server.url)).start()
     async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=2000)) as worker:
-        sizes: list[int] = []
-        run = worker.runtime.run_work_items
-
-        async def recording(items):
-            sizes.append(len(items))
-            return await run(items)
-
-        worker.runtime.run_work_items = recording  # type: ignore[method-assign]
+        sizes = _batch_sizes(worker)
         lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10))
         try:
             first = gw.item("first", 0, model_id=MODEL, text="the first one")
             await gw.publish(first)
             await wait_until(lambda: sizes == [1], 30)  # its forward runs (2 s)
-            later = []
-            for i in range(8):  # spread over several batch-wait periods, all within that forward
-                it = gw.item(f"later-{i}", 0, model_id=MODEL, text=f"later {i}")
-                later.append(it)
-                await gw.publish(it)
-                await asyncio.sleep(0.05)
+            later = await _publish_spread(gw, 8)  # all within that forward
             assert sizes == [1], "the first forward ended before the others were published"
             got = await gw.wait_for([first.work_item_id] + [it.work_item_id for it in later], timeout=60)
             assert all(r[0].success for r in got.values())
@@ -61,14 +49,7 @@ async def test_a_worker_with_two_lanes_gets_an_item_at_once_while_one_lane_is_bu
     sock = socket_path()
     gw = await Gateway(await connect(nats_server.url)).start()
     async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=2000), forward_lanes=2) as worker:
-        sizes: list[int] = []
-        run = worker.runtime.run_work_items
-
-        async def recording(items):
-            sizes.append(len(items))
-            return await run(items)
-
-        worker.runtime.run_work_items = recording  # type: ignore[method-assign]
+        sizes = _batch_sizes(worker)
         lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10))
         try:
             items = [gw.item("first", 0, model_id=MODEL, text="the first one")]
@@ -77,14 +58,34 @@ async def test_a_worker_with_two_lanes_gets_an_item_at_once_while_one_lane_is_bu
             items.append(gw.item("second", 0, model_id=MODEL, text="the second one"))
             await gw.publish(items[1])
             await wait_until(lambda: sizes == [1, 1], 10)  # on the idle lane, beside the first
-            for i in range(6):
-                it = gw.item(f"later-{i}", 0, model_id=MODEL, text=f"later {i}")
-                items.append(it)
-                await gw.publish(it)
-                await asyncio.sleep(0.05)
+            items += await _publish_spread(gw, 6)
             assert sizes == [1, 1], "a forward ended before the others were published"
             got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
             assert all(r[0].success for r in got.values())
             assert sizes == [1, 1, 6]
         finally:
             await stop_lane(lane, nc, client)
+
+
+def _batch_sizes(worker: InProcessWorker) -> list[int]:
+    """The size of every RunBatch the worker runs from now on, in order."""
+    sizes: list[int] = []
+    run = worker.runtime.run_work_items
+
+    async def recording(items):
+        sizes.append(len(items))
+        return await run(items)
+
+    worker.runtime.run_work_items = recording  # type: ignore[method-assign]
+    return sizes
+
+
+async def _publish_spread(gw: Gateway, n: int) -> list:
+    """Publish ``n`` items 50 ms apart (over several batch-wait periods); returns them."""
+    items = []
+    for i in range(n):
+        it = gw.item(f"later-{i}", 0, model_id=MODEL, text=f"later {i}")
+        items.append(it)
+        await gw.publish(it)
+        await asyncio.sleep(0.05)
+    return items
