@@ -26,6 +26,7 @@ queued behind the running one instead (``forwards_in_flight``).
 Forwards on different lanes share the model's weights. A forward that changes state the others
 see (activating a LoRA) runs alone: :class:`ForwardGate`.
 """
+
 from __future__ import annotations
 
 import contextlib
