@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 from aiohttp import web
 
@@ -107,11 +106,7 @@ def main() -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
     async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(settings, stop)
+        await serve(settings, eventloop.stop_event())
 
     eventloop.run(run())
 

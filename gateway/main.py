@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 import nats
 from aiohttp import web
@@ -99,11 +98,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         )
         log.info("k8s scale-from-zero on for %d StatefulSets", len(scaler.targets))
     if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):  # non-POSIX
-                loop.add_signal_handler(sig, stop.set)
+        stop = eventloop.stop_event()
     try:
         await stop.wait()
         gw = app[GATEWAY_KEY]

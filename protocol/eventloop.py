@@ -9,7 +9,9 @@ to rule uvloop out)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -36,3 +38,13 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(main)
 
+
+def stop_event() -> asyncio.Event:
+    """An event that SIGTERM or SIGINT sets (where the loop can take signals): a process's cue to
+    drain and stop. Call it on the running loop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):  # non-POSIX
+            loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Callable
 
 import nats
@@ -103,12 +102,7 @@ async def run(settings: SidecarSettings) -> None:
     if settings.metrics_port:
         metrics = await start_metrics_server(lane, settings.metrics_host, settings.metrics_port)
         log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await eventloop.stop_event().wait()
     log.info("shutting down: tombstone, drain")
     try:
         await lane.stop()

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import stat
 import time
@@ -378,11 +377,7 @@ async def _amain(settings=None) -> None:
     worker_id = settings.worker_id
     await runtime.start()
     server = await serve_ipc(runtime, socket_path, worker_id=worker_id)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = eventloop.stop_event()
     try:
         await stop.wait()
         log.info("shutting down: draining in-flight batches")
