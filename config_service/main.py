@@ -19,7 +19,7 @@ from config_service.registry import CatalogLoadError, load_baseline_models, load
 from config_service.service import ConfigService
 from config_service.settings import ConfigServiceSettings
 from config_service.store import Store, make_engine, migrate
-from protocol import eventloop
+from protocol import eventloop, heap
 from protocol.logs import setup_logging
 
 log = logging.getLogger("config_service")
@@ -81,6 +81,7 @@ async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = No
     await runner.setup()
     site = web.TCPSite(runner, settings.config_host, settings.config_port)
     await site.start()
+    heap.freeze()  # what start-up built lives as long as the process (protocol/heap.py)
     log.info("config service %s listening on %s:%s", router_id, settings.config_host, settings.config_port)
 
     tasks = [asyncio.create_task(lock.maintain(), name="config-writer-lock")]

@@ -17,7 +17,7 @@ from gateway.config_sync import ConfigServiceRegistry
 from gateway.k8s_scaler import K8sScalerSettings, build_scaler
 from gateway.registry import CatalogRegistry, ModelRegistry
 from gateway.settings import GatewaySettings
-from protocol import eventloop, tracing
+from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
 
 log = logging.getLogger("gateway")
@@ -80,6 +80,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         runner, settings.gateway_host, settings.gateway_port, reuse_port=settings.gateway_reuse_port or None
     )
     await site.start()
+    heap.freeze()  # what start-up built lives as long as the process (protocol/heap.py)
     log.info(
         "gateway %s listening on %s:%d (NATS %s)",
         app[GATEWAY_KEY].router_id,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import nats
 from nats.aio.client import Client as NatsClient
 
-from protocol import eventloop, tracing
+from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
 from protocol.subjects import WORKER_INBOX_PREFIX
 from sidecar.barrier import ExecutionBarrier
@@ -88,6 +88,7 @@ async def run(settings: SidecarSettings) -> None:
             delay = min(10.0, 0.5 * 2**attempt)
             log.warning("sidecar start failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, delay)
             await asyncio.sleep(delay)
+    heap.freeze()  # what start-up built lives as long as the process (protocol/heap.py)
     log.info(
         "sidecar %s consuming %s/%s (pool=%s profile=%s bundle=%s), worker at %s",
         settings.worker_id,

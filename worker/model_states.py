@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from protocol import heap
 from protocol.adapter_options import loadtime_problems
 from protocol.catalog import Catalog, Resolved
 from protocol.errors import ErrorCode, SIEError
@@ -207,11 +208,8 @@ class ModelStates:
         entry.error = None
         entry.state = "loaded"
         # the model's Python objects (modules, parameters, tokenizer) live until it is unloaded:
-        # frozen out of the collector's generations, a full collection no longer walks them (with
-        # MiniLM loaded one took up to 159 ms, in the middle of a benchmark round). One full
-        # collection first, so no garbage is frozen with them.
-        gc.collect()
-        gc.freeze()
+        # frozen, a full collection no longer walks them
+        heap.freeze()
         load_s = time.monotonic() - started
         self.metrics.model_load_seconds.labels(resolved.model_id).observe(load_s)
         log.info("loading %s… done in %.1f s", resolved.model_id, load_s)
@@ -305,7 +303,7 @@ class ModelStates:
         )
         await lm.alone(lm.adapter.unload)
         lm.executor.shutdown(wait=False)
-        gc.unfreeze()  # loads freeze the heap: the model's objects must be visible to the collector
+        heap.unfreeze()  # loads freeze the heap: the model's objects must be visible to the collector
         self._clear_device_cache()
         log.info("unloaded %s", lm.model_id)
 
