@@ -197,6 +197,16 @@ class PingResponse:
         return _from_map(cls, data or {})
 
 
+def lane_share(pending: int, idle_lanes: int, most: int) -> int:
+    """Items for the next batch of a model while ``idle_lanes`` of its forward lanes are idle: an
+    equal share of the ``pending`` items for each (a lone request of 32 runs as two forwards of 16
+    on two idle lanes, not one of 32 on one), at most ``most``. The one rule of ``sie serve``'s
+    BatchFormer and the sidecar's scheduler."""
+    if idle_lanes <= 1:
+        return most
+    return min(most, max(1, -(-pending // idle_lanes)))
+
+
 @dataclass
 class EnsureModelReadyResponse:
     state: str

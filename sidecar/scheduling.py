@@ -81,8 +81,8 @@ class Scheduling(Liveness):
                 if batcher.priority == BULK:  # small bulk batches: an interactive one waits for at most one
                     limits = dataclasses.replace(limits, max_requests=min(limits.max_requests, self._bulk_cap(sched)))
                 elif (idle := self._idle_lanes(sched)) > 1:  # an equal share for each idle lane
-                    share = max(1, -(-len(batcher) // idle))
-                    limits = dataclasses.replace(limits, max_requests=min(limits.max_requests, share))
+                    share = ipc.lane_share(len(batcher), idle, limits.max_requests)
+                    limits = dataclasses.replace(limits, max_requests=share)
                 batch = batcher.take(limits)
                 if not batch:
                     continue

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.ipc import lane_share
 from protocol.priority import BULK, INTERACTIVE, PRIORITIES
 from worker.adapters.base import Prepared, RequestContext
 
@@ -288,12 +289,8 @@ class BatchFormer:
             task.add_done_callback(self._running.discard)
 
     def _spread(self, queue: _Queue, max_count: int) -> int:
-        """Units for the next batch: with several lanes idle, an equal share of the queue each (a
-        lone request of 32 runs as two forwards of 16 on two lanes, not one on one lane)."""
-        idle = self.lanes - len(self._running)
-        if idle <= 1:
-            return max_count
-        return min(max_count, max(1, -(-len(queue.items) // idle)))
+        """Units for the next batch: with several lanes idle, an equal share of the queue each."""
+        return lane_share(len(queue.items), self.lanes - len(self._running), max_count)
 
     def _take(self, queue: _Queue, max_count: int) -> tuple[RequestContext, list[_Pending]] | None:
         """Remove the chunk (at most ``max_count`` units) holding the queue's oldest live unit; None

@@ -67,6 +67,27 @@ async def test_a_worker_with_two_lanes_gets_an_item_at_once_while_one_lane_is_bu
             await stop_lane(lane, nc, client)
 
 
+async def test_items_pending_while_two_lanes_are_idle_are_shared_between_them(nats_server):
+    """With both lanes idle, what is pending goes as an equal share to each lane
+    (``protocol.ipc.lane_share``): six items that queued while the model loaded run as two batches
+    of three, not one of six beside an idle lane."""
+    sock = socket_path()
+    gw = await Gateway(await connect(nats_server.url)).start()
+    yaml = model_yaml(MODEL, load_delay_s=2.0, batch_delay_ms=300)
+    async with InProcessWorker(sock, yaml, forward_lanes=2) as worker:
+        sizes = _batch_sizes(worker)
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10))
+        try:
+            items = [gw.item(f"queued-{i}", 0, model_id=MODEL, text=f"queued {i}") for i in range(6)]
+            for it in items:
+                await gw.publish(it)
+            got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
+            assert all(r[0].success for r in got.values())
+            assert sizes == [3, 3]
+        finally:
+            await stop_lane(lane, nc, client)
+
+
 def _batch_sizes(worker: InProcessWorker) -> list[int]:
     """The size of every RunBatch the worker runs from now on, in order."""
     sizes: list[int] = []
