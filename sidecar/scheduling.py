@@ -80,8 +80,8 @@ class Scheduling(Liveness):
                 limits = sched.limits
                 if batcher.priority == BULK:  # small bulk batches: an interactive one waits for at most one
                     limits = dataclasses.replace(limits, max_requests=min(limits.max_requests, self._bulk_cap(sched)))
-                elif (idle := self._idle_lanes(sched)) > 1:  # an equal share for each idle lane
-                    share = ipc.lane_share(len(batcher), idle, limits.max_requests)
+                else:  # with several lanes idle, an equal share for each (ipc.lane_share)
+                    share = ipc.lane_share(len(batcher), self._idle_lanes(sched), limits.max_requests)
                     limits = dataclasses.replace(limits, max_requests=share)
                 batch = batcher.take(limits)
                 if not batch:
