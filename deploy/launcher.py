@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from deploy.state import LOCK_FILE, port_in_use, remember, running, take_lock
 from deploy.supervisor import RestartPolicy, Supervisor, read_status
-from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR
+from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR, POD_OMP_SPINCOUNT
 
 if TYPE_CHECKING:
     from deploy.otlp_receiver import OtlpReceiver
@@ -175,7 +175,10 @@ class Cluster:
         sock = self.state_dir / "ipc.sock"
         worker_log = self.state_dir / "logs" / "worker.log"
         self._progress = LogEcho(worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"))
-        self._spawn("worker", [py, "-m", "worker.ipc_server"], {"SIE_PRELOAD_MODELS": self.preload})
+        self._spawn("worker", [py, "-m", "worker.ipc_server"], {
+            "SIE_PRELOAD_MODELS": self.preload,
+            "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT),
+        })
         self._wait("worker", sock.exists, 300)
         say(f"worker          {sock}")
         self._spawn("sidecar", [py, "-m", "sidecar"],

@@ -17,6 +17,7 @@ from gateway.settings import GatewaySettings
 from protocol.subjects import lane_durable, pool_stream_name
 from sidecar.settings import SidecarSettings
 from tests.helm.conftest import CHART
+from worker import POD_OMP_SPINCOUNT
 from worker.settings import WorkerSettings
 
 REPO = CHART.parents[1]
@@ -69,7 +70,7 @@ def probe_env_reads() -> set[str]:
     return set(re.findall(r"os\.environ\.get\(\"([A-Z_]+)\"", src))
 
 
-NON_SIE = {"HF_HOME", "HF_TOKEN", "HOME"}  # read by huggingface_hub / the OS, not by our settings
+NON_SIE = {"HF_HOME", "HF_TOKEN", "HOME", "GOMP_SPINCOUNT"}  # read by huggingface_hub / libgomp / the OS
 
 CONTAINER_ENV = {
     "gateway": lambda: settings_env_names(GatewaySettings) | settings_env_names(K8sScalerSettings) | environ_reads("gateway"),
@@ -294,6 +295,8 @@ def test_sidecar_and_worker_share_the_socket(variant):
         assert side["SIE_MACHINE_PROFILE"]["value"] == labels["sie.dev/machine-profile"]
         assert side["SIE_BUNDLE"]["value"] == labels["sie.dev/bundle"] == work["SIE_BUNDLE"]["value"]
         assert side["SIE_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        # the worker's OpenMP threads leave the pod's CPU soon after a forward, as under sie up
+        assert work["GOMP_SPINCOUNT"]["value"] == POD_OMP_SPINCOUNT and "GOMP_SPINCOUNT" not in side
 
 
 def test_security_context_and_probe_budget(variant):

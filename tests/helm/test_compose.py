@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from tests.helm.test_chart import CONTAINER_ENV, NON_SIE, SETTINGS_FOR
+from worker import POD_OMP_SPINCOUNT
 
 COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "compose.yaml"
 DOCKER = COMPOSE.parents[1] / "docker"
@@ -39,6 +40,7 @@ def test_compose_worker_pod_shares_the_socket():
     sock_dir = str(Path(path).parent)
     assert f"ipc:{sock_dir}" in side["volumes"] and f"ipc:{sock_dir}" in work["volumes"]
     assert yaml.safe_load(COMPOSE.read_text())["volumes"]["ipc"]["driver_opts"]["type"] == "tmpfs"
+    assert work["environment"]["GOMP_SPINCOUNT"] == POD_OMP_SPINCOUNT  # as under the chart and sie up
 
 
 def test_dockerfiles_install_the_probe_and_run_as_non_root():

@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
+from worker import POD_OMP_SPINCOUNT
 
 REPO = Path(__file__).resolve().parents[3]
 SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
@@ -25,6 +26,15 @@ SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
 
 
 def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
@@ -39,7 +49,7 @@ def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
 
 def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
     ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_") and k != "GOMP_SPINCOUNT"}
     env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "1",
                 "XDG_STATE_HOME": str(tmp_path / "xdg"),
                 "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000", "SIE_GATEWAY_WORKER_WARMUP_S": "1"})
@@ -60,6 +70,9 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
             time.sleep(0.3)
         children = _children(proc.pid)
         assert len(children) == 5  # nats-server, config service, worker, sidecar, gateway
+        # the worker, and only the worker, runs with the pod's OpenMP spin count
+        spin = {"worker.ipc_server" in _cmdline(p): _environ(p).get("GOMP_SPINCOUNT") for p in children}
+        assert spin == {True: POD_OMP_SPINCOUNT, False: None}
         health = wait_for_worker(gateway)
         assert health["type"] == "gateway"
         r = httpx.post(gateway + "/v1/encode/sie-fake", json={"items": [{"text": "up"}]},
