@@ -21,6 +21,7 @@ hidden 128, bert-base-uncased vocabulary):
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import torch
@@ -121,12 +122,22 @@ def build_bge_m3(dest: Path) -> Path:
 
 
 def build_gliner(dest: Path, steps: int = 60) -> Path:
+    """A tiny GLiNER trained a few steps on NER_DATA; the same weights on every call."""
     import warnings
-
-    from gliner import GLiNER, GLiNERConfig
 
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
+    state = random.getstate()
+    random.seed(0)  # gliner's collator shuffles and samples labels with the random module
+    try:
+        return _train_gliner(dest, steps)
+    finally:
+        random.setstate(state)
+
+
+def _train_gliner(dest: Path, steps: int) -> Path:
+    from gliner import GLiNER, GLiNERConfig
+
     cfg = GLiNERConfig(model_name=str(BACKBONE), max_width=6, hidden_size=64, max_len=128,
                        span_mode="markerV0", max_types=10, dropout=0.0)
     model = GLiNER.from_config(cfg)
