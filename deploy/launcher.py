@@ -177,7 +177,7 @@ class Cluster:
         self._progress = LogEcho(worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"))
         self._spawn("worker", [py, "-m", "worker.ipc_server"], {
             "SIE_PRELOAD_MODELS": self.preload,
-            "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT),
+            "GOMP_SPINCOUNT": self.env().get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT),
         })
         self._wait("worker", sock.exists, 300)
         say(f"worker          {sock}")
