@@ -71,8 +71,8 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         children = _children(proc.pid)
         assert len(children) == 5  # nats-server, config service, worker, sidecar, gateway
         # the worker, and only the worker, runs with the pod's OpenMP spin count
-        spin = {"worker.ipc_server" in _cmdline(p): _environ(p).get("GOMP_SPINCOUNT") for p in children}
-        assert spin == {True: POD_OMP_SPINCOUNT, False: None}
+        spin = {("worker.ipc_server" in _cmdline(p), _environ(p).get("GOMP_SPINCOUNT")) for p in children}
+        assert spin == {(True, POD_OMP_SPINCOUNT), (False, None)}
         health = wait_for_worker(gateway)
         assert health["type"] == "gateway"
         r = httpx.post(gateway + "/v1/encode/sie-fake", json={"items": [{"text": "up"}]},
