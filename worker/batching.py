@@ -4,8 +4,9 @@ Units (tokenised items) from concurrent requests queue under a batch key; items 
 (same op, outputs, instruction, query flag, LoRA, options) may share a forward pass. A key flushes
 when its pending cost or count reaches the cap, when its oldest unit has waited ``max_wait_ms``, or
 when nothing new arrived for ``coalesce_ms``. Pending units are sorted by cost and cut into chunks
-under the caps, so each forward pass pads only to its own longest unit; the chunk holding the
-oldest unit runs first, so long units are never starved by a stream of short ones.
+under the caps, so each forward pass pads only to its own longest unit (a model whose forward runs
+packed, without padding, gets chunks cut by total tokens instead of length bands); the chunk
+holding the oldest unit runs first, so long units are never starved by a stream of short ones.
 
 Priority classes (``X-SIE-Priority`` on ``sie serve``, the same rules as the sidecar's): queues are
 keyed by class too. Of the queues due to flush, interactive ones go first (oldest head first), then
@@ -56,15 +57,16 @@ class BatchStats:
         total = self.real_tokens + self.padded_tokens
         return self.padded_tokens / total if total else 0.0
 
-    def record(self, units: list[Prepared]) -> tuple[int, int]:
-        """Count one forward pass; returns its (real tokens, pad positions)."""
-        width = max(u.cost for u in units)
+    def record(self, units: list[Prepared], packed: bool = False) -> tuple[int, int]:
+        """Count one forward pass (``packed``: it ran without padding); returns its (real tokens,
+        pad positions)."""
         real = sum(u.cost for u in units)
+        pad = 0 if packed else max(u.cost for u in units) * len(units) - real
         self.forwards += 1
         self.units += len(units)
         self.real_tokens += real
-        self.padded_tokens += width * len(units) - real
-        return real, width * len(units) - real
+        self.padded_tokens += pad
+        return real, pad
 
 
 @dataclass
@@ -96,12 +98,15 @@ class _Queue:
 RunFn = Callable[[RequestContext, list[Prepared]], Awaitable[list[Any]]]
 
 
-def chunk_by_cost(units: list[Prepared], max_cost: int, max_count: int, max_pad_share: float = 0.2) -> list[list[int]]:
+def chunk_by_cost(units: list[Prepared], max_cost: int, max_count: int, max_pad_share: float = 0.2,
+                  *, packed: bool = False) -> list[list[int]]:
     """Indices of ``units`` sorted by cost and cut into chunks.
 
-    A chunk ends when the next unit would break the padded-cost cap (width × count), the count
-    cap, or make pad positions more than ``max_pad_share`` of the chunk's padded tokens: equal
-    lengths share one big forward pass, spread-out lengths go into length bands.
+    A chunk ends when the next unit would break the cost cap, the count cap, or make pad positions
+    more than ``max_pad_share`` of the chunk's padded tokens: equal lengths share one big forward
+    pass, spread-out lengths go into length bands. The cost of a padded chunk is its width × count;
+    a ``packed`` chunk (its forward runs without padding) costs its real tokens and has no pad
+    positions, so mixed lengths share one forward pass up to the caps.
     """
     order = sorted(range(len(units)), key=lambda i: units[i].cost)
     chunks: list[list[int]] = []
@@ -110,9 +115,11 @@ def chunk_by_cost(units: list[Prepared], max_cost: int, max_count: int, max_pad_
     for i in order:
         width = units[i].cost  # ascending, so the newest member is the widest
         n = len(current) + 1
-        if current and (
-            n > max_count or width * n > max_cost or 1.0 - (real + width) / (width * n) > max_pad_share
-        ):
+        if packed:
+            over = real + width > max_cost
+        else:
+            over = width * n > max_cost or 1.0 - (real + width) / (width * n) > max_pad_share
+        if current and (n > max_count or over):
             chunks.append(current)
             current, real = [], 0
         current.append(i)
@@ -132,6 +139,7 @@ class BatchFormer:
         max_wait_ms: float,
         coalesce_ms: float,
         max_pad_share: float = 0.2,
+        packs: Callable[[RequestContext], bool] | None = None,
         in_flight: int = 1,
         lanes: int = 1,
         bulk_mixed_requests: int = 8,
@@ -147,6 +155,7 @@ class BatchFormer:
         self.max_wait = max_wait_ms / 1000.0
         self.coalesce = coalesce_ms / 1000.0
         self.max_pad_share = max_pad_share
+        self.packs = packs or (lambda ctx: False)  # whether a context's forward runs packed
         self.window = 8 * max_requests
         self.bulk_mixed_requests = max(1, min(bulk_mixed_requests, max_requests))
         self.bulk_mixed_window = bulk_mixed_window_s
@@ -302,7 +311,8 @@ class BatchFormer:
         # bands are cut among the oldest units only: sorting a deep queue on every flush would
         # cost the event loop time quadratic in its depth
         window = live[: self.window]
-        chunks = chunk_by_cost([p.unit for p in window], self.max_cost, max_count, self.max_pad_share)
+        chunks = chunk_by_cost([p.unit for p in window], self.max_cost, max_count, self.max_pad_share,
+                               packed=self.packs(queue.ctx))
         chunk = next(c for c in chunks if 0 in c)  # live[0] is the oldest pending unit
         taken = set(chunk)
         queue.items = [p for i, p in enumerate(live) if i not in taken]

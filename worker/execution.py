@@ -72,12 +72,14 @@ class Execution(OomRecovery):
         submitted = time.monotonic()
         if direct:
             outputs: list[Any] = [None] * len(units)
-            for chunk in chunk_by_cost(units, lm.max_cost, lm.max_requests, self.settings.max_padding_share):
+            packed = lm.adapter.runs_packed(ctx)
+            for chunk in chunk_by_cost(units, lm.max_cost, lm.max_requests, self.settings.max_padding_share,
+                                       packed=packed):
                 started = time.monotonic()
                 with tracing.span("worker.forward") as span:
                     if span is not None:
                         costs = [units[i].cost for i in chunk]
-                        padded = max(costs) * len(costs) - sum(costs)
+                        padded = 0 if packed else max(costs) * len(costs) - sum(costs)
                         tracing.set_attributes(span, model=lm.model_id, batch_size=len(chunk), tokens=sum(costs),
                                                padding_share=padded / max(1, padded + sum(costs)))
                     outs = await lm.run(ctx, [units[i] for i in chunk])

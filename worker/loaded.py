@@ -88,6 +88,7 @@ class LoadedModel:
             max_wait_ms=s.max_batch_wait_ms,
             coalesce_ms=s.batch_coalesce_ms,
             max_pad_share=s.max_padding_share,
+            packs=adapter.runs_packed,
             in_flight=self.forwards_in_flight,
             lanes=self.lanes,
             bulk_mixed_requests=s.serve_bulk_mixed_batch_requests,
@@ -102,7 +103,7 @@ class LoadedModel:
         outputs = await loop.run_in_executor(self.executor, self._forward, ctx, units)
         real = padded = 0
         if self.adapter.token_costed:
-            real, padded = self.stats.record(units)
+            real, padded = self.stats.record(units, packed=self.adapter.runs_packed(ctx))
         self._runtime.metrics.observe_batch(self.model_id, len(units), real, padded)
         return outputs
 

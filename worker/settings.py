@@ -44,7 +44,7 @@ class WorkerSettings(BaseSettings):
     max_batch_requests: int = 64  # items per forward pass
     max_batch_wait_ms: float = 10.0  # longest wait for a batch to fill
     batch_coalesce_ms: float = 2.0  # flush early when nothing new arrived for this long
-    max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share
+    max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share (padded forwards; packed ones have none)
     forwards_in_flight: int = Field(default=0, ge=0)  # batches handed to a model's inference lanes at once; 0 = 2 on CUDA (the next queued behind the running one), one per lane on CPU
     gil_switch_interval_ms: float = Field(default=0.0, ge=0)  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
     # priority classes of sie serve (X-SIE-Priority: interactive | bulk), as the sidecar's SIE_BULK_*

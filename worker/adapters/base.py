@@ -141,6 +141,11 @@ class Adapter:
     def unload_lora(self, name: str) -> None:
         """Drop a loaded LoRA adapter (the runtime evicted it from its LRU)."""
 
+    def runs_packed(self, ctx: RequestContext) -> bool:
+        """Whether ``forward`` runs ``ctx``'s batches packed (no padding, worker/packed.py): the
+        batchers then cut them by total tokens instead of into length bands."""
+        return False
+
     def forwards_share_state(self) -> bool:
         """Whether a forward changes state that a forward on another lane would see (it activates
         a LoRA): such forwards run one at a time (worker/lanes.py)."""

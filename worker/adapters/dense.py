@@ -107,6 +107,10 @@ class DenseAdapter(HFTextAdapter):
         if sub:
             self.projection = load_projection(Path(self.spec.weights_dir or ""), str(sub), self.spec.device)
 
+    def runs_packed(self, ctx: RequestContext) -> bool:
+        """Token states (late chunking) come from the padded forward."""
+        return super().runs_packed(ctx) and "token_states" not in ctx.output_types
+
     def memory_bytes(self) -> int:
         return super().memory_bytes() + (self.projection.nbytes() if self.projection is not None else 0)
 

@@ -95,3 +95,42 @@ async def test_two_lanes_run_two_forwards_at_once_with_the_same_vectors():
             np.testing.assert_allclose(a["dense"]["values"], b["dense"]["values"], atol=1e-5)
     finally:
         await rt.close()
+
+
+@pytest.mark.parametrize("direct", [False, True])
+async def test_a_packed_model_runs_mixed_lengths_in_one_forward_without_padding(direct):
+    """A model whose forward runs packed (load-time ``packed: true``, the default on CUDA) needs no
+    length bands: 48 texts of 6–200 words share one forward pass with no pad positions, through
+    the batcher (``sie serve``) and the direct path (what the sidecar hands over), with the padded
+    model's vectors. The padded model cuts the same request into several bands."""
+    from pathlib import Path
+
+    from protocol.catalog import Catalog
+    from protocol.model_config import parse_model_yaml
+
+    text = (Path(__file__).parents[3] / "worker/catalog/models/all-minilm-l6-v2.yaml").read_text()
+    packed_yaml = text.replace("    adapter_options:\n", "    adapter_options:\n      loadtime: {packed: true}\n")
+    assert packed_yaml != text
+    rng = random.Random(11)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 200))) for _ in range(48)]
+    runs = {}
+    for name, yaml in (("packed", packed_yaml), ("padded", text)):
+        rt = Runtime(WorkerSettings(hf_offline=True, torch_threads=1, preload_models=D),
+                     catalog=Catalog([parse_model_yaml(yaml)]))
+        await rt.start()
+        try:
+            assert (rt.loaded()[0].adapter.packed is not None) == (name == "packed")
+            before = _stats(rt)
+            forwards, pad = before.forwards, before.padded_tokens
+            res = await rt.encode(D, [{"text": t} for t in texts], direct=direct)
+            after = _stats(rt)
+            runs[name] = (res, after.forwards - forwards, after.padded_tokens - pad)
+        finally:
+            await rt.close()
+    (packed, p_forwards, p_pad), (padded, b_forwards, b_pad) = runs["packed"], runs["padded"]
+    assert (p_forwards, p_pad) == (1, 0)
+    assert b_forwards > 2 and b_pad > 0
+    assert packed.input_tokens == padded.input_tokens
+    for a, b in zip(packed.items, padded.items, strict=True):
+        np.testing.assert_allclose(a["dense"]["values"], b["dense"]["values"], atol=1e-5)

@@ -33,10 +33,24 @@ def test_oversized_unit_runs_alone():
     assert [len(c) for c in chunks] == [1, 1]
 
 
+def test_packed_chunks_are_cut_by_total_tokens_not_into_bands():
+    us = units(8, 9, 10, 100, 110, 120, 250)
+    one = chunk_by_cost(us, max_cost=10_000, max_count=64, max_pad_share=0.2, packed=True)
+    assert [[us[i].cost for i in c] for c in one] == [[8, 9, 10, 100, 110, 120, 250]]
+    # the cap counts real tokens (padded, the first three alone would be 110 x 4 = 440 > 300)
+    capped = chunk_by_cost(us, max_cost=300, max_count=64, packed=True)
+    assert [[us[i].cost for i in c] for c in capped] == [[8, 9, 10, 100, 110], [120], [250]]
+    counted = chunk_by_cost(us, max_cost=10_000, max_count=3, packed=True)
+    assert [len(c) for c in counted] == [3, 3, 1]
+    assert [len(c) for c in chunk_by_cost(units(5000, 3), max_cost=100, max_count=8, packed=True)] == [1, 1]
+
+
 def test_padding_is_counted():
     stats = BatchStats()
     stats.record(units(2, 4, 10))
     assert stats.real_tokens == 16 and stats.padded_tokens == 14 and stats.forwards == 1
+    assert stats.record(units(2, 4, 10), packed=True) == (16, 0)
+    assert stats.real_tokens == 32 and stats.padded_tokens == 14 and stats.forwards == 2
 
 
 class Recorder:
@@ -48,6 +62,17 @@ class Recorder:
         self.batches.append([u.cost for u in batch])
         await asyncio.sleep(self.delay)
         return [u.data * 2 for u in batch]
+
+
+async def test_a_packed_context_takes_mixed_lengths_in_one_batch():
+    ctx = RequestContext(op="encode")
+    bands, one = [[8, 9, 10], [100, 110, 120], [250]], [[8, 9, 10, 100, 110, 120, 250]]
+    for packs, want in ((None, bands), (lambda c: c is ctx, one)):
+        rec = Recorder()
+        bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=50, coalesce_ms=20, packs=packs)
+        await asyncio.gather(*bf.submit(ctx, units(8, 9, 10, 100, 110, 120, 250)))
+        await bf.close()
+        assert sorted(rec.batches) == want
 
 
 async def test_concurrent_submissions_share_a_forward_pass():
