@@ -51,19 +51,21 @@ def down(state_dir: str | None, timeout_s: float = 120.0) -> int:
 
 
 def logs(state_dir: str | None, process: str | None, follow: bool, out=sys.stdout) -> int:
-    """``sie logs [process] [-f]``: one process's log, or all of them with a ``name |`` prefix."""
-    if process is not None and process not in PROCESSES:
-        return _fail(f"unknown process {process!r}: one of {', '.join(PROCESSES)}")
+    """``sie logs [process] [-f]``: one process's log, or all of them with a ``name |`` prefix.
+    Replicas (``--gateways``, ``--workers``) are ``gateway-2``, ``worker-2``, ``sidecar-2`` and so on."""
+    if process is not None and _base_name(process) not in PROCESSES:
+        return _fail(f"unknown process {process!r}: one of {', '.join(PROCESSES)} (replicas: worker-2, ...)")
     try:
         state = find_state_dir(state_dir)
     except NoCluster as exc:
         return _fail(str(exc))
-    names = [process] if process else [n for n in PROCESSES if (state / "logs" / f"{n}.log").exists()]
+    names = [process] if process else _log_names(state / "logs")
     paths = {n: state / "logs" / f"{n}.log" for n in names}
     missing = [str(p) for p in paths.values() if not p.exists()]
     if missing:
         return _fail(f"no log at {missing[0]}")
-    prefix = (lambda n: f"{n:<8}| ") if process is None else (lambda n: "")
+    width = max((len(n) for n in names), default=0)
+    prefix = (lambda n: f"{n:<{max(8, width)}}| ") if process is None else (lambda n: "")
     offsets = dict.fromkeys(names, 0)
 
     def pump() -> None:
@@ -85,6 +87,23 @@ def logs(state_dir: str | None, process: str | None, follow: bool, out=sys.stdou
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _base_name(name: str) -> str:
+    """``worker-2`` → ``worker``; a name without a replica number is its own base."""
+    base, _, number = name.rpartition("-")
+    return base if base and number.isdigit() else name
+
+
+def _log_names(logs_dir: Path) -> list[str]:
+    """The processes with a log, in start order, each kind's replicas after its first."""
+    found = [p.stem for p in logs_dir.glob("*.log") if _base_name(p.stem) in PROCESSES]
+
+    def order(name: str) -> tuple[int, int]:
+        base = _base_name(name)
+        return PROCESSES.index(base), int(name.rpartition("-")[2]) if name != base else 1
+
+    return sorted(found, key=order)
 
 
 @dataclass
