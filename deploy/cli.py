@@ -37,12 +37,14 @@ def _serve(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from deploy.launcher import up
 
-    if args.gateways < 1:
-        print("sie up: --gateways needs at least 1", file=sys.stderr)
-        return 2
+    for flag, value in (("--gateways", args.gateways), ("--workers", args.workers)):
+        if value < 1:
+            print(f"sie up: {flag} needs at least 1", file=sys.stderr)
+            return 2
     metrics_port = args.metrics_port if args.metrics_port is not None else (9095 if args.observe else 0)
     return up(args.state_dir, args.port or 8080, args.config_port, args.nats_port, args.preload, args.detach,
-              args.gateways, observe=args.observe, otlp_port=args.otlp_port, metrics_port=metrics_port)
+              args.gateways, observe=args.observe, otlp_port=args.otlp_port, metrics_port=metrics_port,
+              workers=args.workers)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -110,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_args(serve)
     serve.set_defaults(func=_serve)
     up = sub.add_parser(
-        "up", help="run the whole cluster locally (nats, config service, gateway, one worker pod)"
+        "up", help="run the whole cluster locally (nats, config service, gateway, worker pods)"
     )
     up.add_argument("--port", type=int, help="gateway port (default 8080)")
     up.add_argument("--config-port", type=int, default=8090, help="config service port (default 8090)")
@@ -120,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--detach", action="store_true", help="run in the background; `sie down` stops it")
     up.add_argument("--gateways", type=int, default=1,
                     help="gateway replicas sharing the port (SO_REUSEPORT), as a Service spreads them (default 1)")
+    up.add_argument("--workers", type=int, default=1,
+                    help="worker pods (a worker and its sidecar each) sharing the lane, as a Deployment's "
+                         "replicas do; on a GPU host they share the device (default 1)")
     up.add_argument("--observe", action="store_true",
                     help="trace every request: an OTLP receiver here prints the spans of each hop; "
                          "also serves the worker pod's metrics (needs the observe extra)")

@@ -2,6 +2,9 @@
 
 nats-server (JetStream, file storage under the state directory) → config service (SQLite under
 the state directory) → worker (IPC front door on a Unix socket) → sidecar → gateway on :8080.
+``--workers N`` runs N worker pods (a worker and its sidecar each) on one lane, as N replicas of the
+chart's worker Deployment would: on a GPU host, several pods share the device, as ``sie serve``'s
+processes do. ``--gateways N`` runs N gateways on the one port.
 Each process logs to ``<state>/logs/<name>.log``. Once the cluster is up, the launcher supervises
 it (deploy/supervisor.py): a child that exits is restarted with backoff while the others keep
 running; only a crash loop stops the cluster. ``sie status`` shows the children and their
@@ -67,6 +70,21 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Pod:
+    """One worker pod of ``sie up``: a worker process and its sidecar, on their own IPC socket."""
+
+    worker: str
+    sidecar: str
+    socket: Path
+    worker_id: str
+    metrics_port: int
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SIE_WORKER_ID": self.worker_id, "SIE_IPC_SOCKET_PATH": str(self.socket)}
+
+
 @dataclass
 class Cluster:
     state_dir: Path
@@ -78,6 +96,7 @@ class Cluster:
     preload: str = ""
     machine_profile: str = "cpu"
     gateways: int = 1  # replicas sharing gateway_port (SO_REUSEPORT), as a Service spreads them
+    workers: int = 1  # worker pods (a worker and its sidecar each), sharing the lane as a Deployment's replicas do
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     # --observe: an OTLP receiver in this process that every child exports its spans to
     observe: bool = False
@@ -120,8 +139,6 @@ class Cluster:
             "SIE_BUNDLE": "default",
             "SIE_MACHINE_PROFILE": self.machine_profile,
             "SIE_GATEWAY_CONFIGURED_GPUS": self.machine_profile,
-            "SIE_WORKER_ID": f"{socket.gethostname()}-worker-0",
-            "SIE_IPC_SOCKET_PATH": str(self.state_dir / "ipc.sock"),
             "PYTHONUNBUFFERED": "1",
             **self._observe_env(),
         }
@@ -172,17 +189,20 @@ class Cluster:
         })
         self._wait("config", lambda: _http_ok(self.config_url + "/readyz"), 60)
         say(f"config service  {self.config_url}")
-        sock = self.state_dir / "ipc.sock"
         worker_log = self.state_dir / "logs" / "worker.log"
         self._progress = LogEcho(worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"))
-        self._spawn("worker", [py, "-m", "worker.ipc_server"], {
-            "SIE_PRELOAD_MODELS": self.preload,
-            "GOMP_SPINCOUNT": self.env().get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT),
-        })
-        self._wait("worker", sock.exists, 300)
-        say(f"worker          {sock}")
-        self._spawn("sidecar", [py, "-m", "sidecar"],
-                    {"SIE_METRICS_PORT": str(self.metrics_port)} if self.metrics_port else None)
+        for pod in self.pods:  # the workers load their models side by side
+            self._spawn(pod.worker, [py, "-m", "worker.ipc_server"], {
+                **pod.env,
+                "SIE_PRELOAD_MODELS": self.preload,
+                "GOMP_SPINCOUNT": self.env().get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT),
+            })
+        for pod in self.pods:
+            self._wait(pod.worker, pod.socket.exists, 300)
+            say(f"{pod.worker:<15} {pod.socket}")
+        for pod in self.pods:
+            metrics = {"SIE_METRICS_PORT": str(pod.metrics_port)} if pod.metrics_port else {}
+            self._spawn(pod.sidecar, [py, "-m", "sidecar"], {**pod.env, **metrics})
         time.sleep(0.5)
         for name in self.gateway_names:
             self._spawn(name, [py, "-m", "gateway"], {
@@ -191,16 +211,34 @@ class Cluster:
                 "SIE_GATEWAY_REUSE_PORT": "1" if self.gateways > 1 else "0",
             })
             self._wait(name, lambda: _http_ok(self.gateway_url + "/readyz"), 60)
-        self._wait("sidecar", lambda: True, 1)
+        for pod in self.pods:
+            self._wait(pod.sidecar, lambda: True, 1)
         replicas = f" ({self.gateways} replicas sharing the port)" if self.gateways > 1 else ""
         say(f"gateway         {self.gateway_url}{replicas}")
         if self.metrics_port:
-            say(f"pod metrics     http://127.0.0.1:{self.metrics_port}/metrics (sidecar + worker); "
+            ports = ", ".join(str(pod.metrics_port) for pod in self.pods)
+            say(f"pod metrics     http://127.0.0.1:{ports}/metrics (sidecar + worker; one port per pod); "
                 f"gateway {self.gateway_url}/metrics; config {self.config_url}/metrics")
 
     @property
     def gateway_names(self) -> list[str]:
         return ["gateway"] + [f"gateway-{i}" for i in range(2, self.gateways + 1)]
+
+    @property
+    def pods(self) -> list[Pod]:
+        """The worker pods: ``worker``/``sidecar`` on ``ipc.sock``, then ``worker-2``/``sidecar-2`` on
+        ``ipc-2.sock`` and so on, each with its own worker id and (with metrics on) the next port."""
+        host = socket.gethostname()
+        return [
+            Pod(
+                worker="worker" if i == 1 else f"worker-{i}",
+                sidecar="sidecar" if i == 1 else f"sidecar-{i}",
+                socket=self.state_dir / ("ipc.sock" if i == 1 else f"ipc-{i}.sock"),
+                worker_id=f"{host}-worker-{i - 1}",
+                metrics_port=self.metrics_port + i - 1 if self.metrics_port else 0,
+            )
+            for i in range(1, self.workers + 1)
+        ]
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -285,19 +323,19 @@ def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
              "OTLP receiver": "--otlp-port", "pod metrics": "--metrics-port"}
     for name, port in ports.items():
         if port_in_use(port):
-            return f"port {port} is in use (another sie up?): the {name} needs it; pick another with {flags[name]}"
+            return f"port {port} is in use (another sie up?): the {name} needs it; pick another with {flags.get(name, '--metrics-port')}"
     return None
 
 
 def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, preload: str | None,
        detach: bool = False, gateways: int = 1, *, observe: bool = False, otlp_port: int = 4318,
-       metrics_port: int = 0) -> int:
+       metrics_port: int = 0, workers: int = 1) -> int:
     state = Path(state_dir).resolve()
     ports = {"gateway": gateway_port, "config service": config_port, "nats-server": nats_port}
     if observe:
         ports["OTLP receiver"] = otlp_port
-    if metrics_port:
-        ports["pod metrics"] = metrics_port
+    for i in range(workers if metrics_port else 0):
+        ports["pod metrics" if i == 0 else f"pod {i + 1} metrics"] = metrics_port + i
     problem = preflight(state, ports)
     if problem:
         print(f"sie up: {problem}", file=sys.stderr)
@@ -305,7 +343,7 @@ def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, prel
     if detach:
         argv = ["up", "--port", str(gateway_port), "--config-port", str(config_port),
                 "--nats-port", str(nats_port), "--state-dir", str(state)]
-        argv += ["--gateways", str(gateways), "--metrics-port", str(metrics_port)]
+        argv += ["--gateways", str(gateways), "--workers", str(workers), "--metrics-port", str(metrics_port)]
         argv += ["--observe", "--otlp-port", str(otlp_port)] if observe else []
         return _detach(state, argv + (["--preload", preload] if preload else []))
     lock = take_lock(state)
@@ -314,7 +352,7 @@ def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, prel
               file=sys.stderr)
         return 1
     cluster = Cluster(state, gateway_port, config_port, nats_port, preload=preload or "", gateways=gateways,
-                      observe=observe, otlp_port=otlp_port, metrics_port=metrics_port)
+                      workers=workers, observe=observe, otlp_port=otlp_port, metrics_port=metrics_port)
     cluster.supervisor.info = {"gateway_url": cluster.gateway_url, "config_url": cluster.config_url,
                                "nats_url": cluster.nats_url, "ready": False}
     remember(state)

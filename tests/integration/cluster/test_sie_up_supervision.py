@@ -25,10 +25,13 @@ SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
 class SieUp:
     """``python -m deploy.cli up`` as a subprocess on free ports, with ``preload`` (sie-fake) loaded."""
 
-    def __init__(self, state: Path, preload: str = "sie-fake", gateways: int = 1) -> None:
+    def __init__(self, state: Path, preload: str = "sie-fake", gateways: int = 1, workers: int = 1,
+                 metrics_port: int = 0) -> None:
         self.state = state
         self.preload = preload
         self.gateways = gateways
+        self.workers = workers
+        self.metrics_port = metrics_port
         self.ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
         self.env.update(
@@ -63,6 +66,10 @@ class SieUp:
             self.preload,
             "--gateways",
             str(self.gateways),
+            "--workers",
+            str(self.workers),
+            "--metrics-port",
+            str(self.metrics_port),
         ]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -158,3 +165,70 @@ def test_a_killed_worker_is_restarted_and_the_cluster_serves_again(sie_up):
     assert worker_row.split()[1:5] == ["running", str(after["worker"]["pid"]), "1", "-9"], out
     assert sie_up.proc.poll() is None  # sie up itself kept running
     assert "worker exited with -9" in sie_up.stop()
+
+
+def _free_port_pair() -> int:
+    """A free port whose next port is free too (one metrics port per worker pod)."""
+    import socket
+
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port + 1))
+            return port
+    raise AssertionError("no two consecutive free ports")
+
+
+def _batches(metrics_port: int) -> float:
+    """RunBatch calls of one pod's sidecar for sie-fake, from its /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sie_sidecar_batch_size_count{") and "sie-fake" in line)
+
+
+def _live_workers(gateway: str) -> list[str]:
+    body = httpx.get(gateway + "/health", timeout=5).json()
+    return sorted(w["url"] for w in body["workers"] if w["healthy"])
+
+
+def test_two_worker_pods_share_the_lane_and_one_serves_while_the_other_restarts(tmp_path):
+    """``sie up --workers 2``: two worker pods (worker + sidecar each, own socket, worker id and
+    metrics port) pull from the one lane, both take batches; kill -9 of one pod's worker restarts
+    that worker only, and requests keep being answered meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    port = _free_port_pair()
+    up = SieUp(tmp_path / "state", workers=2, metrics_port=port)
+    try:
+        up.start()
+        rows = up.children()
+        assert set(rows) == {"nats", "config", "worker", "sidecar", "worker-2", "sidecar-2", "gateway"}
+        deadline = time.monotonic() + 60  # generous: only guards against a hang
+        while len(_live_workers(up.gateway)) < 2:
+            assert time.monotonic() < deadline, httpx.get(up.gateway + "/health").text
+            time.sleep(0.2)
+        assert [w.rsplit("-", 1)[1] for w in _live_workers(up.gateway)] == ["0", "1"]
+        assert (tmp_path / "state" / "ipc-2.sock").exists()
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda i: encode_until_ok(up.gateway, f"pod {i}"), range(96)))
+        assert all(len(a.json()["items"][0]["dense"]["values"]) == 384 for a in answers)
+        first, second = _batches(port), _batches(port + 1)
+        assert first > 0 and second > 0, (first, second)
+        os.kill(rows["worker-2"]["pid"], signal.SIGKILL)
+        with ThreadPoolExecutor(8) as pool:  # answered while worker-2 is down and coming back
+            answers = list(pool.map(lambda i: encode_until_ok(up.gateway, f"during {i}"), range(32)))
+        assert all(a.status_code == 200 for a in answers)
+        deadline = time.monotonic() + 60
+        while up.children()["worker-2"]["restarts"] < 1:
+            assert time.monotonic() < deadline, up.children()
+            time.sleep(0.1)
+        after = up.children()
+        for name in ("nats", "config", "worker", "sidecar", "sidecar-2", "gateway"):
+            assert after[name]["pid"] == rows[name]["pid"] and after[name]["restarts"] == 0, name
+        assert encode_until_ok(up.gateway, "after").status_code == 200
+    finally:
+        said = up.stop()
+    # stopped in reverse start order: the gateway, the sidecars, then the workers
+    order = [said.index(f"stopping {name} (pid") for name in ("gateway", "sidecar-2", "sidecar", "worker-2",
+                                                               "worker", "config", "nats")]
+    assert order == sorted(order), said
