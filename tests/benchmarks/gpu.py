@@ -9,7 +9,8 @@ words are each one token, so every text has an exact token count. Then, in one r
 - in-process baselines on the same inputs: transformers (padded, SDPA) and our packed forward;
 - ``sie serve`` on CUDA (bf16), clients in separate processes on the same host: 512-token,
   mixed 8–512, 32-token at 1 and 32 texts per request, msgpack and JSON;
-- the same rows through the cluster path (``sie up``'s launcher: NATS, sidecar, worker, gateway);
+- the same rows through the cluster path (``sie up``'s launcher: NATS, gateway, and as many worker
+  pods, each a sidecar and a worker, as the most ``sie serve`` processes measured; ``--cluster-workers``);
 - correctness: min cosine of served bf16 vectors against an fp32 transformers reference.
 
 Every round is printed (a stall must show), then the table of medians with GPU utilisation.
@@ -368,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="SIE_SERVE_PROCESSES of sie serve; a comma-separated list measures each")
     ap.add_argument("--only", default="", help="comma-separated substrings of workload names to run")
     ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-path rows")
+    ap.add_argument("--cluster-workers", type=int, default=0,
+                    help="worker pods of the cluster on the GPU (sie up --workers); 0 = as many as the most "
+                         "sie serve processes measured, so both front doors run as many model processes")
+    ap.add_argument("--cluster-gateways", type=int, default=1, help="gateways of the cluster (sie up --gateways)")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process baselines")
     args = ap.parse_args(argv)
     try:
@@ -406,16 +411,19 @@ def main(argv: list[str] | None = None) -> int:
             from tests.support.nats_server import free_port
 
             os.environ.update(ENV)
+            pods = args.cluster_workers or max(int(p) for p in str(args.serve_processes).split(","))
             cluster = Cluster(state_dir=root / "state", gateway_port=free_port(), config_port=free_port(),
                               nats_port=free_port(), models_dir=str(models_dir),
-                              preload="bench/bge-base,bench/minilm")
+                              preload="bench/bge-base,bench/minilm", workers=pods,
+                              gateways=args.cluster_gateways)
+            print(f"cluster: {pods} worker pod(s), {args.cluster_gateways} gateway(s)", flush=True)
             try:
                 cluster.start(say=lambda line: print("cluster:", line, flush=True))
                 cws = [w for w in ws if not w.json]
-                measure("cluster", cluster.gateway_url, cws, load, args.rounds, args.seconds, rows, peak)
+                measure(f"cluster x{pods}", cluster.gateway_url, cws, load, args.rounds, args.seconds, rows, peak)
             except Exception as exc:
                 print(f"cluster path failed: {exc!r}", flush=True)
-                for name in ("worker", "sidecar", "gateway"):
+                for name in ("worker", "sidecar", "gateway", "worker-2", "sidecar-2"):
                     log = root / "state" / "logs" / f"{name}.log"
                     if log.exists():
                         print(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:], flush=True)
@@ -425,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"GPU benchmark: {torch.cuda.get_device_name()}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
           f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s; 'serve xN' = sie serve with "
-          f"SIE_SERVE_PROCESSES=N; 'vs serve' = cluster / the best serve row")
+          f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N; 'vs serve' = cluster / the best serve row")
     head = (f"{'target':10} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "
             f"{'HF in-proc':>10} {'packed in-proc':>14} {'vs serve':>8}")
     print(head)
@@ -436,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         b = base.get(name, {})
         serve = max((r2 for (t2, n2), r2 in rows.items() if n2 == name and t2.startswith("serve")),
                     key=lambda r2: statistics.median(r2.rates), default=None)
-        ratio = f"{rate / statistics.median(serve.rates):7.2f}x" if target == "cluster" and serve else "       -"
+        ratio = f"{rate / statistics.median(serve.rates):7.2f}x" if target.startswith("cluster") and serve else "       -"
         hf = f"{b['transformers']:10.1f}" if b else f"{'-':>10}"
         pk = f"{b['packed']:14.1f}" if b else f"{'-':>14}"
         print(f"{target:10} {name:40} {rate:9.1f} {mfu:6.1%} {statistics.median(r.p50):8.1f} "
