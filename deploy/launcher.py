@@ -14,6 +14,7 @@ The children run in their own sessions, so the terminal's Ctrl-C reaches only th
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from deploy.state import LOCK_FILE, port_in_use, remember, running, take_lock
 from deploy.supervisor import RestartPolicy, Supervisor, read_status
-from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR, POD_OMP_SPINCOUNT
+from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR, POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
 
 if TYPE_CHECKING:
     from deploy.otlp_receiver import OtlpReceiver
@@ -68,6 +69,15 @@ def _http_ok(url: str) -> bool:
             return resp.status == 200
     except OSError:
         return False
+
+
+def worker_runs_on_cpu(env: dict[str, str]) -> bool:
+    """Whether a worker started with ``env`` computes on the CPU: ``SIE_DEVICE=cpu``, or ``auto`` (the
+    default) on a host with no NVIDIA device node."""
+    device = env.get("SIE_DEVICE", "auto").strip().lower()
+    if device in ("", "auto"):
+        return not glob.glob("/dev/nvidia[0-9]*")
+    return device == "cpu"
 
 
 @dataclass(frozen=True)
@@ -192,11 +202,8 @@ class Cluster:
         worker_log = self.state_dir / "logs" / "worker.log"
         self._progress = LogEcho(worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"))
         for pod in self.pods:  # the workers load their models side by side
-            self._spawn(pod.worker, [py, "-m", "worker.ipc_server"], {
-                **pod.env,
-                "SIE_PRELOAD_MODELS": self.preload,
-                "GOMP_SPINCOUNT": self.env().get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT),
-            })
+            self._spawn(pod.worker, [py, "-m", "worker.ipc_server"],
+                        {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **self.worker_omp_env()})
         for pod in self.pods:
             self._wait(pod.worker, pod.socket.exists, 300)
             say(f"{pod.worker:<15} {pod.socket}")
@@ -219,6 +226,18 @@ class Cluster:
             ports = ", ".join(str(pod.metrics_port) for pod in self.pods)
             say(f"pod metrics     http://127.0.0.1:{ports}/metrics (sidecar + worker; one port per pod); "
                 f"gateway {self.gateway_url}/metrics; config {self.config_url}/metrics")
+
+    def worker_omp_env(self) -> dict[str, str]:
+        """OpenMP settings of the worker processes (worker.POD_OMP_SPINCOUNT, worker.POD_OMP_PROC_BIND;
+        an operator's own values win): the spin count always, the binding only for one worker pod on
+        a host without a GPU."""
+        env = self.env()
+        out = {"GOMP_SPINCOUNT": env.get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT)}
+        if "OMP_PROC_BIND" in env:
+            out["OMP_PROC_BIND"] = env["OMP_PROC_BIND"]
+        elif self.workers == 1 and worker_runs_on_cpu(env):
+            out["OMP_PROC_BIND"] = POD_OMP_PROC_BIND
+        return out
 
     @property
     def gateway_names(self) -> list[str]:

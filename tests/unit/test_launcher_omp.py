@@ -1,0 +1,46 @@
+"""The OpenMP settings ``sie up`` gives its worker processes (worker.POD_OMP_SPINCOUNT, POD_OMP_PROC_BIND)."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+
+from deploy.launcher import Cluster, worker_runs_on_cpu
+from worker import POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("GOMP_SPINCOUNT", "OMP_PROC_BIND", "SIE_DEVICE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_one_cpu_worker_is_bound_and_spins_briefly(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIE_DEVICE", "cpu")
+    env = Cluster(state_dir=tmp_path).worker_omp_env()
+    assert env == {"GOMP_SPINCOUNT": POD_OMP_SPINCOUNT, "OMP_PROC_BIND": POD_OMP_PROC_BIND}
+
+
+def test_no_binding_for_several_workers_or_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIE_DEVICE", "cpu")
+    assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path, workers=2).worker_omp_env()
+    monkeypatch.setenv("SIE_DEVICE", "cuda")
+    assert Cluster(state_dir=tmp_path).worker_omp_env() == {"GOMP_SPINCOUNT": POD_OMP_SPINCOUNT}
+
+
+def test_the_operators_values_win(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIE_DEVICE", "cpu")
+    monkeypatch.setenv("OMP_PROC_BIND", "false")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    assert Cluster(state_dir=tmp_path).worker_omp_env() == {"GOMP_SPINCOUNT": "300000", "OMP_PROC_BIND": "false"}
+    monkeypatch.setenv("SIE_DEVICE", "cuda")  # set explicitly, it is passed on even where it would not be chosen
+    assert Cluster(state_dir=tmp_path, workers=3).worker_omp_env()["OMP_PROC_BIND"] == "false"
+
+
+def test_auto_device_means_cpu_only_without_an_nvidia_device_node():
+    expected = not glob.glob("/dev/nvidia[0-9]*")
+    assert worker_runs_on_cpu({}) is expected
+    assert worker_runs_on_cpu({"SIE_DEVICE": "auto"}) is expected
+    assert worker_runs_on_cpu({"SIE_DEVICE": "CPU"}) is True
+    assert worker_runs_on_cpu({"SIE_DEVICE": "cuda:1"}) is False
