@@ -12,7 +12,7 @@ from worker import POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
 
 @pytest.fixture(autouse=True)
 def plain_env(monkeypatch):
-    for name in ("GOMP_SPINCOUNT", "OMP_PROC_BIND", "SIE_DEVICE"):
+    for name in ("GOMP_SPINCOUNT", "OMP_PROC_BIND", "SIE_DEVICE", "SIE_FORWARD_LANES"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -25,6 +25,10 @@ def test_one_cpu_worker_is_bound_and_spins_briefly(tmp_path, monkeypatch):
 def test_no_binding_for_several_workers_or_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("SIE_DEVICE", "cpu")
     assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path, workers=2).worker_omp_env()
+    monkeypatch.setenv("SIE_FORWARD_LANES", "2")  # lanes are threads of one worker: they would share a core
+    assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path).worker_omp_env()
+    monkeypatch.setenv("SIE_FORWARD_LANES", "1")
+    assert Cluster(state_dir=tmp_path).worker_omp_env()["OMP_PROC_BIND"] == POD_OMP_PROC_BIND
     monkeypatch.setenv("SIE_DEVICE", "cuda")
     assert Cluster(state_dir=tmp_path).worker_omp_env() == {"GOMP_SPINCOUNT": POD_OMP_SPINCOUNT}
 
