@@ -344,7 +344,8 @@ def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
              "OTLP receiver": "--otlp-port", "pod metrics": "--metrics-port"}
     for name, port in ports.items():
         if port_in_use(port):
-            return f"port {port} is in use (another sie up?): the {name} needs it; pick another with {flags.get(name, '--metrics-port')}"
+            flag = flags.get(name, "--metrics-port")  # "pod N metrics": the ports after --metrics-port
+            return f"port {port} is in use (another sie up?): the {name} needs it; pick another with {flag}"
     return None
 
 
