@@ -12,12 +12,13 @@ from worker import POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
 
 @pytest.fixture(autouse=True)
 def plain_env(monkeypatch):
-    for name in ("GOMP_SPINCOUNT", "OMP_PROC_BIND", "SIE_DEVICE", "SIE_FORWARD_LANES"):
+    for name in ("GOMP_SPINCOUNT", "OMP_PROC_BIND", "SIE_DEVICE", "SIE_FORWARD_LANES", "SIE_TORCH_THREADS"):
         monkeypatch.delenv(name, raising=False)
 
 
 def test_one_cpu_worker_is_bound_and_spins_briefly(tmp_path, monkeypatch):
     monkeypatch.setenv("SIE_DEVICE", "cpu")
+    monkeypatch.setenv("SIE_TORCH_THREADS", "2")
     env = Cluster(state_dir=tmp_path).worker_omp_env()
     assert env == {"GOMP_SPINCOUNT": POD_OMP_SPINCOUNT, "OMP_PROC_BIND": POD_OMP_PROC_BIND}
 
@@ -29,6 +30,8 @@ def test_no_binding_for_several_workers_or_a_gpu(tmp_path, monkeypatch):
     assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path).worker_omp_env()
     monkeypatch.setenv("SIE_FORWARD_LANES", "1")
     assert Cluster(state_dir=tmp_path).worker_omp_env()["OMP_PROC_BIND"] == POD_OMP_PROC_BIND
+    monkeypatch.setenv("SIE_TORCH_THREADS", "1")  # one intra-op thread: bound, the whole worker gets one core
+    assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path).worker_omp_env()
     monkeypatch.setenv("SIE_DEVICE", "cuda")
     assert Cluster(state_dir=tmp_path).worker_omp_env() == {"GOMP_SPINCOUNT": POD_OMP_SPINCOUNT}
 

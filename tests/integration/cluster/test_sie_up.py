@@ -52,7 +52,7 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
     ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SIE_") and k not in ("GOMP_SPINCOUNT", "OMP_PROC_BIND")}
-    env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "1",
+    env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "2",
                 "XDG_STATE_HOME": str(tmp_path / "xdg"),
                 "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000", "SIE_GATEWAY_WORKER_WARMUP_S": "1"})
     cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", str(ports["gw"]), "--config-port", str(ports["cfg"]),
@@ -75,7 +75,8 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         # the worker, and only the worker, runs with the pod's OpenMP spin count
         spin = {("worker.ipc_server" in _cmdline(p), _environ(p).get("GOMP_SPINCOUNT")) for p in children}
         assert spin == {(True, POD_OMP_SPINCOUNT), (False, None)}
-        # and, the one worker on a host without a GPU, bound: its helper threads share the first core
+        # and, the one worker (two intra-op threads) on a host without a GPU, bound: its helper threads
+        # share the first core
         bind = {("worker.ipc_server" in _cmdline(p), _environ(p).get("OMP_PROC_BIND")) for p in children}
         on_cpu = not glob.glob("/dev/nvidia[0-9]*")
         assert bind == {(True, POD_OMP_PROC_BIND if on_cpu else None), (False, None)}
