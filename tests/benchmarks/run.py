@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import random
 import statistics
@@ -83,8 +84,11 @@ _ST_CACHE: dict = {}
 
 async def http_load(url: str, texts: list[str], per_request: int, clients: int, seconds: float,
                     max_requests: int = 100_000, model: str = D,
-                    extra_headers: dict[str, str] | None = None) -> tuple[float, float, float]:
-    lat: list[float] = []
+                    extra_headers: dict[str, str] | None = None,
+                    latencies: list[float] | None = None) -> tuple[float, float, float]:
+    """(items/s, p50 ms, p99 ms) of ``clients`` closed-loop clients for ``seconds``; each request's
+    latency (s) is also appended to ``latencies`` when given."""
+    lat: list[float] = [] if latencies is None else latencies
     done = 0
     stop = time.perf_counter() + seconds
     counter = 0
@@ -168,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bulk-items", type=int, default=50_000, help="bulk backlog of the priority row")
     ap.add_argument("--only-classes", action="store_true", help="run only the --classes rows")
     ap.add_argument("--only-cluster", action="store_true", help="run only the --cluster rows")
+    ap.add_argument("--segments", type=int, default=4,
+                    help="cluster rows: each round's seconds per front door in this many alternating slices")
     ap.add_argument("--lanes", type=int, default=0,
                     help="SIE_FORWARD_LANES for every worker started (sie serve and the cluster's); 0 = the default")
     args = ap.parse_args(argv)
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     texts = sentences(512, 32, seed=1)
     if args.only_cluster:
-        print("\n".join(bench_cluster(texts, args.seconds, args.repeats, args.threads)))
+        print("\n".join(bench_cluster(texts, args.seconds, args.repeats, args.threads, max(1, args.segments))))
         return 0
     env = {"SIE_TORCH_THREADS": str(args.threads), "SIE_PRELOAD_MODELS": D, "OMP_NUM_THREADS": str(args.threads)}
     rows: dict[str, Row] = {}
@@ -220,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{ours:.1%} (arrival-order batching of the same requests: {fifo:.1%})")
     if args.cluster:
         print()
-        for line in bench_cluster(texts, args.seconds, args.repeats, args.threads):
+        for line in bench_cluster(texts, args.seconds, args.repeats, args.threads, max(1, args.segments)):
             print(line)
     if args.classes:
         from tests.benchmarks.classes import bench_classes
@@ -236,11 +242,42 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int) -> list[str]:
-    """The cluster path (gateway → JetStream → sidecar → worker) beside ``sie serve``, same inputs,
-    interleaved round by round; MiniLM rows, then the zero-cost ``sie-fake`` rows that measure
-    the path itself (its throughput, and the p50 it adds at one client). The texts repeat, so the
-    gateway's result cache is switched off per request (``X-SIE-Cache: off``): every item is computed."""
+def _load_slice(url: str, texts: list[str], per_request: int, clients: int, model: str,
+                headers: dict[str, str] | None, seconds: float, latencies: list[float]) -> tuple[float, float, float]:
+    return asyncio.run(http_load(url, texts, per_request, clients, seconds, model=model, extra_headers=headers,
+                                 latencies=latencies))
+
+
+def side_by_side(run_a, run_b, seconds: float, segments: int, first_b: bool = False,
+                 ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Measure two targets for ``seconds`` each, in ``segments`` alternating slices (A B B A A B …,
+    starting with B when ``first_b``), so a host that speeds up or slows down during the round
+    weighs on both alike. ``run_x(seconds, latencies)`` returns (rate, p50, p99) and appends each
+    request's latency; the result per target is (mean rate of its slices, pooled p50 ms, pooled
+    p99 ms)."""
+    rates: dict[str, list[float]] = {"a": [], "b": []}
+    lats: dict[str, list[float]] = {"a": [], "b": []}
+    order = ["b", "a"] if first_b else ["a", "b"]
+    for _ in range(segments):
+        for name in order:
+            rate, _, _ = (run_a if name == "a" else run_b)(seconds / segments, lats[name])
+            rates[name].append(rate)
+        order.reverse()  # the slice that ran second runs first next time
+
+    def summary(name: str) -> tuple[float, float, float]:
+        lat = sorted(lats[name])
+        return (statistics.mean(rates[name]), lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000)
+
+    return summary("a"), summary("b")
+
+
+def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, segments: int = 4) -> list[str]:
+    """The cluster path (gateway → JetStream → sidecar → worker) beside ``sie serve``, same inputs;
+    MiniLM rows, then the zero-cost ``sie-fake`` rows that measure the path itself (its throughput,
+    and the p50 it adds at one client). Each round gives each front door ``seconds`` of every
+    workload, in ``segments`` alternating slices (side_by_side), so the two share the host's
+    speed of the moment. The texts repeat, so the gateway's result cache is switched off per
+    request (``X-SIE-Cache: off``): every item is computed."""
     import tempfile
 
     from deploy.launcher import Cluster
@@ -248,8 +285,8 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int) -
 
     os.environ.update({"SIE_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "SIE_HF_OFFLINE": "1"})
     workloads = [(D, 32, 4), (D, 1, 16), ("sie-fake", 1, 1), ("sie-fake", 1, 32), ("sie-fake", 32, 8)]
-    lines = [f"cluster path vs sie serve, {rounds} rounds x {seconds:.0f} s, every round "
-             f"(items/s, p50/p99 ms; ratio = cluster/serve)"]
+    lines = [f"cluster path vs sie serve, {rounds} rounds x {seconds:.0f} s each (in {segments} alternating "
+             f"slices), every round (items/s, p50/p99 ms; ratio = cluster/serve)"]
     head = f"{'round':>5} {'workload':34} {'serve/s':>9} {'cluster/s':>9} {'ratio':>6} {'serve p50/p99':>15} {'cluster p50/p99':>17}"
     lines += [head, "-" * len(head)]
     with tempfile.TemporaryDirectory(prefix="sie-bench-cluster-") as tmp, \
@@ -263,9 +300,11 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int) -
                     asyncio.run(http_load(url, texts, per_req, clients, 1.0, model=model, extra_headers=OFF))
             for rnd in range(rounds):
                 for model, per_req, clients in workloads:
-                    s_rate, s50, s99 = asyncio.run(http_load(server.url, texts, per_req, clients, seconds, model=model))
-                    c_rate, c50, c99 = asyncio.run(http_load(cluster.gateway_url, texts, per_req, clients, seconds,
-                                                             model=model, extra_headers=OFF))
+                    (s_rate, s50, s99), (c_rate, c50, c99) = side_by_side(
+                        functools.partial(_load_slice, server.url, texts, per_req, clients, model, None),
+                        functools.partial(_load_slice, cluster.gateway_url, texts, per_req, clients, model, OFF),
+                        seconds, segments, first_b=rnd % 2 == 1,
+                    )
                     name = f"{'MiniLM' if model == D else model}, {per_req}/req x {clients} clients"
                     line = (f"{rnd + 1:>5} {name:34} {s_rate:9.1f} {c_rate:9.1f} {c_rate / s_rate:6.2f} "
                             f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f}")
