@@ -53,7 +53,7 @@ def down(state_dir: str | None, timeout_s: float = 120.0) -> int:
 def logs(state_dir: str | None, process: str | None, follow: bool, out=sys.stdout) -> int:
     """``sie logs [process] [-f]``: one process's log, or all of them with a ``name |`` prefix.
     Replicas (``--gateways``, ``--workers``) are ``gateway-2``, ``worker-2``, ``sidecar-2`` and so on."""
-    if process is not None and _base_name(process) not in PROCESSES:
+    if process is not None and _replica(process)[0] not in PROCESSES:
         return _fail(f"unknown process {process!r}: one of {', '.join(PROCESSES)} (replicas: worker-2, ...)")
     try:
         state = find_state_dir(state_dir)
@@ -89,21 +89,18 @@ def logs(state_dir: str | None, process: str | None, follow: bool, out=sys.stdou
     return 0
 
 
-def _base_name(name: str) -> str:
-    """``worker-2`` → ``worker``; a name without a replica number is its own base."""
+def _replica(name: str) -> tuple[str, int]:
+    """``worker-2`` → (``worker``, 2); a name without a replica number is replica 1 of itself (the
+    names deploy.launcher.replica_name gives)."""
     base, _, number = name.rpartition("-")
-    return base if base and number.isdigit() else name
+    return (base, int(number)) if base and number.isdigit() else (name, 1)
 
 
 def _log_names(logs_dir: Path) -> list[str]:
     """The processes with a log, in start order, each kind's replicas after its first."""
-    found = [p.stem for p in logs_dir.glob("*.log") if _base_name(p.stem) in PROCESSES]
-
-    def order(name: str) -> tuple[int, int]:
-        base = _base_name(name)
-        return PROCESSES.index(base), int(name.rpartition("-")[2]) if name != base else 1
-
-    return sorted(found, key=order)
+    found = {p.stem: _replica(p.stem) for p in logs_dir.glob("*.log")}
+    known = {name: (PROCESSES.index(kind), index) for name, (kind, index) in found.items() if kind in PROCESSES}
+    return sorted(known, key=known.__getitem__)
 
 
 @dataclass

@@ -80,6 +80,12 @@ def worker_runs_on_cpu(env: dict[str, str]) -> bool:
     return device == "cpu"
 
 
+def replica_name(kind: str, index: int) -> str:
+    """The name of a child that has replicas (logs, ``sie status``): ``gateway``, then ``gateway-2``, …
+    (deploy/commands.py reads them back)."""
+    return kind if index == 1 else f"{kind}-{index}"
+
+
 @dataclass(frozen=True)
 class Pod:
     """One worker pod of ``sie up``: a worker process and its sidecar, on their own IPC socket."""
@@ -201,9 +207,10 @@ class Cluster:
         say(f"config service  {self.config_url}")
         worker_log = self.state_dir / "logs" / "worker.log"
         self._progress = LogEcho(worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"))
+        omp = self.worker_omp_env()
         for pod in self.pods:  # the workers load their models side by side
             self._spawn(pod.worker, [py, "-m", "worker.ipc_server"],
-                        {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **self.worker_omp_env()})
+                        {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp})
         for pod in self.pods:
             self._wait(pod.worker, pod.socket.exists, 300)
             say(f"{pod.worker:<15} {pod.socket}")
@@ -245,7 +252,7 @@ class Cluster:
 
     @property
     def gateway_names(self) -> list[str]:
-        return ["gateway"] + [f"gateway-{i}" for i in range(2, self.gateways + 1)]
+        return [replica_name("gateway", i) for i in range(1, self.gateways + 1)]
 
     @property
     def pods(self) -> list[Pod]:
@@ -254,8 +261,8 @@ class Cluster:
         host = socket.gethostname()
         return [
             Pod(
-                worker="worker" if i == 1 else f"worker-{i}",
-                sidecar="sidecar" if i == 1 else f"sidecar-{i}",
+                worker=replica_name("worker", i),
+                sidecar=replica_name("sidecar", i),
                 socket=self.state_dir / ("ipc.sock" if i == 1 else f"ipc-{i}.sock"),
                 worker_id=f"{host}-worker-{i - 1}",
                 metrics_port=self.metrics_port + i - 1 if self.metrics_port else 0,

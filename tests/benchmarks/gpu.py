@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                 measure(f"cluster x{pods}", cluster.gateway_url, cws, load, args.rounds, args.seconds, rows, peak)
             except Exception as exc:
                 print(f"cluster path failed: {exc!r}", flush=True)
-                for name in ("worker", "sidecar", "gateway", "worker-2", "sidecar-2"):
+                for name in [n for pod in cluster.pods for n in (pod.worker, pod.sidecar)] + cluster.gateway_names:
                     log = root / "state" / "logs" / f"{name}.log"
                     if log.exists():
                         print(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:], flush=True)
