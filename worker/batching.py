@@ -45,6 +45,13 @@ class BatchInfo:
         return (self.finished - self.started) * 1000.0
 
 
+def token_counts(units: list[Prepared], packed: bool = False) -> tuple[int, int]:
+    """(real tokens, pad positions) of one forward pass over ``units``: a padded pass pads every unit
+    to the longest; a packed one pads nothing."""
+    real = sum(u.cost for u in units)
+    return real, 0 if packed else max(u.cost for u in units) * len(units) - real
+
+
 @dataclass
 class BatchStats:
     forwards: int = 0
@@ -60,8 +67,7 @@ class BatchStats:
     def record(self, units: list[Prepared], packed: bool = False) -> tuple[int, int]:
         """Count one forward pass (``packed``: it ran without padding); returns its (real tokens,
         pad positions)."""
-        real = sum(u.cost for u in units)
-        pad = 0 if packed else max(u.cost for u in units) * len(units) - real
+        real, pad = token_counts(units, packed)
         self.forwards += 1
         self.units += len(units)
         self.real_tokens += real

@@ -11,7 +11,7 @@ from protocol.catalog import Resolved
 from protocol.errors import invalid_input
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared, RequestContext
-from worker.batching import BatchInfo, chunk_by_cost
+from worker.batching import BatchInfo, chunk_by_cost, token_counts
 from worker.loaded import LoadedModel
 from worker.recovery import OomRecovery
 from worker.results import Timing
@@ -78,10 +78,9 @@ class Execution(OomRecovery):
                 started = time.monotonic()
                 with tracing.span("worker.forward") as span:
                     if span is not None:
-                        costs = [units[i].cost for i in chunk]
-                        padded = 0 if packed else max(costs) * len(costs) - sum(costs)
-                        tracing.set_attributes(span, model=lm.model_id, batch_size=len(chunk), tokens=sum(costs),
-                                               padding_share=padded / max(1, padded + sum(costs)))
+                        real, padded = token_counts([units[i] for i in chunk], packed)
+                        tracing.set_attributes(span, model=lm.model_id, batch_size=len(chunk), tokens=real,
+                                               padding_share=padded / max(1, padded + real))
                     outs = await lm.run(ctx, [units[i] for i in chunk])
                 timing.queue_ms = max(timing.queue_ms, (started - submitted) * 1000)
                 timing.inference_ms += (time.monotonic() - started) * 1000
