@@ -273,8 +273,9 @@ def side_by_side(run_a, run_b, seconds: float, segments: int, first_b: bool = Fa
 
 def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, segments: int = 4) -> list[str]:
     """The cluster path (gateway → JetStream → sidecar → worker) beside ``sie serve``, same inputs;
-    MiniLM rows, then the zero-cost ``sie-fake`` rows that measure the path itself (its throughput,
-    and the p50 it adds at one client). Each round gives each front door ``seconds`` of every
+    MiniLM rows (each round also runs in-process sentence-transformers on the same texts, batched as
+    the requests are), then the zero-cost ``sie-fake`` rows that measure the path itself (its
+    throughput, and the p50 it adds at one client). Each round gives each front door ``seconds`` of every
     workload, in ``segments`` alternating slices (side_by_side), so the two share the host's
     speed of the moment. The texts repeat, so the gateway's result cache is switched off per
     request (``X-SIE-Cache: off``): every item is computed."""
@@ -286,8 +287,10 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, s
     os.environ.update({"SIE_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "SIE_HF_OFFLINE": "1"})
     workloads = [(D, 32, 4), (D, 1, 16), ("sie-fake", 1, 1), ("sie-fake", 1, 32), ("sie-fake", 32, 8)]
     lines = [f"cluster path vs sie serve, {rounds} rounds x {seconds:.0f} s each (in {segments} alternating "
-             f"slices), every round (items/s, p50/p99 ms; ratio = cluster/serve)"]
-    head = f"{'round':>5} {'workload':34} {'serve/s':>9} {'cluster/s':>9} {'ratio':>6} {'serve p50/p99':>15} {'cluster p50/p99':>17}"
+             f"slices), every round (items/s, p50/p99 ms; ratio = cluster/serve); ST/s = in-process "
+             f"sentence-transformers on the same texts, batch = sentences per request, {seconds:.0f} s in the same round"]
+    head = (f"{'round':>5} {'workload':34} {'serve/s':>9} {'cluster/s':>9} {'ratio':>6} {'serve p50/p99':>15} "
+            f"{'cluster p50/p99':>17} {'ST/s':>7}")
     lines += [head, "-" * len(head)]
     with tempfile.TemporaryDirectory(prefix="sie-bench-cluster-") as tmp, \
             ServeProcess(env={"SIE_TORCH_THREADS": str(threads), "SIE_PRELOAD_MODELS": f"{D},sie-fake"}) as server:
@@ -305,9 +308,10 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, s
                         functools.partial(_load_slice, cluster.gateway_url, texts, per_req, clients, model, OFF),
                         seconds, segments, first_b=rnd % 2 == 1,
                     )
+                    st = f"{inprocess_st(texts, per_req, seconds, threads)[0]:7.1f}" if model == D else f"{'-':>7}"
                     name = f"{'MiniLM' if model == D else model}, {per_req}/req x {clients} clients"
                     line = (f"{rnd + 1:>5} {name:34} {s_rate:9.1f} {c_rate:9.1f} {c_rate / s_rate:6.2f} "
-                            f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f}")
+                            f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f} {st}")
                     print(line, file=sys.stderr, flush=True)
                     lines.append(line)
         finally:
