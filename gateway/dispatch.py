@@ -249,17 +249,19 @@ class Dispatcher:
             self.metrics.items_published.labels(operation).inc(len(items))
             self.metrics.priority_items.labels(lane.priority).inc(len(items))
             self.metrics.publish_seconds.labels(operation).observe(time.monotonic() - t0)
-            remaining = deadline - time.monotonic()
             t1 = time.monotonic()
+            # the deadline fails the request's own future (one timer; no task cancellation to undo)
+            timer = loop.call_later(max(deadline - t1, 0.001), _expire, col.future)
             try:
                 with tracing.span("gateway.collect"):
-                    async with asyncio.timeout(max(remaining, 0.001)):
-                        results = await asyncio.shield(col.future)
+                    results = await col.future
             except TimeoutError:
                 raise SIEError(
                     ErrorCode.GATEWAY_TIMEOUT,
                     f"No result within the gateway deadline ({col.total - col.remaining}/{col.total} items done)",
                 ) from None
+            finally:
+                timer.cancel()
             self.metrics.result_wait_seconds.labels(operation).observe(time.monotonic() - t1)
             finished = True
             return results
@@ -369,6 +371,11 @@ class Dispatcher:
             log.warning("dropping malformed result for %s: %s", request_id, exc)
             return
         col.put(result)
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _publish_timed_out() -> SIEError:

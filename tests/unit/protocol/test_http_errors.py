@@ -63,3 +63,22 @@ def test_bearer_tokens_and_matching():
     assert token_matches("t1", ["x", "t1"])
     assert not token_matches("t1", ["x", None, ""])
     assert not token_matches("", ["", None])  # an unset token never matches
+
+
+def test_request_ids_are_uuid7_text_and_time_ordered():
+    import time
+    import uuid
+
+    from protocol.http import new_request_id
+
+    ids = []
+    for _ in range(50):
+        ids.append(new_request_id())
+        time.sleep(0.002)  # a new millisecond: the ids sort as they were made
+    for rid in ids:
+        parsed = uuid.UUID(rid)
+        assert str(parsed) == rid  # the canonical text form
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    ms = int(ids[-1].replace("-", "")[:12], 16)
+    assert abs(ms / 1000 - time.time()) < 5
