@@ -342,7 +342,8 @@ class Gateway:
         for item in todo:
             item.batch_key = group
         payloads = [item.to_msgpack() for item in todo]  # encoded once: checked here, published as is
-        headers = [RoutingHeader.of(item).headers() for item in todo]  # all the sidecar reads of an item
+        # all the sidecar reads of an item, with how many of the request's items it will see
+        headers = [RoutingHeader.of(item, len(todo)).headers() for item in todo]
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:
             for item, payload in zip(todo, payloads, strict=True):

@@ -178,6 +178,7 @@ H_MODEL = "Sie-Model"  # the worker's model spec: model_id or model_id:profile
 H_OPERATION = "Sie-Operation"
 H_GROUP = "Sie-Group"  # WorkItem.group_key: items with equal keys may share a batch
 H_COST = "Sie-Cost"  # item_cost: the sidecar's batching unit before it learns tokens per unit
+H_ITEMS = "Sie-Items"  # items of the request published with this one (all share its group key); absent = 1
 H_SENT = "Sie-Sent"  # unix seconds the gateway built the item (queue wait)
 H_DEADLINE = "Sie-Deadline"  # unix seconds after which nobody waits for the result
 H_TRACEPARENT = "traceparent"
@@ -198,14 +199,18 @@ class RoutingHeader:
     timestamp: float | None = None
     deadline: float | None = None
     traceparent: str | None = None
+    # items of the request published together (cache hits are not): the sidecar keeps them in one
+    # batch when it can (BatchLimits.gather_s)
+    request_items: int = 1
 
     @classmethod
-    def of(cls, item: WorkItem) -> RoutingHeader:
+    def of(cls, item: WorkItem, request_items: int = 1) -> RoutingHeader:
         return cls(
             work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
             reply_subject=item.reply_subject, model_spec=item.model_spec, operation=item.operation,
             group_key=item.group_key, cost=item_cost(item.operation, item.item, item.query_item, item.score_items),
             timestamp=item.timestamp, deadline=item.deadline, traceparent=item.traceparent,
+            request_items=request_items,
         )  # fmt: skip
 
     def headers(self) -> dict[str, str]:
@@ -220,6 +225,8 @@ class RoutingHeader:
             out[H_DEADLINE] = repr(float(self.deadline))
         if self.traceparent:
             out[H_TRACEPARENT] = self.traceparent
+        if self.request_items > 1:
+            out[H_ITEMS] = str(self.request_items)
         return out
 
     @classmethod
@@ -233,7 +240,7 @@ class RoutingHeader:
                 reply_subject=headers[H_REPLY], model_spec=headers[H_MODEL], operation=headers[H_OPERATION],
                 group_key=headers[H_GROUP], cost=max(1, int(headers[H_COST])),
                 timestamp=_optional_float(headers.get(H_SENT)), deadline=_optional_float(headers.get(H_DEADLINE)),
-                traceparent=headers.get(H_TRACEPARENT) or None,
+                traceparent=headers.get(H_TRACEPARENT) or None, request_items=max(1, int(headers.get(H_ITEMS) or 1)),
             )  # fmt: skip
         except KeyError as exc:
             raise ValueError(f"routing header {exc.args[0]} missing") from None

@@ -5,9 +5,16 @@ runs (LoRA, options, instruction, output types, ...), so a batch cut here is wha
 the one batching decision of the cluster path (the worker only bands it by token length).
 
 Flush rules: total cost >= max_batch_cost, count >= max_batch_requests, or the oldest pending item has
-waited max_batch_wait_ms (and always when draining). Packing sorts the pending items by cost and takes
-greedily under both caps; an item larger than the cost cap on its own leaves alone. The remainder stays
-queued and its wait timer is re-anchored to its oldest item.
+waited max_batch_wait_ms; and at once when the caller says so (``flush_now``: the worker has a lane
+free, or the lane drains), except while a request's items are still arriving. A request's items are
+published together but reach the sidecar one message at a time, over up to a few milliseconds; cut
+between two of them, the request would wait a whole extra forward for its last items. So an idle
+flush waits, at most ``gather_s`` after a request's first item came, for the rest of it (the
+gateway says how many there are, ``RoutingHeader.request_items``).
+
+Packing sorts the pending items by cost and takes greedily under both caps; an item larger than the
+cost cap on its own leaves alone. The remainder stays queued and its wait timer is re-anchored to its
+oldest item.
 """
 
 from __future__ import annotations
@@ -23,12 +30,19 @@ class Costed(Protocol):
     cost: int
     arrived: float  # monotonic seconds
 
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def request_items(self) -> int: ...  # items of its request to expect here (1: nothing to wait for)
+
 
 @dataclass
 class BatchLimits:
     max_cost: int
     max_requests: int
     max_wait_s: float
+    gather_s: float = 0.0  # how long an idle flush waits for the rest of a request (after its first item)
 
 
 class Batcher:
@@ -40,6 +54,8 @@ class Batcher:
         self.priority = priority
         self.pending: list[Any] = []
         self.pending_cost = 0
+        # requests of several items not all here yet: request id -> [items seen, first one's arrival]
+        self._arriving: dict[str, list[Any]] = {}
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -47,31 +63,54 @@ class Batcher:
     def add(self, entry: Costed) -> None:
         self.pending.append(entry)
         self.pending_cost += entry.cost
+        if entry.request_items > 1:
+            seen = self._arriving.setdefault(entry.request_id, [0, entry.arrived])
+            seen[0] += 1
+            if seen[0] >= entry.request_items:
+                del self._arriving[entry.request_id]
+
+    def gathering_until(self, now: float, limits: BatchLimits) -> float | None:
+        """While some pending item's request has more items on the way (its first came less than
+        ``gather_s`` ago): when the wait for them ends. None when an idle flush need not wait."""
+        if limits.gather_s <= 0 or not self._arriving:
+            return None
+        for rid in [rid for rid, (_, first) in self._arriving.items() if now >= first + limits.gather_s]:
+            del self._arriving[rid]  # waited long enough: the rest may come later, or never
+        if not self._arriving:
+            return None
+        here = {e.request_id for e in self.pending}
+        return min((first + limits.gather_s for rid, (_, first) in self._arriving.items() if rid in here),
+                   default=None)
 
     @property
     def head_time(self) -> float | None:
         """Arrival time of the oldest pending item (None when empty)."""
         return min((e.arrived for e in self.pending), default=None)
 
-    def due_at(self, limits: BatchLimits) -> float | None:
-        """When the wait rule flushes (None when empty)."""
+    def due_at(self, limits: BatchLimits, now: float, *, flush_now: bool = False) -> float | None:
+        """When a rule flushes (None when empty): the wait rule, or under ``flush_now`` the end of
+        the wait for a request's remaining items."""
         head = self.head_time
-        return None if head is None else head + limits.max_wait_s
+        if head is None:
+            return None
+        due = head + limits.max_wait_s
+        until = self.gathering_until(now, limits) if flush_now else None
+        return due if until is None else min(due, until)
 
     def ready(self, now: float, limits: BatchLimits, *, flush_now: bool = False) -> bool:
         """Whether to cut a batch now: full, oversize, waited ``max_wait_s``, or ``flush_now``
         (the lane drains, or the worker has nothing of this model to run, so waiting for more
-        items would only add latency)."""
+        items would only add latency) unless a pending request's items are still arriving."""
         if not self.pending:
             return False
-        if flush_now:
-            return True
         if self.pending_cost >= limits.max_cost or len(self.pending) >= limits.max_requests:
             return True
         if any(e.cost >= limits.max_cost for e in self.pending):
             return True  # an oversize item flushes alone
         head = self.head_time
-        return head is not None and now >= head + limits.max_wait_s
+        if head is not None and now >= head + limits.max_wait_s:
+            return True
+        return flush_now and self.gathering_until(now, limits) is None
 
     def take(self, limits: BatchLimits) -> list[Any]:
         """Pack one batch: ascending cost, greedily under both caps, at least one item."""
@@ -125,6 +164,6 @@ def oldest_ready(
     return min(ready, key=rank) if ready else None
 
 
-def next_due(batchers: list[Batcher], limits: BatchLimits) -> float | None:
-    dues = [d for d in (b.due_at(limits) for b in batchers) if d is not None]
+def next_due(batchers: list[Batcher], limits: BatchLimits, now: float, *, flush_now: bool = False) -> float | None:
+    dues = [d for d in (b.due_at(limits, now, flush_now=flush_now) for b in batchers) if d is not None]
     return min(dues) if dues else None

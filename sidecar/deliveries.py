@@ -25,10 +25,15 @@ class Delivery:
     in_flight: bool = False
     estimate: int = 0  # the character estimate the cost was predicted from
     priority: str = INTERACTIVE  # the class of the subject it came on
+    request_items: int = 1  # its request's items to batch together (1 for a redelivery: its siblings are done)
 
     @property
     def group(self) -> str:
         return self.route.group_key
+
+    @property
+    def request_id(self) -> str:
+        return self.route.request_id
 
     @property
     def num_delivered(self) -> int:

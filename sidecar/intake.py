@@ -154,6 +154,8 @@ class Intake(Scheduling):
         delivered = d.num_delivered
         if delivered > 1:
             self.metrics.redeliveries.inc()
+        else:
+            d.request_items = route.request_items
         if tracing.enabled() and route.timestamp is not None:
             tracing.record("sidecar.queue_wait", parent=route.traceparent, start_s=route.timestamp,
                            end_s=d.received_wall, attributes={"delivery": delivered})

@@ -30,6 +30,7 @@ class Scheduling(Liveness):
                     max_cost=s.batcher_max_batch_cost or s.batcher_default_batch_cost,
                     max_requests=s.batcher_max_batch_requests,
                     max_wait_s=s.batcher_max_batch_wait_ms / 1000.0,
+                    gather_s=s.batcher_gather_ms / 1000.0,
                 ),
             )
             self.schedulers[spec] = sched
@@ -55,15 +56,15 @@ class Scheduling(Liveness):
                     now = time.monotonic()
                     batchers = self._eligible(sched)
                     # a worker with an idle lane (no interactive batch on it) gets what is pending at
-                    # once; a busy one lets batches fill
+                    # once (a request's items still arriving are waited for); a busy one lets batches fill
+                    flush_now = self.draining or self._idle_lanes(sched) > 0
                     batcher = oldest_ready(
-                        batchers, now, sched.limits,
-                        flush_now=self.draining or self._idle_lanes(sched) > 0,
+                        batchers, now, sched.limits, flush_now=flush_now,
                         bulk_after_s=self.settings.bulk_max_wait_ms / 1000.0,
                     )  # fmt: skip
                     if batcher is not None:
                         break
-                    due = next_due(batchers, sched.limits)
+                    due = next_due(batchers, sched.limits, now, flush_now=flush_now)
                     if due is None and sched.pending_count() > 0:
                         # what is pending may not go to the worker yet (it holds as many batches
                         # as it takes): wait for one to finish

@@ -103,6 +103,7 @@ class FakeWorker:
         self.heartbeat_s = heartbeat_s
         self.heartbeat_extra = dict(heartbeat_extra or {})  # more Heartbeat fields (hash, model states)
         self.seen: list[WorkItem] = []
+        self.seen_headers: list[dict[str, str]] = []  # the routing headers of each, as the sidecar reads them
         self.nc = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -164,6 +165,7 @@ class FakeWorker:
                     return
                 item = WorkItem.from_msgpack(msg.data)
                 self.seen.append(item)
+                self.seen_headers.append(dict(msg.headers or {}))
                 result = await self.handler(item, self)
                 if result is None:
                     continue  # never answered, never acked (a stuck or dying worker)

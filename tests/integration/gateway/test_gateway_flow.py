@@ -55,6 +55,8 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
         assert item.deadline and item.bundle == "default"
         # the request's group key, stamped once: the same on each of its items
         assert item.batch_key and {wi.batch_key for wi in w.seen[:3]} == {item.batch_key}
+        # each says how many of its request's items were published, for the sidecar to batch them together
+        assert [h["Sie-Items"] for h in w.seen_headers[:3]] == ["3", "3", "3"]
 
         async with h.session.post(
             h.url(f"/v1/encode/{DENSE}"),

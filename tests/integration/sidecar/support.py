@@ -189,13 +189,14 @@ class Gateway:
             **extra,
         )
 
-    async def publish(self, item: WorkItem) -> None:
+    async def publish(self, item: WorkItem, request_items: int = 1) -> None:
         subject = work_subject("default", "cpu", "default", item.model_id)
         # Right after a server restart JetStream may need a moment: retry like the gateway does
         # (Nats-Msg-Id, among the routing headers, makes a retried publish land once).
         for attempt in range(20):
             try:
-                await self.js.publish(subject, item.to_msgpack(), headers=RoutingHeader.of(item).headers())
+                headers = RoutingHeader.of(item, request_items).headers()
+                await self.js.publish(subject, item.to_msgpack(), headers=headers)
                 return
             except (
                 nats.errors.TimeoutError,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.integration.sidecar.support import (
     Gateway,
     InProcessWorker,
@@ -84,6 +86,36 @@ async def test_items_pending_while_two_lanes_are_idle_are_shared_between_them(na
             got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
             assert all(r[0].success for r in got.values())
             assert sizes == [3, 3]
+        finally:
+            await stop_lane(lane, nc, client)
+
+
+@pytest.mark.parametrize(("gather_ms", "expected"), [(400.0, [3]), (0.0, [1, 2])])
+async def test_an_idle_worker_gets_a_request_whole_when_its_items_arrive_apart(nats_server, gather_ms, expected):
+    """A request's items reach the sidecar one message at a time. With the worker idle, the first
+    would go alone and the rest wait a whole forward; the sidecar waits (``batcher_gather_ms``)
+    for the rest of the request, which the gateway counted in each item's ``Sie-Items``, and sends
+    it as one batch. Without the wait it is cut in two."""
+    sock = socket_path()
+    gw = await Gateway(await connect(nats_server.url)).start()
+    async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=300)) as worker:
+        sizes = _batch_sizes(worker)
+        settings = sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=1000,
+                                    batcher_gather_ms=gather_ms)
+        lane, nc, client = await start_lane(settings)
+        try:
+            warm = gw.item("warm", 0, model_id=MODEL, text="load the model first")
+            await gw.publish(warm)
+            await gw.wait_for([warm.work_item_id], timeout=60)
+            sizes.clear()
+            items = [gw.item("req", i, model_id=MODEL, text=f"part {i}", total=3) for i in range(3)]
+            await gw.publish(items[0], request_items=3)
+            await asyncio.sleep(0.1)  # the rest of the request comes 100 ms later
+            for it in items[1:]:
+                await gw.publish(it, request_items=3)
+            got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
+            assert all(r[0].success for r in got.values())
+            assert sizes == expected
         finally:
             await stop_lane(lane, nc, client)
 

@@ -66,7 +66,11 @@ def test_the_routing_header_carries_what_the_sidecar_needs_without_the_body():
     assert (back.timestamp, back.deadline, back.traceparent) == (1.0, 12.5, wi.traceparent)
     # what may be unset is left out
     bare = RoutingHeader.of(item()).headers()
-    assert "Sie-Deadline" not in bare and "traceparent" not in bare
+    assert "Sie-Deadline" not in bare and "traceparent" not in bare and "Sie-Items" not in bare
+    assert RoutingHeader.from_headers(bare).request_items == 1
+    # the count of the request's published items, for the sidecar to keep them in one batch
+    several = RoutingHeader.of(wi, 3)
+    assert several.headers()["Sie-Items"] == "3" and RoutingHeader.from_headers(several.headers()) == several
 
 
 @pytest.mark.parametrize("broken", [None, {}, "missing", "bad-index", "empty-reply"])

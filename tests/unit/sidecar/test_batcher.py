@@ -13,6 +13,8 @@ class Entry:
     cost: int
     arrived: float
     name: str = ""
+    request_id: str = ""
+    request_items: int = 1
 
 
 LIMITS = BatchLimits(max_cost=100, max_requests=4, max_wait_s=0.010)
@@ -32,7 +34,7 @@ def test_not_ready_below_every_threshold_until_the_wait_expires():
     b.add(Entry(10, arrived=1.0))
     b.add(Entry(10, arrived=1.002))
     assert not b.ready(1.005, LIMITS)
-    assert b.due_at(LIMITS) == 1.0 + 0.010
+    assert b.due_at(LIMITS, 1.005) == 1.0 + 0.010
     assert b.ready(1.010, LIMITS)
 
 
@@ -108,10 +110,57 @@ def test_oldest_head_wins_across_batchers():
     assert oldest_ready([base, lora], now, LIMITS) is lora
     lora.take(LIMITS)
     assert oldest_ready([base, lora], now, LIMITS) is base
-    assert next_due([base, lora], LIMITS) == 1.005 + 0.010
+    assert next_due([base, lora], LIMITS, now) == 1.005 + 0.010
     base.take(LIMITS)
     assert oldest_ready([base, lora], now, LIMITS) is None
-    assert next_due([base, lora], LIMITS) is None
+    assert next_due([base, lora], LIMITS, now) is None
+
+
+GATHER = BatchLimits(max_cost=1000, max_requests=8, max_wait_s=0.015, gather_s=0.005)
+
+
+def test_an_idle_flush_waits_for_the_rest_of_a_request_and_cuts_it_whole():
+    b = Batcher("encode", "")
+    b.add(Entry(1, arrived=1.0, name="alone"))  # a one-item request: nothing to wait for
+    b.add(Entry(1, arrived=1.001, name="a0", request_id="a", request_items=3))
+    b.add(Entry(1, arrived=1.002, name="a1", request_id="a", request_items=3))
+    assert not b.ready(1.003, GATHER, flush_now=True)  # a2 is on its way
+    assert b.due_at(GATHER, 1.003, flush_now=True) == 1.001 + 0.005
+    assert b.due_at(GATHER, 1.003) == 1.0 + 0.015  # a busy worker: only the wait rule
+    b.add(Entry(1, arrived=1.004, name="a2", request_id="a", request_items=3))
+    assert b.ready(1.004, GATHER, flush_now=True)
+    assert [e.name for e in b.take(GATHER)] == ["alone", "a0", "a1", "a2"]
+
+
+def test_the_wait_for_a_request_is_bounded_and_never_holds_a_full_batch():
+    b = Batcher("encode", "")
+    b.add(Entry(1, arrived=1.0, name="b0", request_id="b", request_items=2))
+    assert not b.ready(1.004, GATHER, flush_now=True)
+    assert b.ready(1.005, GATHER, flush_now=True)  # gather_s after its first item: go without the rest
+    assert [e.name for e in b.take(GATHER)] == ["b0"]
+    # a straggler far behind looks like a new request's first item: bounded by gather_s again
+    b.add(Entry(1, arrived=1.2, name="b1", request_id="b", request_items=2))
+    assert not b.ready(1.2, GATHER, flush_now=True) and b.ready(1.205, GATHER, flush_now=True)
+    b.take(GATHER)
+    # a full batch goes at once, arriving items or not
+    for i in range(8):
+        b.add(Entry(1, arrived=2.0, name=f"c{i}", request_id="c", request_items=10))
+    assert b.ready(2.0, GATHER) and len(b.take(GATHER)) == 8
+
+
+def test_a_request_already_cut_holds_nothing_back():
+    b = Batcher("encode", "")
+    b.add(Entry(1, arrived=1.0, name="d0", request_id="d", request_items=3))
+    assert b.ready(1.02, GATHER)  # the wait rule cut it before its siblings came
+    b.take(GATHER)
+    b.add(Entry(1, arrived=1.021, name="solo"))
+    assert b.ready(1.021, GATHER, flush_now=True)  # d's missing items are nobody's business here
+
+
+def test_without_gather_an_idle_flush_goes_at_once():
+    b = Batcher("encode", "")
+    b.add(Entry(1, arrived=1.0, request_id="e", request_items=4))
+    assert b.ready(1.0, LIMITS, flush_now=True)
 
 
 def test_remove_by_predicate():
