@@ -257,7 +257,8 @@ class Gateway:
                 retry_after=self.settings.gateway_provisioning_retry_after_s,
             )
         lane = routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
-        return dataclasses.replace(lane, priority=pool_priority or self.settings.gateway_default_priority)
+        return dataclasses.replace(lane, priority=pool_priority or self.settings.gateway_default_priority,
+                                   pullers=routing.lane_pullers(self.workers.healthy(), lane))
 
     def token_priority(self, request: web.Request) -> str | None:
         """``bulk`` for a request authenticated with one of ``SIE_AUTH_BULK_TOKENS``."""
@@ -342,8 +343,10 @@ class Gateway:
         for item in todo:
             item.batch_key = group
         payloads = [item.to_msgpack() for item in todo]  # encoded once: checked here, published as is
-        # all the sidecar reads of an item, with how many of the request's items it will see
-        headers = [RoutingHeader.of(item, len(todo)).headers() for item in todo]
+        # all the sidecar reads of an item; with one pod on the lane, also how many of the request's
+        # items it will see, so that it can batch them together
+        together = len(todo) if lane.pullers == 1 else 1
+        headers = [RoutingHeader.of(item, together).headers() for item in todo]
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:
             for item, payload in zip(todo, payloads, strict=True):

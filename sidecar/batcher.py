@@ -10,7 +10,8 @@ free, or the lane drains), except while a request's items are still arriving. A 
 published together but reach the sidecar one message at a time, over up to a few milliseconds; cut
 between two of them, the request would wait a whole extra forward for its last items. So an idle
 flush waits, at most ``gather_s`` after a request's first item came, for the rest of it (the
-gateway says how many there are, ``RoutingHeader.request_items``).
+gateway says how many there are, ``RoutingHeader.request_items``, when this pod is the only one
+pulling the lane: with several, JetStream deals the items round their pull requests).
 
 Packing sorts the pending items by cost and takes greedily under both caps; an item larger than the
 cost cap on its own leaves alone. The remainder stays queued and its wait timer is re-anchored to its

@@ -55,7 +55,7 @@ class SidecarSettings(BaseSettings):
     max_concurrent_batches: int = 4  # batches on the worker at once (saturation = 90 % of this)
     batcher_max_batch_requests: int = 64  # most items per batch (capped by the model's batch budget)
     batcher_max_batch_wait_ms: float = 15.0  # longest wait for a batch to fill
-    batcher_gather_ms: float = Field(default=5.0, ge=0)  # an idle worker's next batch waits at most this long (from a request's first item) for the rest of the request's items still arriving, so it runs in one batch; 0 = no wait
+    batcher_gather_ms: float = Field(default=5.0, ge=0)  # an idle worker's next batch waits at most this long (from a request's first item) for the rest of the request's items still arriving, so it runs in one batch (the gateway counts them when one pod pulls the lane); 0 = no wait
     batcher_max_batch_cost: int = 0  # 0 = the model's max_batch_tokens from EnsureModelReady
     batcher_default_batch_cost: int = 16384  # batch cost cap when neither the setting nor the model gives one
     # priority classes (interactive work on the lane durable, bulk on the lane's ``_bulk`` durable)

@@ -72,6 +72,22 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
         await w.stop()
 
 
+async def test_items_are_counted_for_the_sidecar_only_when_one_pod_pulls_the_lane(nats_server, start_gateway):
+    """JetStream hands a lane's messages round the pods' pull requests one by one: with two pods a
+    request's items are split between them, so neither should wait for the rest (no Sie-Items)."""
+    h = await start_gateway()
+    workers = [await FakeWorker(nats_server.url, name).start() for name in ("w1", "w2")]
+    try:
+        await wait_workers(h, 2)
+        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": t} for t in "abcd"]})
+        assert status == 200, body
+        seen = [hdr for w in workers for hdr in w.seen_headers]
+        assert len(seen) == 4 and not any("Sie-Items" in hdr for hdr in seen)
+    finally:
+        for w in workers:
+            await w.stop()
+
+
 async def test_score_and_extract_pass_through(nats_server, start_gateway):
     h = await start_gateway()
     w = await FakeWorker(nats_server.url, "w1").start()
