@@ -71,6 +71,18 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def _ready_pid(url: str) -> int | None:
+    """The process id a ready gateway's ``/readyz`` at ``url`` names (None: not ready). Each call is a
+    new connection, so replicas sharing the port answer in turn."""
+    from protocol.http import READY_PID_HEADER
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return int(resp.headers.get(READY_PID_HEADER, "")) if resp.status == 200 else None
+    except (OSError, ValueError):
+        return None
+
+
 def worker_runs_on_cpu(env: dict[str, str]) -> bool:
     """Whether a worker started with ``env`` computes on the CPU: ``SIE_DEVICE=cpu``, or ``auto`` (the
     default) on a host with no NVIDIA device node."""
@@ -219,12 +231,14 @@ class Cluster:
             self._spawn(pod.sidecar, [py, "-m", "sidecar"], {**pod.env, **metrics})
         time.sleep(0.5)
         for name in self.gateway_names:
-            self._spawn(name, [py, "-m", "gateway"], {
+            gateway = self._spawn(name, [py, "-m", "gateway"], {
                 "SIE_GATEWAY_HOST": "127.0.0.1",
                 "SIE_GATEWAY_PORT": str(self.gateway_port),
                 "SIE_GATEWAY_REUSE_PORT": "1" if self.gateways > 1 else "0",
             })
-            self._wait(name, lambda: _http_ok(self.gateway_url + "/readyz"), 60)
+            # replicas share the port, and a ready one answers for a replica still warming up: wait
+            # for this process's own ready answer
+            self._wait(name, lambda pid=gateway.pid: _ready_pid(self.gateway_url + "/readyz") == pid, 60)
         for pod in self.pods:
             self._wait(pod.sidecar, lambda: True, 1)
         replicas = f" ({self.gateways} replicas sharing the port)" if self.gateways > 1 else ""

@@ -99,6 +99,9 @@ def decode_body(body: bytes, content_type: str | None) -> Any:
         raise invalid_input(f"Malformed {kind} body: {exc}") from None
 
 
+READY_PID_HEADER = "X-SIE-Pid"  # on a gateway's ready /readyz: the process that answered
+
+
 def base_headers(request_id: str | None = None) -> dict[str, str]:
     headers = {"X-SIE-Server-Version": SERVER_VERSION}
     if request_id:

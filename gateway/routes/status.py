@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ from gateway.http_common import (
     gateway_of,
 )
 from protocol import SERVER_VERSION, openai
-from protocol.http import index_body, stream_status
+from protocol.http import READY_PID_HEADER, index_body, stream_status
 
 #: the open ``/ws/cluster-status`` sockets (closed at shutdown)
 STATUS_SOCKETS = web.AppKey("status_sockets", set)
@@ -150,7 +151,9 @@ async def handle_readyz(request: web.Request) -> web.Response:
     since = getattr(gw, "heartbeats_since", None)
     if since is None or time.monotonic() - since < gw.settings.gateway_worker_warmup_s:
         return web.json_response({"status": "not ready", "reason": "worker registry warming up"}, status=503)
-    return web.json_response({"status": "ready", "healthy_workers": len(gw.workers.healthy())})
+    # the answering process: replicas sharing a port (sie up --gateways N) are told apart by it
+    return web.json_response({"status": "ready", "healthy_workers": len(gw.workers.healthy())},
+                             headers={READY_PID_HEADER: str(os.getpid())})
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
