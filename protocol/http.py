@@ -7,6 +7,7 @@ import hmac
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -109,10 +110,36 @@ def base_headers(request_id: str | None = None) -> dict[str, str]:
     return headers
 
 
+# Random bytes for request ids, read from the OS 4 KiB at a time: os.urandom releases the GIL, and
+# the event loop thread that calls it then queues for the GIL behind the server's inference and
+# tokenising threads (measured in sie serve at 32 clients: 2.3% of all its samples on that one line).
+_RANDOM_CHUNK = 4096
+_random = memoryview(b"")
+_random_lock = threading.Lock()
+
+
+def _reset_random() -> None:
+    global _random
+    _random = memoryview(b"")  # a forked child must not hand out its parent's ids
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_random)
+
+
+def _random_bytes(n: int) -> bytes:
+    global _random
+    with _random_lock:
+        if len(_random) < n:
+            _random = memoryview(os.urandom(_RANDOM_CHUNK))
+        out, _random = _random[:n], _random[n:]
+    return bytes(out)
+
+
 def new_request_id() -> str:
     """A UUIDv7 (time-ordered) request id, as every front door hands out."""
     ms = int(time.time() * 1000) & ((1 << 48) - 1)
-    rand = int.from_bytes(os.urandom(10), "big")
+    rand = int.from_bytes(_random_bytes(10), "big")
     value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
     h = f"{value:032x}"  # uuid.UUID's own text form, without building the object on every request
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

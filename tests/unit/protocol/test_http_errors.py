@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from aiohttp import web
@@ -82,3 +83,23 @@ def test_request_ids_are_uuid7_text_and_time_ordered():
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     ms = int(ids[-1].replace("-", "")[:12], 16)
     assert abs(ms / 1000 - time.time()) < 5
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_hands_out_ids_of_its_own():
+    from protocol.http import new_request_id
+
+    new_request_id()  # the parent holds random bytes read ahead
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, through the pipe
+        os.write(write, "\n".join(new_request_id() for _ in range(20)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        child = set(f.read().split("\n"))
+    parent = {new_request_id() for _ in range(20)}
+    assert len(child) == 20 and not child & parent
+    # the random parts too, not only the timestamps
+    assert not {c[15:] for c in child} & {p[15:] for p in parent}
