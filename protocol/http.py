@@ -119,8 +119,9 @@ _random_lock = threading.Lock()
 
 
 def _reset_random() -> None:
-    global _random
+    global _random, _random_lock
     _random = memoryview(b"")  # a forked child must not hand out its parent's ids
+    _random_lock = threading.Lock()  # nor wait for a lock some parent thread held at the fork
 
 
 if hasattr(os, "register_at_fork"):
