@@ -257,8 +257,7 @@ class Gateway:
                 retry_after=self.settings.gateway_provisioning_retry_after_s,
             )
         lane = routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
-        return dataclasses.replace(lane, priority=pool_priority or self.settings.gateway_default_priority,
-                                   pullers=routing.lane_pullers(self.workers.healthy(), lane))
+        return dataclasses.replace(lane, priority=pool_priority or self.settings.gateway_default_priority)
 
     def token_priority(self, request: web.Request) -> str | None:
         """``bulk`` for a request authenticated with one of ``SIE_AUTH_BULK_TOKENS``."""
@@ -344,8 +343,11 @@ class Gateway:
             item.batch_key = group
         payloads = [item.to_msgpack() for item in todo]  # encoded once: checked here, published as is
         # all the sidecar reads of an item; with one pod on the lane, also how many of the request's
-        # items it will see, so that it can batch them together
-        together = len(todo) if lane.pullers == 1 else 1
+        # items it will see, so that it can batch them together (single items, most requests, skip
+        # counting the pods)
+        together = 1
+        if len(todo) > 1 and routing.lane_pullers(self.workers.healthy(), lane) == 1:
+            together = len(todo)
         headers = [RoutingHeader.of(item, together).headers() for item in todo]
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:

@@ -7,7 +7,7 @@ HTTP and no clock, so the unit tests in ``tests/unit/gateway/test_routing.py`` c
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway.workers import WorkerRecord
 from protocol.errors import invalid_input
@@ -25,10 +25,6 @@ class Lane:
     machine_profile: str
     bundle: str
     priority: str = INTERACTIVE
-    # worker pods pulling from the lane (healthy, as heartbeats tell): JetStream hands the lane's
-    # messages round their pull requests one by one, so a request's items reach one pod whole only
-    # when it is the only one
-    pullers: int = field(default=1, compare=False)
 
 
 def split_routing_headers(profile: str | None, pool: str | None) -> tuple[str | None, str | None]:
@@ -103,8 +99,10 @@ def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequ
     return Lane(pool, profile, bundle)
 
 
-def lane_pullers(workers: Sequence[WorkerRecord], lane: Lane) -> int:
-    """How many of ``workers`` pull from ``lane``'s durables."""
+def lane_pullers(workers: Iterable[WorkerRecord], lane: Lane) -> int:
+    """How many of ``workers`` pull from ``lane``'s durables. JetStream hands the lane's messages
+    round their pull requests one by one, so a request's items reach one pod whole only when it is
+    the only one."""
     key = (lane.pool, lane.machine_profile, lane.bundle)
     return sum(1 for w in workers if (w.pool, w.profile, w.bundle) == key)
 
