@@ -99,6 +99,9 @@ class Dispatcher:
         # items admitted since the cached stream count was read: a burst inside one cache period
         # cannot overshoot max_stream_pending
         self._admitted_since: dict[str, int] = {}
+        # the stream-info call under way per pool: every request that finds the count stale awaits
+        # this one call, instead of each asking the server on its own
+        self._refreshing: dict[str, asyncio.Task[int]] = {}
         self._sub: Subscription | None = None
         self.publisher = AckedPublisher(nc)
         self._resends: set[asyncio.Task] = set()
@@ -170,16 +173,29 @@ class Dispatcher:
             self._ensured.add(pool)
 
     async def stream_pending(self, pool: str) -> int:
-        """Messages waiting in the pool stream (cached for a quarter second)."""
-        now = time.monotonic()
+        """Messages waiting in the pool stream (cached for a quarter second). When the cache is stale,
+        one stream-info call per pool is under way at a time, and every caller waits for it."""
         cached = self._pending_cache.get(pool)
-        if cached and now - cached[0] < STREAM_INFO_TTL_S:
+        if cached and time.monotonic() - cached[0] < STREAM_INFO_TTL_S:
             return cached[1] + self._admitted_since.get(pool, 0)
-        info = await self.js.stream_info(pool_stream_name(pool))
-        pending = int(info.state.messages)
-        self._pending_cache[pool] = (now, pending)
-        self._admitted_since[pool] = 0
-        return pending
+        task = self._refreshing.get(pool)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._read_pending(pool), name=f"stream-info-{pool}")
+            task.add_done_callback(_retrieved)  # when every caller left before it ended
+            self._refreshing[pool] = task
+        # shielded: a caller that gives up (its client went away) does not cancel the others' call
+        return await asyncio.shield(task) + self._admitted_since.get(pool, 0)
+
+    async def _read_pending(self, pool: str) -> int:
+        try:
+            now = time.monotonic()
+            info = await self.js.stream_info(pool_stream_name(pool))
+            pending = int(info.state.messages)
+            self._pending_cache[pool] = (now, pending)
+            self._admitted_since[pool] = 0
+            return pending
+        finally:
+            self._refreshing.pop(pool, None)
 
     # ---- requests --------------------------------------------------------------------------
     async def check_capacity(self, pool: str, n_items: int, *, priority: str = INTERACTIVE) -> None:
@@ -371,6 +387,11 @@ class Dispatcher:
             log.warning("dropping malformed result for %s: %s", request_id, exc)
             return
         col.put(result)
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _expire(future: asyncio.Future) -> None:

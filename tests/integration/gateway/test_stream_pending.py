@@ -1,0 +1,61 @@
+"""The gateway's admission check reads the pool stream's message count once per cache period, however
+many requests arrive while the cached count is stale."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+
+from gateway import dispatch
+from gateway.dispatch import Dispatcher
+from gateway.metrics import GatewayMetrics
+from protocol.subjects import pool_stream_name, work_subject
+
+
+async def test_requests_that_find_the_count_stale_share_one_stream_info_call(nats_server):
+    nc = await nats.connect(nats_server.url)
+    spy = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
+        await d.ensure_stream("default")
+        subject = work_subject("default", "cpu", "default", "m")
+        for i in range(2):
+            await d._publish(subject, "default", b"payload", {"Nats-Msg-Id": f"item-{i}"})
+        asked: list[str] = []
+
+        async def seen(msg) -> None:
+            asked.append(msg.subject)
+
+        sub = await spy.subscribe("$JS.API.STREAM.INFO.>", cb=seen)
+        await spy.flush()
+
+        counts = await asyncio.gather(*(d.stream_pending("default") for _ in range(20)))
+        await spy.flush()
+        assert counts == [2] * 20
+        assert asked == [f"$JS.API.STREAM.INFO.{pool_stream_name('default')}"]
+
+        # admitted items count on top of the cached figure until the next read
+        await d.check_capacity("default", 3)
+        assert await d.stream_pending("default") == 5
+        await asyncio.sleep(dispatch.STREAM_INFO_TTL_S + 0.05)
+        await asyncio.gather(*(d.check_capacity("default", 1) for _ in range(20)))
+        await spy.flush()
+        assert len(asked) == 2
+        assert await d.stream_pending("default") == 2 + 20
+        await sub.unsubscribe()
+    finally:
+        await spy.close()
+        await nc.close()
+
+
+async def test_a_failed_stream_info_call_fails_every_waiting_request_and_the_next_one_asks_again(nats_server):
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
+        got = await asyncio.gather(*(d.stream_pending("nowhere") for _ in range(5)), return_exceptions=True)
+        assert all(isinstance(g, nats.js.errors.NotFoundError) for g in got), got
+        await d.ensure_stream("nowhere")
+        assert await d.stream_pending("nowhere") == 0
+    finally:
+        await nc.close()
