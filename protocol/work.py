@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
+import orjson
+
 from protocol.codec import packb, unpackb
 from protocol.model_config import model_spec
 
@@ -169,19 +171,28 @@ def item_cost(
 
 # The headers of a work message: what the sidecar routes, batches, cancels and settles it by, so it
 # never decodes the msgpack body (the worker does, once). ``Nats-Msg-Id`` makes a publish sent again
-# after a reconnect land in the stream once.
+# after a reconnect land in the stream once; everything else rides in one header, ``Sie-Route``, a
+# JSON array (fields in ``_ROUTE_FIELDS`` order, ``null`` where unset). One header and not one per
+# field: nats-py builds and parses headers in Python, line by line and key by key, on the
+# gateway's publish and the sidecar's every delivery.
 MSG_ID = "Nats-Msg-Id"
-H_REQUEST = "Sie-Request"
-H_INDEX = "Sie-Index"
-H_REPLY = "Sie-Reply"
-H_MODEL = "Sie-Model"  # the worker's model spec: model_id or model_id:profile
-H_OPERATION = "Sie-Operation"
-H_GROUP = "Sie-Group"  # WorkItem.group_key: items with equal keys may share a batch
-H_COST = "Sie-Cost"  # item_cost: the sidecar's batching unit before it learns tokens per unit
-H_ITEMS = "Sie-Items"  # items of the request published with this one (all share its group key); absent = 1
-H_SENT = "Sie-Sent"  # unix seconds the gateway built the item (queue wait)
-H_DEADLINE = "Sie-Deadline"  # unix seconds after which nobody waits for the result
-H_TRACEPARENT = "traceparent"
+H_ROUTE = "Sie-Route"
+
+_STR, _INT, _NUM = (str,), (int,), (int, float)
+# (field, accepted types, may be null)
+_ROUTE_FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
+    ("request_id", _STR, False),
+    ("item_index", _INT, False),
+    ("reply_subject", _STR, False),
+    ("model_spec", _STR, False),  # the worker's model spec: model_id or model_id:profile
+    ("operation", _STR, False),
+    ("group_key", _STR, False),  # WorkItem.group_key: items with equal keys may share a batch
+    ("cost", _INT, False),  # item_cost: the sidecar's batching unit before it learns tokens per unit
+    ("timestamp", _NUM, True),  # unix seconds the gateway built the item (queue wait)
+    ("deadline", _NUM, True),  # unix seconds after which nobody waits for the result
+    ("traceparent", _STR, True),
+    ("request_items", _INT, False),  # items of the request published with this one (one group key)
+)
 
 
 @dataclass(frozen=True)
@@ -209,48 +220,36 @@ class RoutingHeader:
             work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
             reply_subject=item.reply_subject, model_spec=item.model_spec, operation=item.operation,
             group_key=item.group_key, cost=item_cost(item.operation, item.item, item.query_item, item.score_items),
-            timestamp=item.timestamp, deadline=item.deadline, traceparent=item.traceparent,
+            timestamp=item.timestamp, deadline=item.deadline, traceparent=item.traceparent or None,
             request_items=request_items,
         )  # fmt: skip
 
     def headers(self) -> dict[str, str]:
-        out = {
-            MSG_ID: self.work_item_id, H_REQUEST: self.request_id, H_INDEX: str(self.item_index),
-            H_REPLY: self.reply_subject, H_MODEL: self.model_spec, H_OPERATION: self.operation,
-            H_GROUP: self.group_key, H_COST: str(self.cost),
-        }  # fmt: skip
-        if self.timestamp is not None:
-            out[H_SENT] = repr(float(self.timestamp))
-        if self.deadline is not None:
-            out[H_DEADLINE] = repr(float(self.deadline))
-        if self.traceparent:
-            out[H_TRACEPARENT] = self.traceparent
-        if self.request_items > 1:
-            out[H_ITEMS] = str(self.request_items)
-        return out
+        route = [getattr(self, name) for name, _, _ in _ROUTE_FIELDS]
+        return {MSG_ID: self.work_item_id, H_ROUTE: orjson.dumps(route).decode()}
 
     @classmethod
     def from_headers(cls, headers: dict[str, str] | None) -> RoutingHeader:
         """The route of a delivered work message; ValueError when a header is missing or malformed."""
-        if not headers:
-            raise ValueError("no routing headers")
+        if not headers or MSG_ID not in headers or H_ROUTE not in headers:
+            raise ValueError(f"routing headers {MSG_ID} and {H_ROUTE} wanted, got {sorted(headers or ())}")
         try:
-            route = cls(
-                work_item_id=headers[MSG_ID], request_id=headers[H_REQUEST], item_index=int(headers[H_INDEX]),
-                reply_subject=headers[H_REPLY], model_spec=headers[H_MODEL], operation=headers[H_OPERATION],
-                group_key=headers[H_GROUP], cost=max(1, int(headers[H_COST])),
-                timestamp=_optional_float(headers.get(H_SENT)), deadline=_optional_float(headers.get(H_DEADLINE)),
-                traceparent=headers.get(H_TRACEPARENT) or None, request_items=max(1, int(headers.get(H_ITEMS) or 1)),
-            )  # fmt: skip
-        except KeyError as exc:
-            raise ValueError(f"routing header {exc.args[0]} missing") from None
+            values = orjson.loads(headers[H_ROUTE])
+        except orjson.JSONDecodeError:
+            raise ValueError(f"{H_ROUTE} is not JSON") from None
+        if not isinstance(values, list) or len(values) != len(_ROUTE_FIELDS):
+            raise ValueError(f"{H_ROUTE} is not an array of {len(_ROUTE_FIELDS)} fields")
+        for (name, types, nullable), value in zip(_ROUTE_FIELDS, values, strict=True):
+            if value is None and nullable:
+                continue
+            if not isinstance(value, types) or isinstance(value, bool):
+                raise ValueError(f"{H_ROUTE} field {name} is {value!r}")
+        route = cls(headers[MSG_ID], *values)
         if not (route.work_item_id and route.request_id and route.reply_subject and route.model_spec):
             raise ValueError("empty routing header")
+        if route.cost < 1 or route.request_items < 1:
+            raise ValueError(f"{H_ROUTE}: cost and request_items must be positive")
         return route
-
-
-def _optional_float(value: str | None) -> float | None:
-    return float(value) if value else None
 
 
 @dataclass

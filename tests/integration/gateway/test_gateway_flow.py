@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from protocol.codec import packb, unpackb
+from protocol.work import RoutingHeader
 from tests.integration.gateway.conftest import DENSE, EXTRACT, RERANK
 from tests.integration.gateway.fake_worker import FakeWorker, fake_vector
 
@@ -56,7 +57,7 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
         # the request's group key, stamped once: the same on each of its items
         assert item.batch_key and {wi.batch_key for wi in w.seen[:3]} == {item.batch_key}
         # each says how many of its request's items were published, for the sidecar to batch them together
-        assert [h["Sie-Items"] for h in w.seen_headers[:3]] == ["3", "3", "3"]
+        assert [RoutingHeader.from_headers(h).request_items for h in w.seen_headers[:3]] == [3, 3, 3]
 
         async with h.session.post(
             h.url(f"/v1/encode/{DENSE}"),
@@ -74,7 +75,7 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
 
 async def test_items_are_counted_for_the_sidecar_only_when_one_pod_pulls_the_lane(nats_server, start_gateway):
     """JetStream hands a lane's messages round the pods' pull requests one by one: with two pods a
-    request's items are split between them, so neither should wait for the rest (no Sie-Items)."""
+    request's items are split between them, so neither should wait for the rest (a count of 1)."""
     h = await start_gateway()
     workers = [await FakeWorker(nats_server.url, name).start() for name in ("w1", "w2")]
     try:
@@ -82,7 +83,7 @@ async def test_items_are_counted_for_the_sidecar_only_when_one_pod_pulls_the_lan
         status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": t} for t in "abcd"]})
         assert status == 200, body
         seen = [hdr for w in workers for hdr in w.seen_headers]
-        assert len(seen) == 4 and not any("Sie-Items" in hdr for hdr in seen)
+        assert [RoutingHeader.from_headers(hdr).request_items for hdr in seen] == [1, 1, 1, 1]
     finally:
         for w in workers:
             await w.stop()

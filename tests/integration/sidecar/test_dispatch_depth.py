@@ -94,7 +94,7 @@ async def test_items_pending_while_two_lanes_are_idle_are_shared_between_them(na
 async def test_an_idle_worker_gets_a_request_whole_when_its_items_arrive_apart(nats_server, gather_ms, expected):
     """A request's items reach the sidecar one message at a time. With the worker idle, the first
     would go alone and the rest wait a whole forward; the sidecar waits (``batcher_gather_ms``)
-    for the rest of the request, which the gateway counted in each item's ``Sie-Items``, and sends
+    for the rest of the request, which the gateway counted in each item's routing header, and sends
     it as one batch. Without the wait it is cut in two."""
     sock = socket_path()
     gw = await Gateway(await connect(nats_server.url)).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from protocol.codec import unpackb
@@ -57,6 +58,8 @@ def test_the_routing_header_carries_what_the_sidecar_needs_without_the_body():
     route = RoutingHeader.of(wi)
     headers = route.headers()
     assert all(isinstance(v, str) for v in headers.values())
+    # two headers: nats-py writes and parses each in Python
+    assert sorted(headers) == ["Nats-Msg-Id", "Sie-Route"]
     assert headers["Nats-Msg-Id"] == "r.0"  # a publish sent again lands once
     back = RoutingHeader.from_headers(headers)
     assert back == route
@@ -64,24 +67,47 @@ def test_the_routing_header_carries_what_the_sidecar_needs_without_the_body():
     assert back.reply_subject == "_INBOX.g.r" and back.model_spec == wi.model_spec
     assert back.group_key == "k" and back.cost == item_cost("encode", {"text": "a" * 40})
     assert (back.timestamp, back.deadline, back.traceparent) == (1.0, 12.5, wi.traceparent)
-    # what may be unset is left out
-    bare = RoutingHeader.of(item()).headers()
-    assert "Sie-Deadline" not in bare and "traceparent" not in bare and "Sie-Items" not in bare
-    assert RoutingHeader.from_headers(bare).request_items == 1
+    # what may be unset comes back unset
+    bare = RoutingHeader.from_headers(RoutingHeader.of(item()).headers())
+    assert (bare.deadline, bare.traceparent, bare.request_items) == (None, None, 1)
     # the count of the request's published items, for the sidecar to keep them in one batch
     several = RoutingHeader.of(wi, 3)
-    assert several.headers()["Sie-Items"] == "3" and RoutingHeader.from_headers(several.headers()) == several
+    assert RoutingHeader.from_headers(several.headers()).request_items == 3
 
 
-@pytest.mark.parametrize("broken", [None, {}, "missing", "bad-index", "empty-reply"])
+def test_the_routing_header_survives_any_text_in_its_strings():
+    """Model ids and request ids travel inside a header value: quotes, separators, non-ASCII and
+    line breaks must neither break the header block nor come back changed."""
+    odd = 'org/mödel "x", [y]\r\nNats-Msg-Id: forged'
+    route = RoutingHeader.of(item(model_id=odd))
+    headers = route.headers()
+    assert "\n" not in headers["Sie-Route"] and "\r" not in headers["Sie-Route"]
+    assert RoutingHeader.from_headers(headers) == route
+
+
+@pytest.mark.parametrize("broken", [
+    None, {}, "no-route", "no-msg-id", "not-json", "not-array", "short", "bad-index", "bool-index",
+    "null-reply", "empty-reply", "zero-cost",
+])
 def test_a_missing_or_malformed_routing_header_is_refused(broken):
     headers = RoutingHeader.of(item()).headers()
-    if broken == "missing":
-        del headers["Sie-Model"]
-    elif broken == "bad-index":
-        headers["Sie-Index"] = "one"
-    elif broken == "empty-reply":
-        headers["Sie-Reply"] = ""
+    fields = orjson.loads(headers["Sie-Route"])
+    edits = {"bad-index": (1, "one"), "bool-index": (1, True), "null-reply": (2, None), "empty-reply": (2, ""),
+             "zero-cost": (6, 0)}
+    if broken == "no-route":
+        del headers["Sie-Route"]
+    elif broken == "no-msg-id":
+        del headers["Nats-Msg-Id"]
+    elif broken == "not-json":
+        headers["Sie-Route"] = "[1, 2"
+    elif broken == "not-array":
+        headers["Sie-Route"] = '{"request_id": "r"}'
+    elif broken == "short":
+        headers["Sie-Route"] = orjson.dumps(fields[:-1]).decode()
+    elif isinstance(broken, str):
+        pos, value = edits[broken]
+        fields[pos] = value
+        headers["Sie-Route"] = orjson.dumps(fields).decode()
     else:
         headers = broken
     with pytest.raises(ValueError):
