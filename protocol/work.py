@@ -178,20 +178,20 @@ def item_cost(
 MSG_ID = "Nats-Msg-Id"
 H_ROUTE = "Sie-Route"
 
-_STR, _INT, _NUM = (str,), (int,), (int, float)
-# (field, accepted types, may be null)
-_ROUTE_FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
-    ("request_id", _STR, False),
-    ("item_index", _INT, False),
-    ("reply_subject", _STR, False),
-    ("model_spec", _STR, False),  # the worker's model spec: model_id or model_id:profile
-    ("operation", _STR, False),
-    ("group_key", _STR, False),  # WorkItem.group_key: items with equal keys may share a batch
-    ("cost", _INT, False),  # item_cost: the sidecar's batching unit before it learns tokens per unit
-    ("timestamp", _NUM, True),  # unix seconds the gateway built the item (queue wait)
-    ("deadline", _NUM, True),  # unix seconds after which nobody waits for the result
-    ("traceparent", _STR, True),
-    ("request_items", _INT, False),  # items of the request published with this one (one group key)
+_NUM = (int, float, type(None))
+# (field, its JSON types; exact types, so that true and false are not taken for integers)
+_ROUTE_FIELDS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("request_id", (str,)),
+    ("item_index", (int,)),
+    ("reply_subject", (str,)),
+    ("model_spec", (str,)),  # the worker's model spec: model_id or model_id:profile
+    ("operation", (str,)),
+    ("group_key", (str,)),  # WorkItem.group_key: items with equal keys may share a batch
+    ("cost", (int,)),  # item_cost: the sidecar's batching unit before it learns tokens per unit
+    ("timestamp", _NUM),  # unix seconds the gateway built the item (queue wait)
+    ("deadline", _NUM),  # unix seconds after which nobody waits for the result
+    ("traceparent", (str, type(None))),
+    ("request_items", (int,)),  # items of the request published with this one (one group key)
 )
 
 
@@ -225,7 +225,7 @@ class RoutingHeader:
         )  # fmt: skip
 
     def headers(self) -> dict[str, str]:
-        route = [getattr(self, name) for name, _, _ in _ROUTE_FIELDS]
+        route = [getattr(self, name) for name, _ in _ROUTE_FIELDS]
         return {MSG_ID: self.work_item_id, H_ROUTE: orjson.dumps(route).decode()}
 
     @classmethod
@@ -239,10 +239,8 @@ class RoutingHeader:
             raise ValueError(f"{H_ROUTE} is not JSON") from None
         if not isinstance(values, list) or len(values) != len(_ROUTE_FIELDS):
             raise ValueError(f"{H_ROUTE} is not an array of {len(_ROUTE_FIELDS)} fields")
-        for (name, types, nullable), value in zip(_ROUTE_FIELDS, values, strict=True):
-            if value is None and nullable:
-                continue
-            if not isinstance(value, types) or isinstance(value, bool):
+        for (name, types), value in zip(_ROUTE_FIELDS, values, strict=True):
+            if type(value) not in types:
                 raise ValueError(f"{H_ROUTE} field {name} is {value!r}")
         route = cls(headers[MSG_ID], *values)
         if not (route.work_item_id and route.request_id and route.reply_subject and route.model_spec):
