@@ -309,7 +309,8 @@ class Gateway:
         priority = request_priority(
             request.headers.get(PRIORITY_HEADER), self.token_priority(request), lane.priority
         )
-        lane = dataclasses.replace(lane, priority=priority)
+        if priority != lane.priority:
+            lane = dataclasses.replace(lane, priority=priority)
         request_id = http.new_request_id()
         request[REQUEST_ID_KEY] = request_id
         timeout = self.settings.gateway_request_timeout_s

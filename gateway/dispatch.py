@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, labelled
 from gateway.publisher import AckedPublisher
 from gateway.routing import Lane
 from protocol import tracing
@@ -262,9 +262,9 @@ class Dispatcher:
             t0 = time.monotonic()
             with tracing.span("gateway.publish", attributes={"items": len(items), "subject": subject}):
                 await self._publish_all(subject, lane.pool, payloads, headers, deadline)
-            self.metrics.items_published.labels(operation).inc(len(items))
-            self.metrics.priority_items.labels(lane.priority).inc(len(items))
-            self.metrics.publish_seconds.labels(operation).observe(time.monotonic() - t0)
+            labelled(self.metrics.items_published, operation).inc(len(items))
+            labelled(self.metrics.priority_items, lane.priority).inc(len(items))
+            labelled(self.metrics.publish_seconds, operation).observe(time.monotonic() - t0)
             t1 = time.monotonic()
             # the deadline fails the request's own future (one timer; no task cancellation to undo)
             timer = loop.call_later(max(deadline - t1, 0.001), _expire, col.future)
@@ -278,7 +278,7 @@ class Dispatcher:
                 ) from None
             finally:
                 timer.cancel()
-            self.metrics.result_wait_seconds.labels(operation).observe(time.monotonic() - t1)
+            labelled(self.metrics.result_wait_seconds, operation).observe(time.monotonic() - t1)
             finished = True
             return results
         finally:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+@functools.lru_cache(maxsize=1024)
+def labelled(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, memoised for the per-request metrics: prometheus_client converts
+    and checks the values and takes a lock on every call (1.8 against 0.5 us with the ``inc``), and
+    a request asks for the same few children every time. Not for a metric whose children are
+    removed (``clear``, ``remove``): the memo would hand out a detached child."""
+    return metric.labels(*values)
 
 
 class GatewayMetrics:

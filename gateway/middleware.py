@@ -18,6 +18,7 @@ from gateway.http_common import (
     gateway_of,
     provisioning_response,
 )
+from gateway.metrics import labelled
 from protocol import SERVER_VERSION, http
 from protocol.errors import ErrorCode, SIEError
 
@@ -89,5 +90,5 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         if counted:
             gw.in_flight -= 1
         profile = request.headers.get("X-SIE-MACHINE-PROFILE", "") or ""
-        gw.metrics.requests.labels(endpoint, str(status), profile.lower()[:64]).inc()
-        gw.metrics.latency.labels(endpoint).observe(time.monotonic() - t0)
+        labelled(gw.metrics.requests, endpoint, str(status), profile.lower()[:64]).inc()
+        labelled(gw.metrics.latency, endpoint).observe(time.monotonic() - t0)

@@ -65,18 +65,17 @@ def _raise(err: SIEError) -> set[int]:
 
 
 def timing(results: list[WorkResult], total_ms: float) -> dict[str, float]:
-    def mx(name: str) -> float:
-        return max((float(getattr(r, name) or 0.0) for r in results), default=0.0)
-
-    out = {
-        "total_ms": round(total_ms, 3),
-        "queue_ms": mx("queue_ms"),
-        "tokenization_ms": mx("tokenization_ms"),
-        "inference_ms": mx("inference_ms"),
-    }
-    post = mx("postprocessing_ms")
+    """The answer's timing: each stage's longest time over the items (one pass over them)."""
+    queue = tokenization = inference = post = 0.0
+    for r in results:
+        queue = max(queue, r.queue_ms or 0.0)
+        tokenization = max(tokenization, r.tokenization_ms or 0.0)
+        inference = max(inference, r.inference_ms or 0.0)
+        post = max(post, r.postprocessing_ms or 0.0)
+    out = {"total_ms": round(total_ms, 3), "queue_ms": float(queue), "tokenization_ms": float(tokenization),
+           "inference_ms": float(inference)}
     if post > 0:
-        out["postprocessing_ms"] = post
+        out["postprocessing_ms"] = float(post)
     return out
 
 

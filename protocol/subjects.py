@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 WORK_PREFIX = "sie.work"
@@ -55,6 +56,7 @@ def _check_priority(priority: str) -> str:
     return priority
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of a few strings; the gateway asks on every request
 def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str, priority: str = INTERACTIVE) -> str:
     subject = lane_prefix(pool, machine_profile, bundle) + normalize_id(model_id)
     return subject + ".bulk" if _check_priority(priority) == BULK else subject
