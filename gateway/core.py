@@ -349,7 +349,7 @@ class Gateway:
         together = 1
         if len(todo) > 1 and routing.lane_pullers(self.workers.healthy(), lane) == 1:
             together = len(todo)
-        headers = [RoutingHeader.of(item, together).headers() for item in todo]
+        headers = [RoutingHeader.of(item, together, self.dispatcher.results_subject).headers() for item in todo]
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:
             for item, payload in zip(todo, payloads, strict=True):

@@ -31,10 +31,11 @@ from protocol.subjects import (
     inbox_prefix,
     pool_stream_name,
     reply_subject,
+    results_subject,
     work_cancel_subject,
     work_subject,
 )
-from protocol.work import ItemRef, WorkItem, WorkResult
+from protocol.work import ItemRef, WorkItem, WorkResult, unpack_results
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class Dispatcher:
         self.js = nc.jetstream()
         self.metrics = metrics
         self.router_id = router_id or str(uuid.uuid4())
+        # where sidecars send several of this gateway's results in one message
+        self.results_subject = results_subject(self.router_id)
         self.storage = storage
         self.max_age_s = max_age_s
         self.max_msgs = max_msgs
@@ -376,15 +379,30 @@ class Dispatcher:
         return True
 
     async def _on_result(self, msg) -> None:
+        if msg.subject == self.results_subject:
+            try:
+                results = unpack_results(msg.data)
+            except Exception as exc:
+                log.warning("dropping a malformed results message: %s", exc)
+                return
+            for result in results:
+                self._deliver(result.request_id, result)
+            return
         request_id = msg.subject.rsplit(".", 1)[-1]
-        col = self._collectors.get(request_id)
-        if col is None:
+        if request_id not in self._collectors:  # decided before decoding: late or duplicate
             self.metrics.inbox_skips.inc()
             return
         try:
             result = WorkResult.from_msgpack(msg.data)
         except Exception as exc:
             log.warning("dropping malformed result for %s: %s", request_id, exc)
+            return
+        self._deliver(request_id, result)
+
+    def _deliver(self, request_id: str, result: WorkResult) -> None:
+        col = self._collectors.get(request_id)
+        if col is None:
+            self.metrics.inbox_skips.inc()
             return
         col.put(result)
 

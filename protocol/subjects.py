@@ -92,12 +92,22 @@ def lane_durable(pool: str, machine_profile: str, bundle: str, priority: str = I
     return name + "_bulk" if _check_priority(priority) == BULK else name
 
 
+RESULTS_TOKEN = "results"
+
+
 def inbox_prefix(router_id: str) -> str:
     return f"{INBOX_PREFIX}.{router_id}"
 
 
 def reply_subject(router_id: str, request_id: str) -> str:
     return f"{INBOX_PREFIX}.{router_id}.{request_id}"
+
+
+def results_subject(router_id: str) -> str:
+    """Where a sidecar may send the results of several of this gateway's items in one message (a
+    msgpack array of encoded WorkResults): under the gateway's inbox, on a token no request id takes
+    (request ids are UUIDs)."""
+    return f"{INBOX_PREFIX}.{router_id}.{RESULTS_TOKEN}"
 
 
 def is_valid_reply_subject(subject: str) -> bool:

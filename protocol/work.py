@@ -192,6 +192,7 @@ _ROUTE_FIELDS: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("deadline", _NUM),  # unix seconds after which nobody waits for the result
     ("traceparent", (str, type(None))),
     ("request_items", (int,)),  # items of the request published with this one (one group key)
+    ("results_subject", (str, type(None))),  # where its result may go together with others' (null: alone)
 )
 
 
@@ -213,15 +214,18 @@ class RoutingHeader:
     # items of the request published together (cache hits are not): the sidecar keeps them in one
     # batch when it can (BatchLimits.gather_s)
     request_items: int = 1
+    # the gateway's subject for several results in one message (protocol.subjects.results_subject);
+    # None: the result goes to reply_subject on its own
+    results_subject: str | None = None
 
     @classmethod
-    def of(cls, item: WorkItem, request_items: int = 1) -> RoutingHeader:
+    def of(cls, item: WorkItem, request_items: int = 1, results_subject: str | None = None) -> RoutingHeader:
         return cls(
             work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
             reply_subject=item.reply_subject, model_spec=item.model_spec, operation=item.operation,
             group_key=item.group_key, cost=item_cost(item.operation, item.item, item.query_item, item.score_items),
             timestamp=item.timestamp, deadline=item.deadline, traceparent=item.traceparent or None,
-            request_items=request_items,
+            request_items=request_items, results_subject=results_subject,
         )  # fmt: skip
 
     def headers(self) -> dict[str, str]:
@@ -306,6 +310,41 @@ class WorkResult:
             error_extra=dict(extra) if extra else None,
             worker_id=worker_id,
         )
+
+
+# Several results in one message (to protocol.subjects.results_subject): a msgpack array of the
+# results' own encodings, each as the worker made it, so that neither side re-encodes one.
+_ARRAY_HEAD = 5  # the most a msgpack array or bin header takes
+
+
+def pack_results(encoded: list[bytes]) -> bytes:
+    return packb(encoded)
+
+
+def unpack_results(data: bytes) -> list[WorkResult]:
+    """The results of a message made by :func:`pack_results`; ValueError when it is not one."""
+    decoded = unpackb(data)
+    if not isinstance(decoded, list) or not all(isinstance(r, bytes) for r in decoded):
+        raise ValueError("a results message must be an array of encoded results")
+    return [WorkResult.from_msgpack(r) for r in decoded]
+
+
+def results_chunks(sizes: list[int], max_bytes: int) -> list[list[int]]:
+    """Indices of encoded results, in order, cut into runs whose :func:`pack_results` message stays
+    within ``max_bytes``; a result too big to share a message gets one of its own."""
+    chunks: list[list[int]] = []
+    run: list[int] = []
+    used = _ARRAY_HEAD
+    for i, size in enumerate(sizes):
+        need = size + _ARRAY_HEAD
+        if run and used + need > max_bytes:
+            chunks.append(run)
+            run, used = [], _ARRAY_HEAD
+        run.append(i)
+        used += need
+    if run:
+        chunks.append(run)
+    return chunks
 
 
 @dataclass

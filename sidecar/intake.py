@@ -123,11 +123,14 @@ class Intake(Scheduling):
             log.warning("dead-lettering undecodable work item on %s: %s", msg.subject, exc)
             await self._dead_letter(msg, f"undecodable work item: {exc}")
             return
-        if not is_valid_reply_subject(route.reply_subject):
+        if not is_valid_reply_subject(route.reply_subject) or (
+            route.results_subject is not None and not is_valid_reply_subject(route.results_subject)
+        ):
             log.warning(
-                "dropping work item %s: reply subject %r is not an inbox",
+                "dropping work item %s: reply subject %r or results subject %r is not an inbox",
                 route.work_item_id,
                 route.reply_subject,
+                route.results_subject,
             )
             await self._raw_ack(msg, drop=True)
             return

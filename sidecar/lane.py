@@ -9,8 +9,10 @@ Settlement:
 situation                                             action
 ====================================================  =================================================
 success / permanent error outcome                     publish WorkResult to reply_subject, then ACK
+... when the route names a results subject            the batch's results for it in one message each
+                                                      max payload allows (one alone: reply_subject), then ACK
 reply publish fails                                   no ACK (redelivered after ack_wait)
-reply subject not ``_INBOX.``                         ACK-drop
+reply or results subject not ``_INBOX.``              ACK-drop
 no valid routing header                               DLQ copy with the reason, then TERM (leaves the stream)
 body the worker cannot decode                         error result INTERNAL_ERROR, DLQ copy, TERM
 subject outside the lane                              NAK ``nak_delay_s``

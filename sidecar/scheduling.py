@@ -201,6 +201,7 @@ class Scheduling(Liveness):
             for out in outcomes if isinstance(outcomes, list) else []:
                 if isinstance(out, dict):
                     by_id.setdefault(str(out.get("work_item_id")), []).append(out)
+            together: list[tuple[Delivery, bytes, bool]] = []  # results that share a message
             for d in live:
                 queue = by_id.get(d.route.work_item_id)
                 if not queue:
@@ -211,7 +212,11 @@ class Scheduling(Liveness):
                 tokens = outcome.get("input_tokens")
                 if isinstance(tokens, int):
                     sched.learn(d.estimate, tokens)
-                await self._settle(sched, d, outcome)
+                if self._goes_with_others(d, outcome):
+                    together.append((d, outcome["result"], outcome["disposition"] == ipc.PUBLISH_AND_ACK))
+                else:
+                    await self._settle(sched, d, outcome)
+            await self._publish_together(together)
         finally:
             off_worker()
             self.inflight_batches -= 1

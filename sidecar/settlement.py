@@ -22,7 +22,7 @@ from protocol.subjects import (
     dlq_subject,
     work_model_token,
 )
-from protocol.work import WorkResult
+from protocol.work import WorkResult, pack_results, results_chunks
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.lane_state import LaneState
 
@@ -61,6 +61,46 @@ class Settlement(LaneState):
         if code in (ErrorCode.MODEL_NOT_LOADED, ErrorCode.MODEL_LOADING, ErrorCode.LORA_LOADING):
             sched.ready = False  # re-ensure before the next batch
         await self._nak(d, delay)
+
+    @staticmethod
+    def _goes_with_others(d: Delivery, outcome: dict[str, Any]) -> bool:
+        """A result the worker encoded, for a gateway that takes several in one message."""
+        return (
+            d.route.results_subject is not None
+            and outcome.get("disposition") in (ipc.PUBLISH_AND_ACK, ipc.PUBLISH_ERROR_AND_ACK)
+            and isinstance(outcome.get("result"), bytes)
+        )
+
+    async def _publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None:
+        """Publish the results of a batch's deliveries (``_goes_with_others``) to their gateways'
+        results subjects, in as few messages as the max payload allows, then ACK each. One alone in
+        its message goes to its reply subject, as any other. A failed publish leaves its items
+        un-acked: JetStream redelivers them after ack_wait."""
+        by_subject: dict[str, list[tuple[Delivery, bytes, bool]]] = {}
+        for entry in results:
+            subject = entry[0].route.results_subject
+            if subject is not None and not entry[0].settled:
+                by_subject.setdefault(subject, []).append(entry)
+        limit = max(1, (self.nc.max_payload or 1 << 20) - 1024)
+        for subject, entries in by_subject.items():
+            for chunk in results_chunks([len(data) for _, data, _ in entries], limit):
+                if len(chunk) == 1:
+                    d, data, success = entries[chunk[0]]
+                    await self._publish_and_ack(d, data, success=success)
+                    continue
+                part = [entries[i] for i in chunk]
+                with tracing.span("sidecar.result_publish", parent=part[0][0].route.traceparent,
+                                  attributes={"items": len(part)}):
+                    try:
+                        await self.nc.publish(subject, pack_results([data for _, data, _ in part]))
+                    except Exception as exc:  # noqa: BLE001 - redelivered; nothing else to do
+                        log.warning("publishing %d results to %s failed: %s", len(part), subject, exc)
+                        for d, _, _ in part:
+                            self._release(d)
+                        continue
+                self.stats["published"] += len(part)
+                for d, _, _ in part:
+                    await self._ack(d)
 
     # ------------------------------------------------------------------ settlement primitives
     def _error_result(self, d: Delivery, code: str, message: str) -> WorkResult:

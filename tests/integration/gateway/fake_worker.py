@@ -13,12 +13,13 @@ from collections.abc import Awaitable, Callable
 import nats
 import nats.js.errors
 import numpy as np
+from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from protocol.codec import packb
 from protocol.streams import lane_consumer_config, stream_config
 from protocol.subjects import health_subject, lane_durable, pool_stream_name
-from protocol.work import Heartbeat, WorkItem, WorkResult
+from protocol.work import Heartbeat, RoutingHeader, WorkItem, WorkResult, pack_results
 
 DIM = 4
 
@@ -91,8 +92,10 @@ class FakeWorker:
         max_deliver: int = 20,
         heartbeat_s: float = 0.5,
         heartbeat_extra: dict | None = None,
+        together: bool = False,
     ) -> None:
         self.url = url
+        self.together = together  # each fetch's results in one message to the results subject, as a sidecar sends them
         self.worker_id = worker_id
         self.pool, self.profile, self.bundle = pool, profile, bundle
         self.loaded = list(loaded)
@@ -160,6 +163,7 @@ class FakeWorker:
             except Exception:
                 await asyncio.sleep(0.2)
                 continue
+            answered: list[tuple[Msg, str | None, WorkResult]] = []
             for msg in msgs:
                 if self._stopping:
                     return
@@ -169,7 +173,14 @@ class FakeWorker:
                 result = await self.handler(item, self)
                 if result is None:
                     continue  # never answered, never acked (a stuck or dying worker)
-                await self.nc.publish(item.reply_subject, result.to_msgpack())
+                if not self.together:
+                    await self.nc.publish(item.reply_subject, result.to_msgpack())
+                    await msg.ack()
+                    continue
+                answered.append((msg, RoutingHeader.from_headers(msg.headers).results_subject, result))
+            for subject in {s for _, s, _ in answered if s is not None}:
+                await self.nc.publish(subject, pack_results([r.to_msgpack() for _, s, r in answered if s == subject]))
+            for msg, _, _ in answered:
                 await msg.ack()
 
     async def _heartbeat_loop(self) -> None:

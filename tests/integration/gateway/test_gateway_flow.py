@@ -383,3 +383,28 @@ async def test_models_health_and_openai(nats_server, start_gateway):
             assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_request"
     finally:
         await w.stop()
+
+
+async def test_results_that_share_a_message_answer_their_requests(nats_server, start_gateway):
+    """A sidecar sends a batch's results for one gateway in one message to its results subject;
+    a malformed one there is dropped without disturbing the requests that follow."""
+    h = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1", together=True).start()
+    try:
+        await wait_workers(h, 1)
+        await w.nc.publish(h.gateway.dispatcher.results_subject, b"\xc1 not a results message")
+        texts = ["alpha", "beta", "gamma", "delta"]
+        replies = await asyncio.gather(
+            post(h, f"/v1/encode/{DENSE}", {"items": [{"text": t} for t in texts]}),
+            post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "solo"}]}),
+        )
+        for (status, _, body), sent in zip(replies, [texts, ["solo"]], strict=True):
+            assert status == 200, body
+            for it, text in zip(body["items"], sent, strict=True):
+                np.testing.assert_array_equal(it["dense"]["values"], fake_vector(text))
+        # the route named the subject the results came on
+        assert {RoutingHeader.from_headers(hdr).results_subject for hdr in w.seen_headers} == {
+            h.gateway.dispatcher.results_subject
+        }
+    finally:
+        await w.stop()

@@ -20,8 +20,8 @@ import nats.js.errors
 
 from protocol.catalog import Catalog
 from protocol.model_config import parse_model_yaml
-from protocol.subjects import reply_subject, work_subject
-from protocol.work import RoutingHeader, WorkItem, WorkResult
+from protocol.subjects import reply_subject, results_subject, work_subject
+from protocol.work import RoutingHeader, WorkItem, WorkResult, unpack_results
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
 from sidecar.settings import SidecarSettings
@@ -153,6 +153,8 @@ class Gateway:
         self.router_id = router_id or f"router-{uuid.uuid4().hex[:8]}"
         self.results: dict[str, list[WorkResult]] = {}
         self.raw: list[bytes] = []
+        self.messages = 0  # result messages received
+        self.together = 0  # results that came in a message with others (results_subject)
         self._sub = None
         self._arrived = asyncio.Event()
 
@@ -163,8 +165,11 @@ class Gateway:
 
     async def _on_result(self, msg) -> None:
         self.raw.append(msg.data)
-        res = WorkResult.from_msgpack(msg.data)
-        self.results.setdefault(res.work_item_id, []).append(res)
+        self.messages += 1
+        together = msg.subject == results_subject(self.router_id)
+        for res in unpack_results(msg.data) if together else [WorkResult.from_msgpack(msg.data)]:
+            self.results.setdefault(res.work_item_id, []).append(res)
+            self.together += together
         self._arrived.set()
 
     def item(
@@ -189,13 +194,17 @@ class Gateway:
             **extra,
         )
 
-    async def publish(self, item: WorkItem, request_items: int = 1) -> None:
+    async def publish(self, item: WorkItem, request_items: int = 1, *, together: bool = False) -> None:
+        """Publish ``item`` as the gateway does; ``together``: with this gateway's results subject,
+        so that the sidecar may send its result in one message with others."""
         subject = work_subject("default", "cpu", "default", item.model_id)
         # Right after a server restart JetStream may need a moment: retry like the gateway does
         # (Nats-Msg-Id, among the routing headers, makes a retried publish land once).
         for attempt in range(20):
             try:
-                headers = RoutingHeader.of(item, request_items).headers()
+                headers = RoutingHeader.of(
+                    item, request_items, results_subject(self.router_id) if together else None
+                ).headers()
                 await self.js.publish(subject, item.to_msgpack(), headers=headers)
                 return
             except (

@@ -7,7 +7,7 @@ import json
 
 from protocol.codec import unpackb
 from protocol.subjects import work_cancel_subject
-from protocol.work import Heartbeat
+from protocol.work import Heartbeat, RoutingHeader
 from tests.integration.sidecar.support import (
     Gateway,
     InProcessWorker,
@@ -260,6 +260,45 @@ async def test_each_batch_the_worker_runs_is_one_group_cut_by_the_sidecar(nats_s
                 assert len({wi.group_key for wi in batch}) == 1, [wi.group_key for wi in batch]
             # the groups are the five kinds, each kept apart
             assert len({b[0].group_key for b in batches}) == len(kinds)
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()
+
+
+async def test_a_batchs_results_for_one_gateway_share_a_message(nats_server):
+    """Items whose gateway names a results subject get their results in as few messages as the batch
+    allows, each item still acked; items without one keep a message each on their reply subject."""
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    # the model loads for half a second: the items wait for it and run as batches of several
+    async with InProcessWorker(sock, model_yaml(MODEL, load_delay_s=0.5)):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock))
+        try:
+            together = [gw.item(f"req-{r}", i, model_id=MODEL, text=f"t {r} {i}", total=6)
+                        for r in "ab" for i in range(6)]  # fmt: skip
+            for it in together:
+                await gw.publish(it, together=True)
+            got = await gw.wait_for([it.work_item_id for it in together])
+            for it in together:
+                (res,) = got[it.work_item_id]
+                assert res.success and res.request_id == it.request_id and res.item_index == it.item_index
+            assert gw.together == 12 and gw.messages < 12, (gw.together, gw.messages)
+            assert lane.stats["published"] == 12
+            await settled_consumer(lane.js, lane.stream, lane.durable)
+
+            before, dropped = gw.messages, lane.stats["dropped"]
+            alone = [gw.item("req-c", i, model_id=MODEL, text=f"c {i}", total=3) for i in range(3)]
+            for it in alone:
+                await gw.publish(it)
+            # a results subject outside the inbox namespace: dropped, like a bad reply subject
+            forged = gw.item("req-d", 0, model_id=MODEL, text="d")
+            await gw.publish_raw(MODEL, forged.to_msgpack(), RoutingHeader.of(forged, 1, "sie.elsewhere").headers())
+            await gw.wait_for([it.work_item_id for it in alone])
+            assert gw.messages - before == 3 and gw.together == 12
+            await wait_until(lambda: lane.stats["dropped"] == dropped + 1, 10)
+            assert forged.work_item_id not in gw.results
+            await settled_consumer(lane.js, lane.stream, lane.durable)
         finally:
             await stop_lane(lane, nc, client)
     await gw_nc.close()

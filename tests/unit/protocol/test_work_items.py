@@ -5,8 +5,16 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from protocol.codec import unpackb
-from protocol.work import RoutingHeader, WorkItem, WorkResult, item_cost
+from protocol.codec import packb, unpackb
+from protocol.work import (
+    RoutingHeader,
+    WorkItem,
+    WorkResult,
+    item_cost,
+    pack_results,
+    results_chunks,
+    unpack_results,
+)
 
 
 def item(**extra) -> WorkItem:
@@ -112,3 +120,25 @@ def test_a_missing_or_malformed_routing_header_is_refused(broken):
         headers = broken
     with pytest.raises(ValueError):
         RoutingHeader.from_headers(headers)
+
+
+def test_several_results_travel_in_one_message_and_come_back_as_they_were():
+    results = [WorkResult(work_item_id=f"r.{i}", request_id="r", item_index=i, success=True,
+                          result_msgpack=bytes([i]) * 10) for i in range(3)]  # fmt: skip
+    assert unpack_results(pack_results([r.to_msgpack() for r in results])) == results
+    for bad in (packb({"a": 1}), packb([1, 2]), b"\xc1"):
+        with pytest.raises(ValueError):
+            unpack_results(bad)
+
+
+def test_results_are_cut_into_messages_within_the_payload_limit():
+    assert results_chunks([], 100) == []
+    assert results_chunks([10, 10, 10], 1000) == [[0, 1, 2]]
+    # 5 bytes of array head, each result its size and 5 of bin head
+    assert results_chunks([40, 40, 40], 5 + 45 + 45) == [[0, 1], [2]]
+    # one too big for any message still goes, alone (the publish then answers for it)
+    assert results_chunks([10, 500, 10], 100) == [[0], [1], [2]]
+    sizes = [30, 70, 5, 90, 1, 1, 1]
+    for chunk in results_chunks(sizes, 120):
+        assert len(chunk) == 1 or 5 + sum(sizes[i] + 5 for i in chunk) <= 120
+    assert [i for c in results_chunks(sizes, 120) for i in c] == list(range(len(sizes)))
