@@ -23,23 +23,26 @@ T = TypeVar("T")
 
 def _from_map(cls: type[T], data: dict[str, Any]) -> T:
     names = _names(cls)
+    if names.issuperset(data):  # what our own producers send: no unknown key to drop
+        return cls(**data)
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
-_NAMES: dict[type, tuple[str, ...]] = {}
+_NAMES: dict[type, frozenset[str]] = {}
 
 
-def _names(cls: type) -> tuple[str, ...]:
+def _names(cls: type) -> frozenset[str]:
     names = _NAMES.get(cls)
     if names is None:
-        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+        names = _NAMES[cls] = frozenset(f.name for f in fields(cls))
     return names
 
 
 def _set_fields(obj: Any) -> dict[str, Any]:
-    """The fields of dataclass ``obj`` that are not None, shallow (``asdict`` deep-copies every
-    nested map and list, which costs more than encoding them)."""
-    return {k: v for k in _names(type(obj)) if (v := getattr(obj, k)) is not None}
+    """The fields of dataclass ``obj`` (one without slots, whose ``__dict__`` holds exactly its
+    fields) that are not None, shallow (``asdict`` deep-copies every nested map and list, which
+    costs more than encoding them)."""
+    return {k: v for k, v in obj.__dict__.items() if v is not None}
 
 
 class ItemIds(Protocol):
@@ -218,15 +221,24 @@ class RoutingHeader:
     # None: the result goes to reply_subject on its own
     results_subject: str | None = None
 
+    @staticmethod
+    def _route_of(item: WorkItem, request_items: int, results_subject: str | None) -> list[Any]:
+        """The ``Sie-Route`` array of ``item`` (``_ROUTE_FIELDS`` order)."""
+        return [
+            item.request_id, item.item_index, item.reply_subject, item.model_spec, item.operation, item.group_key,
+            item_cost(item.operation, item.item, item.query_item, item.score_items), item.timestamp, item.deadline,
+            item.traceparent or None, request_items, results_subject,
+        ]  # fmt: skip
+
     @classmethod
     def of(cls, item: WorkItem, request_items: int = 1, results_subject: str | None = None) -> RoutingHeader:
-        return cls(
-            work_item_id=item.work_item_id, request_id=item.request_id, item_index=item.item_index,
-            reply_subject=item.reply_subject, model_spec=item.model_spec, operation=item.operation,
-            group_key=item.group_key, cost=item_cost(item.operation, item.item, item.query_item, item.score_items),
-            timestamp=item.timestamp, deadline=item.deadline, traceparent=item.traceparent or None,
-            request_items=request_items, results_subject=results_subject,
-        )  # fmt: skip
+        return cls(item.work_item_id, *cls._route_of(item, request_items, results_subject))
+
+    @classmethod
+    def headers_of(cls, item: WorkItem, request_items: int = 1, results_subject: str | None = None) -> dict[str, str]:
+        """``of(...).headers()`` without building the header object: the gateway's per-item path."""
+        route = cls._route_of(item, request_items, results_subject)
+        return {MSG_ID: item.work_item_id, H_ROUTE: orjson.dumps(route).decode()}
 
     def headers(self) -> dict[str, str]:
         route = [getattr(self, name) for name, _ in _ROUTE_FIELDS]

@@ -81,6 +81,9 @@ def test_the_routing_header_carries_what_the_sidecar_needs_without_the_body():
     # the count of the request's published items, for the sidecar to keep them in one batch
     several = RoutingHeader.of(wi, 3)
     assert RoutingHeader.from_headers(several.headers()).request_items == 3
+    # the gateway's path, without the header object, writes the same headers
+    assert RoutingHeader.headers_of(wi, 3, "_INBOX.g.results") == RoutingHeader.of(wi, 3, "_INBOX.g.results").headers()
+    assert RoutingHeader.headers_of(item()) == RoutingHeader.of(item()).headers()
 
 
 def test_the_routing_header_survives_any_text_in_its_strings():
