@@ -55,6 +55,12 @@ async def read_body(
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_large(limit, declared)
+    content = request.content
+    if content.is_eof():  # the whole body came with the request, as a small one does: nothing to wait for
+        body = content.read_nowait()
+        if len(body) > limit:
+            raise too_large(limit, None)
+        return body
     chunks = []
     size = 0
     try:

@@ -104,6 +104,34 @@ async def test_body_over_the_limit_is_413(client):
     assert (status, detail["code"]) == (413, "INPUT_TOO_LONG")
 
 
+async def test_a_chunked_body_over_the_limit_is_413_whether_it_came_whole_or_in_pieces():
+    """No Content-Length to refuse it by: the bytes are counted, both when the whole body is there
+    before the handler runs (one write of a small request) and when it is still arriving."""
+    async with await _client(_settings(max_request_body_bytes=2048)) as c:
+        body = packb({"items": [{"text": "x" * 1000}] * 3})
+        assert len(body) > 2048
+        head = (f"POST /v1/encode/{F} HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
+                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+        pieces = [body[i : i + 500] for i in range(0, len(body), 500)]
+        chunks = [b"%x\r\n%s\r\n" % (len(p), p) for p in pieces] + [b"0\r\n\r\n"]
+
+        async def send(writes: list[bytes]) -> bytes:
+            reader, writer = await asyncio.open_connection(c.server.host, c.server.port)
+            for data in writes:
+                writer.write(data)
+                await writer.drain()
+                if len(writes) > 1:
+                    await asyncio.sleep(0.01)
+            answer = await reader.read()
+            writer.close()
+            return answer
+
+        for writes in ([head + b"".join(chunks)], [head, *chunks]):
+            answer = await send(writes)
+            assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+            assert b"INPUT_TOO_LONG" in answer
+
+
 async def test_input_too_long_with_overflow_policy_error(client):
     text = " ".join(["word"] * 40)
     options = {"max_seq_length": 16}
