@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -211,6 +210,8 @@ class Gateway:
         return routing.lane_served(self.workers.healthy(), machine_profile, bundle)
 
     def canonical_profile(self, value: str | None) -> str | None:
+        if not value:  # most requests name no profile: no list of the live ones to build
+            return None
         return routing.canonical_profile(value, self.settings.configured_gpus(), self.workers.live_profiles())
 
     def routing_headers(self, request: web.Request) -> tuple[str | None, str | None]:
@@ -219,7 +220,10 @@ class Gateway:
         )
         return (normalize_pool_name(pool) if pool else None), self.canonical_profile(profile)
 
-    async def choose_lane(self, route: Route, pool_name: str | None, profile: str | None) -> Lane:
+    async def choose_lane(self, route: Route, pool_name: str | None, profile: str | None,
+                          request: web.Request) -> Lane:
+        """The lane of ``route`` in the pool and profile asked for, with the request's priority class
+        (its ``X-SIE-Priority``, else its token's, else the pool's, else the gateway's default)."""
         queue_pool = DEFAULT_POOL
         assigned_ids: set[str] | None = None
         pool_state = "active"
@@ -256,8 +260,12 @@ class Gateway:
                 routing.provisioning_message(route.model_id, profile, pool_name),
                 retry_after=self.settings.gateway_provisioning_retry_after_s,
             )
-        lane = routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
-        return dataclasses.replace(lane, priority=pool_priority or self.settings.gateway_default_priority)
+        priority = request_priority(
+            request.headers.get(PRIORITY_HEADER),
+            self.token_priority(request),
+            pool_priority or self.settings.gateway_default_priority,
+        )
+        return routing.best_lane(route.model_id, route.bundles, queue_pool, candidates, priority=priority)
 
     def token_priority(self, request: web.Request) -> str | None:
         """``bulk`` for a request authenticated with one of ``SIE_AUTH_BULK_TOKENS``."""
@@ -305,12 +313,8 @@ class Gateway:
             raise SIEError(
                 ErrorCode.QUEUE_UNAVAILABLE, "Work queue is not connected; retry later", retry_after=2
             )
-        lane = await self.choose_lane(route, pool_name, profile)
-        priority = request_priority(
-            request.headers.get(PRIORITY_HEADER), self.token_priority(request), lane.priority
-        )
-        if priority != lane.priority:
-            lane = dataclasses.replace(lane, priority=priority)
+        lane = await self.choose_lane(route, pool_name, profile, request)
+        priority = lane.priority
         request_id = http.new_request_id()
         request[REQUEST_ID_KEY] = request_id
         timeout = self.settings.gateway_request_timeout_s
@@ -349,7 +353,7 @@ class Gateway:
         together = 1
         if len(todo) > 1 and routing.lane_pullers(self.workers.healthy(), lane) == 1:
             together = len(todo)
-        headers = [RoutingHeader.of(item, together, self.dispatcher.results_subject).headers() for item in todo]
+        headers = [RoutingHeader.headers_of(item, together, self.dispatcher.results_subject) for item in todo]
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:
             for item, payload in zip(todo, payloads, strict=True):

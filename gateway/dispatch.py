@@ -94,7 +94,7 @@ class Dispatcher:
         self.publish_timeout_s = publish_timeout_s
         self.queue_full_retry_after_s = queue_full_retry_after_s
         self.bulk_share = bulk_share
-        self._sem = asyncio.Semaphore(publish_concurrency)
+        self.publish_window = publish_concurrency  # a request's items waiting for their acks at once
         self._collectors: dict[str, Collector] = {}
         self._ensured: set[str] = set()
         self._ensure_locks: dict[str, asyncio.Lock] = {}
@@ -293,39 +293,21 @@ class Dispatcher:
 
     async def _publish_all(self, subject: str, pool: str, payloads: list[bytes], headers: list[dict[str, str]],
                            deadline: float) -> None:
-        async def one(payload: bytes, header: dict[str, str]) -> None:
-            async with self._sem:
-                await self._publish(subject, pool, payload, header)
-
         timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
-        if len(payloads) == 1:  # most requests: no task per item to gather
-            try:
-                async with asyncio.timeout(timeout):
-                    await one(payloads[0], headers[0])
-            except TimeoutError:
-                raise _publish_timed_out() from None
-            return
-        tasks = [asyncio.ensure_future(one(p, h)) for p, h in zip(payloads, headers, strict=True)]
-        try:
-            done, pending = await asyncio.wait(tasks, timeout=timeout)
-        except asyncio.CancelledError:
-            for t in tasks:
-                t.cancel()
-            raise
-        for t in pending:
-            t.cancel()
-        if pending:
-            raise _publish_timed_out()
-        for t in done:
-            exc = t.exception()
-            if exc is not None:
-                raise exc
+        await self._publish(subject, pool, payloads, headers, timeout)
 
-    async def _publish(self, subject: str, pool: str, payload: bytes, headers: dict[str, str]) -> None:
+    async def _publish(self, subject: str, pool: str, payloads: list[bytes], headers: list[dict[str, str]],
+                       timeout_s: float | None) -> None:
+        """Publish a request's items (at most ``publish_window`` unacked at once) and wait for every ack;
+        a stream found gone is ensured and the whole request sent once more (``Nats-Msg-Id`` keeps an
+        item already stored from being stored twice)."""
         for attempt in range(2):
             try:
-                await self.publisher.publish(subject, payload, headers)
+                await self.publisher.publish_all(subject, payloads, headers, window=self.publish_window,
+                                                 timeout_s=timeout_s)
                 return
+            except TimeoutError:
+                raise _publish_timed_out() from None
             except nats.js.errors.NoStreamResponseError:
                 # stream gone (NATS restarted with memory storage, or deleted): ensure and retry once
                 self._ensured.discard(pool)

@@ -43,7 +43,10 @@ async def read_body(request: web.Request, settings: GatewaySettings) -> Any:
     return http.decode_body(raw, request.headers.get("Content-Type"))
 
 
-def success_headers(request_id: str, results: list[WorkResult], wait_ms: float) -> dict[str, str]:
+def success_headers(request_id: str, results: list[WorkResult], wait_ms: float,
+                    t: dict[str, float] | None = None) -> dict[str, str]:
+    """The headers of an answer: ids, versions, and the stage times of ``t`` (the answer's
+    :func:`responses.timing`, computed here when the caller has not)."""
     h = {
         "X-SIE-Server-Version": SERVER_VERSION,
         "X-SIE-Version": SERVER_VERSION,
@@ -52,7 +55,8 @@ def success_headers(request_id: str, results: list[WorkResult], wait_ms: float) 
         "X-Queue-Wait-Time": f"{wait_ms:.1f}",
         "X-SIE-Cache-Hits": str(sum(1 for r in results if r.worker_id == CACHE_WORKER_ID)),
     }
-    t = responses.timing(results, wait_ms)
+    if t is None:
+        t = responses.timing(results, wait_ms)
     h.update(
         http.timing_headers(
             queue_ms=t["queue_ms"],

@@ -9,6 +9,10 @@ subscription (``<inbox>.<token>``); the ack resolves it; an ack with an error ra
 connection is back (``resend``): its ``Nats-Msg-Id`` makes the stream store it once. Measured
 on the 2-core machine: 314 µs of client CPU per acknowledged publish with ``js.publish``, 228 µs
 this way.
+
+A request's items go out together (:meth:`AckedPublisher.publish_all`): they are written one after
+the other, at most ``window`` of them waiting for their acks at a time, under one timer for the
+whole request, with no task or semaphore per item.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import itertools
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,19 +70,48 @@ class AckedPublisher:
         return len(self._pending)
 
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> None:
-        """Publish and wait for the stream's ack; raises ``NoStreamResponseError`` (no stream takes
-        the subject) or the ``APIError`` the ack carries. No timeout of its own: the caller's."""
+        """Publish one message and wait for the stream's ack (:meth:`publish_all`, no timeout: the
+        caller's)."""
+        await self.publish_all(subject, [payload], [headers], window=1, timeout_s=None)
+
+    async def publish_all(self, subject: str, payloads: list[bytes], headers: list[dict[str, str]], *,
+                          window: int, timeout_s: float | None) -> None:
+        """Publish ``payloads`` (with their ``headers``) to ``subject``, in order, with at most
+        ``window`` of them waiting for their acks at once, and return once the stream has acked every
+        one. Raises ``NoStreamResponseError`` (no stream takes the subject), the ``APIError`` an ack
+        carries (the first one met), or ``TimeoutError`` when the acks are not all in within
+        ``timeout_s`` (None: no limit of its own)."""
         if self._sub is None:
             await self.start()
-        token = str(next(self._tokens))
-        acked: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._pending[token] = _Pending(subject, payload, headers, acked)
+        loop = asyncio.get_running_loop()
+        tokens: list[str] = []
+        waiting: deque[asyncio.Future[Msg]] = deque()
+        deadline = loop.time() + timeout_s if timeout_s is not None else None
+        timer = loop.call_at(deadline, _expire, waiting) if deadline is not None else None
         try:
-            await self.nc.publish(subject, payload, reply=f"{self._prefix}.{token}", headers=headers)
-            msg = await acked
+            for payload, header in zip(payloads, headers, strict=True):
+                if len(waiting) >= window:  # the oldest stays in `waiting` while awaited, for the timer
+                    check_ack(await waiting[0])
+                    waiting.popleft()
+                if deadline is not None and loop.time() >= deadline:  # the timer has fired: no more to send
+                    raise TimeoutError
+                token = str(next(self._tokens))
+                acked: asyncio.Future[Msg] = loop.create_future()
+                tokens.append(token)
+                self._pending[token] = _Pending(subject, payload, header, acked)
+                waiting.append(acked)
+                await self.nc.publish(subject, payload, reply=f"{self._prefix}.{token}", headers=header)
+            while waiting:
+                check_ack(await waiting[0])
+                waiting.popleft()
         finally:
-            self._pending.pop(token, None)
-        check_ack(msg)
+            if timer is not None:
+                timer.cancel()
+            for token in tokens:
+                self._pending.pop(token, None)
+            for acked in waiting:  # left behind by an error: their outcome no longer matters
+                if acked.done() and not acked.cancelled():
+                    acked.exception()
 
     async def resend(self) -> int:
         """Send every publish still waiting for its ack again (after a reconnect: the ack, or the
@@ -94,6 +128,13 @@ class AckedPublisher:
         pending = self._pending.get(msg.subject[len(self._prefix) + 1 :])
         if pending is not None and not pending.acked.done():
             pending.acked.set_result(msg)
+
+
+def _expire(waiting: deque[asyncio.Future[Msg]]) -> None:
+    """The timer of a :meth:`AckedPublisher.publish_all`: fail what still waits for its ack."""
+    for acked in waiting:
+        if not acked.done():
+            acked.set_exception(TimeoutError())
 
 
 def check_ack(msg: Msg) -> None:

@@ -75,8 +75,9 @@ def lane_served(healthy: Iterable[WorkerRecord], machine_profile: str, bundle: s
     )
 
 
-def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequence[WorkerRecord]) -> Lane:
-    """The lane (profile, bundle) of ``candidates`` to publish to, best first by:
+def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequence[WorkerRecord], *,
+              priority: str = INTERACTIVE) -> Lane:
+    """The lane (profile, bundle) of ``candidates`` to publish to, in ``priority``'s class, best first by:
 
     a worker there has the model loaded; the bundle's rank in ``bundles``; the lane's mean queue
     depth; then profile and bundle names, so that equal lanes always pick the same one.
@@ -95,8 +96,11 @@ def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequ
         depth = sum(w.heartbeat.queue_depth for w in ws) / len(ws)
         return (not loaded, order.get(bundle, 99), depth, profile, bundle)
 
-    (profile, bundle), _ = min(lanes.items(), key=score)
-    return Lane(pool, profile, bundle)
+    if len(lanes) == 1:  # one lane to choose from, as in most clusters
+        profile, bundle = next(iter(lanes))
+    else:
+        (profile, bundle), _ = min(lanes.items(), key=score)
+    return Lane(pool, profile, bundle, priority)
 
 
 def lane_pullers(workers: Iterable[WorkerRecord], lane: Lane) -> int:

@@ -49,7 +49,7 @@ def _items_answer(request: web.Request, model: str, rid: str, results: list[Work
         request,
         lambda: responses.items_msgpack(model, results, t, item_errors),
         lambda: responses.items_json(model, results, t, item_errors),
-        success_headers(rid, results, wait_ms),
+        success_headers(rid, results, wait_ms, t),
     )
 
 
@@ -114,7 +114,7 @@ async def handle_score(request: web.Request) -> web.Response:
         request,
         lambda: responses.score_msgpack(model, results[0], t),
         lambda: responses.score_json(model, results[0], t),
-        success_headers(rid, results, wait_ms),
+        success_headers(rid, results, wait_ms, t),
     )
 
 

@@ -1,4 +1,5 @@
-"""A work publish whose ack died with the NATS connection is sent again at the reconnect."""
+"""Publishing a request's items: at most a window unacknowledged at once, one timeout for all, and a
+publish whose ack died with the NATS connection sent again at the reconnect."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import signal
 import time
 
 import nats
+import pytest
 
 from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
+from protocol.errors import ErrorCode, SIEError
 from protocol.subjects import pool_stream_name, work_subject
 
 
@@ -28,7 +31,7 @@ async def test_a_publish_lost_with_the_server_is_sent_again_at_the_reconnect(nat
         subject = work_subject("default", "cpu", "default", "m")
         assert nats_server.proc is not None
         os.kill(nats_server.proc.pid, signal.SIGSTOP)  # the publish reaches a server that never answers
-        publish = asyncio.create_task(d._publish(subject, "default", b"payload", {"Nats-Msg-Id": "item-1"}))
+        publish = asyncio.create_task(d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-1"}], None))
         await asyncio.sleep(0.5)
         assert not publish.done()
         os.kill(nats_server.proc.pid, signal.SIGKILL)  # ... and dies with it unread
@@ -39,5 +42,56 @@ async def test_a_publish_lost_with_the_server_is_sent_again_at_the_reconnect(nat
         assert time.monotonic() - t0 < 10.0
         info = await nc.jetstream().stream_info(pool_stream_name("default"))
         assert info.state.messages == 1
+    finally:
+        await nc.close()
+
+
+async def test_a_requests_items_wait_for_their_acks_at_most_a_window_at_a_time(nats_server):
+    """The gateway sends a request's items without a task each: no more than the window goes
+    unacknowledged; the rest follow as acks come in, and every item is stored once."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="file", publish_concurrency=3)
+        await d.ensure_stream("default")
+        subject = work_subject("default", "cpu", "default", "m")
+        payloads = [b"item %d" % i for i in range(10)]
+        headers = [{"Nats-Msg-Id": f"win-{i}"} for i in range(10)]
+        sent = nc.stats["out_msgs"]
+        assert nats_server.proc is not None
+        os.kill(nats_server.proc.pid, signal.SIGSTOP)  # no acks while it is stopped
+        try:
+            publish = asyncio.create_task(d._publish(subject, "default", payloads, headers, 30.0))
+            await asyncio.sleep(0.3)
+            assert not publish.done()
+            assert nc.stats["out_msgs"] - sent == 3
+        finally:
+            os.kill(nats_server.proc.pid, signal.SIGCONT)
+        await asyncio.wait_for(publish, 10.0)
+        assert nc.stats["out_msgs"] - sent == 10
+        assert d.publisher.in_flight == 0
+        info = await nc.jetstream().stream_info(pool_stream_name("default"))
+        assert info.state.messages == 10
+    finally:
+        await nc.close()
+
+
+async def test_acks_that_do_not_come_in_time_fail_the_publish_and_leave_nothing_pending(nats_server):
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="file", publish_concurrency=2)
+        await d.ensure_stream("default")
+        subject = work_subject("default", "cpu", "default", "m")
+        assert nats_server.proc is not None
+        os.kill(nats_server.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(SIEError) as err:
+                await d._publish(subject, "default", [b"a", b"b", b"c"], [{"Nats-Msg-Id": f"late-{i}"} for i in range(3)],
+                                 0.3)
+            assert err.value.code == ErrorCode.QUEUE_UNAVAILABLE
+            assert 0.25 < time.monotonic() - t0 < 2.0
+            assert d.publisher.in_flight == 0  # nothing left for a resend after a reconnect
+        finally:
+            os.kill(nats_server.proc.pid, signal.SIGCONT)
     finally:
         await nc.close()
