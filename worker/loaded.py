@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import importlib
 import importlib.util
 import itertools
@@ -100,14 +102,25 @@ class LoadedModel:
     async def run(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
         """One forward pass (with OOM recovery) on one of this model's inference lanes."""
         loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self.executor, self._forward, ctx, units)
+        outputs = await loop.run_in_executor(self.executor, self.forward, ctx, units)
+        self.count(ctx, units)
+        return outputs
+
+    async def on_lane(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on one of this model's inference lanes, in the caller's context (its trace
+        span and log fields), for work that runs its forwards itself (:meth:`forward`)."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
+    def count(self, ctx: RequestContext, units: list[Prepared]) -> None:
+        """Count one forward pass of ``units`` in the model's batch statistics and metrics (on the loop)."""
         real = padded = 0
         if self.adapter.token_costed:
             real, padded = self.stats.record(units, packed=self.adapter.runs_packed(ctx))
         self._runtime.metrics.observe_batch(self.model_id, len(units), real, padded)
-        return outputs
 
-    def _forward(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
+    def forward(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
+        """One forward pass, with OOM recovery, on the calling inference lane."""
         with self.gate.shared():
             if not self.adapter.forwards_share_state():
                 return self._runtime.forward_with_recovery(self, ctx, units)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -40,17 +41,14 @@ class Operations(Chunking):
             return Result(chunked, timing, tokens)
         lm = await self._ready_model(plan.resolved)
         timing = Timing()
-        units, raws = await self._infer(lm, plan.ctx, items, direct, timing, priority=priority)
-        t = time.monotonic()
-        with tracing.span("worker.postprocess"):
-            out = await self._postprocess(self._encode_outputs, plan, raws, items, units)
-        timing.postprocessing_ms = (time.monotonic() - t) * 1000
+        units, out = await self._infer(lm, plan.ctx, items, direct, timing, priority=priority,
+                                       post=functools.partial(self._encode_outputs, plan, items))
         timing.total_ms = (time.monotonic() - t0) * 1000
         self.metrics.observe_request(lm.model_id, timing)
         return Result(out, timing, sum(u.input_tokens for u in units), item_tokens=[u.input_tokens for u in units])
 
-    def _encode_outputs(self, plan: Plan, raws: list[dict[str, Any]], items: list[dict[str, Any]],
-                        units: list[Prepared]) -> list[dict]:
+    def _encode_outputs(self, plan: Plan, items: list[dict[str, Any]], units: list[Prepared],
+                        raws: list[dict[str, Any]]) -> list[dict]:
         raws = requested_outputs(plan, raws)
         return [
             {**encode_item(raw, plan.output_dtype, plan.dims, item.get("id")), **truncation(unit)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -134,3 +135,43 @@ async def test_a_packed_model_runs_mixed_lengths_in_one_forward_without_padding(
     assert packed.input_tokens == padded.input_tokens
     for a, b in zip(packed.items, padded.items, strict=True):
         np.testing.assert_allclose(a["dense"]["values"], b["dense"]["values"], atol=1e-5)
+
+
+@pytest.mark.parametrize("in_flight", [0, 2])
+async def test_a_direct_batch_runs_on_its_lane_in_one_call_unless_another_may_queue_behind_it(in_flight):
+    """The sidecar's batches (direct): with one batch per lane (CPU's default) tokenising, the
+    forwards and the postprocessing all run on the inference lane; with a second batch allowed in
+    flight (CUDA's default), tokenising and postprocessing stay on the CPU pool, so the next batch
+    tokenises while a forward runs. The answer is the same either way."""
+    rt = Runtime(WorkerSettings(hf_offline=True, torch_threads=1, preload_models=D, forwards_in_flight=in_flight))
+    await rt.start()
+    try:
+        lm = rt.loaded()[0]
+        seen: dict[str, set[str]] = {"prepare": set(), "forward": set()}
+        prepare, forward = lm.adapter.prepare, lm.adapter.forward
+
+        def watched_prepare(ctx, inputs):
+            seen["prepare"].add(threading.current_thread().name)
+            return prepare(ctx, inputs)
+
+        def watched_forward(ctx, batch):
+            seen["forward"].add(threading.current_thread().name)
+            return forward(ctx, batch)
+
+        lm.adapter.prepare = watched_prepare  # type: ignore[method-assign]
+        lm.adapter.forward = watched_forward  # type: ignore[method-assign]
+        texts = [f"a sentence about lanes, number {i}" for i in range(5)]
+        direct = await rt.encode(D, [{"text": t} for t in texts], direct=True)
+        [lane] = seen["forward"]
+        assert lane.startswith("infer-")
+        if in_flight == 0:
+            assert seen["prepare"] == {lane}
+        else:
+            assert seen["prepare"] and all(name.startswith("cpu") for name in seen["prepare"])
+        assert direct.timing.inference_ms > 0 and direct.timing.tokenization_ms > 0
+        assert direct.item_tokens and all(n > 2 for n in direct.item_tokens)
+        batched = await rt.encode(D, [{"text": t} for t in texts])
+        for a, b in zip(direct.items, batched.items, strict=True):
+            np.testing.assert_allclose(a["dense"]["values"], b["dense"]["values"], atol=1e-5)
+    finally:
+        await rt.close()
