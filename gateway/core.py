@@ -86,6 +86,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.demand = DemandTracker(self.metrics, settings.gateway_demand_expiry_s)
         self.workers = WorkerRegistry(settings.gateway_worker_stale_s)
+        # (pool, profile, model, bundles) → (registry generation, valid until, lane): _served_lane
+        self._lanes: dict[tuple[str, str | None, str, tuple[str, ...]], tuple[int, float, Lane]] = {}
         self.dispatcher = Dispatcher(
             nc,
             metrics=self.metrics,
@@ -245,12 +247,8 @@ class Gateway:
                 assigned = self.pools.assigned(spec)  # type: ignore[union-attr]
                 pool_state = self.pools.state(spec, assigned)  # type: ignore[union-attr]
                 assigned_ids = {w.worker_id for w in assigned}
-        candidates = self.workers.select(
-            pool=queue_pool, profile=profile, bundles=route.bundles, model_id=route.model_id
-        )
-        if assigned_ids is not None:
-            candidates = [w for w in candidates if w.worker_id in assigned_ids]
-        if not candidates or pool_state != "active":
+        lane = self._served_lane(route, queue_pool, profile, assigned_ids)
+        if lane is None or pool_state != "active":
             bundle = route.bundles[0]
             self.demand.record(profile or "any", bundle)
             raise Provisioning(
@@ -265,7 +263,30 @@ class Gateway:
             self.token_priority(request),
             pool_priority or self.settings.gateway_default_priority,
         )
-        return routing.best_lane(route.model_id, route.bundles, queue_pool, candidates, priority=priority)
+        return lane if lane.priority == priority else Lane(lane.pool, lane.machine_profile, lane.bundle, priority)
+
+    def _served_lane(self, route: Route, queue_pool: str, profile: str | None,
+                     assigned_ids: set[str] | None) -> Lane | None:
+        """The best lane of the healthy workers that can serve ``route`` (None: there is none).
+        Outside a pool with assigned workers the choice is kept until the worker registry changes (a
+        heartbeat, a worker gone) or a worker it was made from would turn stale: it depends on nothing
+        else, and every request asks for it."""
+        key = None if assigned_ids is not None else (queue_pool, profile, route.model_id, tuple(route.bundles))
+        if key is not None:
+            kept = self._lanes.get(key)
+            if kept is not None and kept[0] == self.workers.generation and self.workers.now() < kept[1]:
+                return kept[2]
+        candidates = self.workers.select(
+            pool=queue_pool, profile=profile, bundles=route.bundles, model_id=route.model_id
+        )
+        if assigned_ids is not None:
+            candidates = [w for w in candidates if w.worker_id in assigned_ids]
+        if not candidates:
+            return None
+        lane = routing.best_lane(route.model_id, route.bundles, queue_pool, candidates)
+        if key is not None:
+            self._lanes[key] = (self.workers.generation, self.workers.healthy_until(candidates), lane)
+        return lane
 
     def token_priority(self, request: web.Request) -> str | None:
         """``bulk`` for a request authenticated with one of ``SIE_AUTH_BULK_TOKENS``."""

@@ -62,6 +62,9 @@ class WorkerRegistry:
         self.stale_after_s = stale_after_s
         self._clock = clock
         self._workers: dict[str, WorkerRecord] = {}
+        # changes with every heartbeat applied and every worker removed: what was decided from the
+        # registry holds while it stays the same (and no worker it looked at turns stale)
+        self.generation = 0
 
     def observe(self, worker_id: str, data: bytes) -> WorkerRecord | None:
         """Apply one heartbeat message; returns the worker's state (None when removed or invalid)."""
@@ -71,6 +74,7 @@ class WorkerRegistry:
             log.warning("ignoring malformed heartbeat from %s: %s", worker_id, exc)
             return None
         key = worker_id or hb.name
+        self.generation += 1
         if hb.terminated:
             self._workers.pop(key, None)
             return None
@@ -79,7 +83,15 @@ class WorkerRegistry:
         return state
 
     def remove(self, worker_id: str) -> None:
+        self.generation += 1
         self._workers.pop(worker_id, None)
+
+    def now(self) -> float:
+        return self._clock()
+
+    def healthy_until(self, workers: list[WorkerRecord]) -> float:
+        """When the first of ``workers`` turns stale, unless a heartbeat comes first."""
+        return min(w.last_seen for w in workers) + self.stale_after_s
 
     def is_healthy(self, w: WorkerRecord) -> bool:
         return w.heartbeat.ready and (self._clock() - w.last_seen) <= self.stale_after_s
@@ -97,6 +109,7 @@ class WorkerRegistry:
         for key, w in list(self._workers.items()):
             if now - w.last_seen > limit:
                 del self._workers[key]
+                self.generation += 1
 
     def select(
         self,

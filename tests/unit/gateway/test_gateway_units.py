@@ -81,6 +81,26 @@ def test_worker_registry_staleness_and_tombstone():
     assert reg.observe("x", b"\xff not a heartbeat") is None
 
 
+def test_worker_registry_generation_moves_with_every_change_and_staleness_is_foreseen():
+    now = [100.0]
+    reg = WorkerRegistry(stale_after_s=15, clock=lambda: now[0])
+    hb = Heartbeat(name="w", ready=True, machine_profile="cpu", pool_name="default", bundle="default")
+    seen = [reg.generation]
+    reg.observe("w", hb.to_json())
+    now[0] += 5
+    reg.observe("v", hb.to_json())
+    seen.append(reg.generation)
+    assert reg.healthy_until(reg.healthy()) == 100.0 + 15  # w's heartbeat is the older
+    reg.healthy()  # reading changes nothing
+    assert reg.generation == seen[-1]
+    reg.remove("v")
+    seen.append(reg.generation)
+    now[0] += 1000
+    reg.prune()
+    seen.append(reg.generation)
+    assert reg.all() == [] and len(set(seen)) == len(seen)
+
+
 def test_demand_expires_and_clears():
     now = [0.0]
     m = GatewayMetrics()
