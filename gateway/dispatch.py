@@ -264,7 +264,8 @@ class Dispatcher:
         try:
             t0 = time.monotonic()
             with tracing.span("gateway.publish", attributes={"items": len(items), "subject": subject}):
-                await self._publish_all(subject, lane.pool, payloads, headers, deadline)
+                timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
+                await self._publish(subject, lane.pool, payloads, headers, timeout)
             labelled(self.metrics.items_published, operation).inc(len(items))
             labelled(self.metrics.priority_items, lane.priority).inc(len(items))
             labelled(self.metrics.publish_seconds, operation).observe(time.monotonic() - t0)
@@ -290,11 +291,6 @@ class Dispatcher:
                 reason = "deadline" if time.monotonic() >= deadline else "abandoned"
                 # shield: the caller may itself be cancelled (client disconnected)
                 await asyncio.shield(self.cancel(request_id, reason))
-
-    async def _publish_all(self, subject: str, pool: str, payloads: list[bytes], headers: list[dict[str, str]],
-                           deadline: float) -> None:
-        timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
-        await self._publish(subject, pool, payloads, headers, timeout)
 
     async def _publish(self, subject: str, pool: str, payloads: list[bytes], headers: list[dict[str, str]],
                        timeout_s: float | None) -> None:

@@ -69,11 +69,6 @@ class AckedPublisher:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> None:
-        """Publish one message and wait for the stream's ack (:meth:`publish_all`, no timeout: the
-        caller's)."""
-        await self.publish_all(subject, [payload], [headers], window=1, timeout_s=None)
-
     async def publish_all(self, subject: str, payloads: list[bytes], headers: list[dict[str, str]], *,
                           window: int, timeout_s: float | None) -> None:
         """Publish ``payloads`` (with their ``headers``) to ``subject``, in order, with at most

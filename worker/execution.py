@@ -52,7 +52,7 @@ class Execution(OomRecovery):
         Direct, where no batch waits behind a running forward (on CPU, one batch per lane), the
         whole batch is one call on an inference lane: tokenising, its forwards and ``post``. Hops to
         the CPU pool around the forward would overlap nothing there, and each costs the worker CPU
-        (two threads handing the GIL over): 0.61-0.64 against 0.44-0.49 ms per batch of ten
+        (two threads handing the GIL over): 0.61-0.64 against 0.43-0.44 ms per batch of ten
         zero-cost items, measured in-process. Otherwise tokenising and ``post`` run on the CPU pool,
         so the next batch tokenises while a forward runs (CUDA: one queued behind the running one),
         and requests tokenise as they arrive (the batched path).
