@@ -89,8 +89,13 @@ class Settlement(LaneState):
                     await self._publish_and_ack(d, data, success=success)
                     continue
                 part = [entries[i] for i in chunk]
-                with tracing.span("sidecar.result_publish", parent=part[0][0].route.traceparent,
-                                  attributes={"items": len(part)}):
+                # one span per message: a child of its first item's request, linked to the others'
+                with tracing.span(
+                    "sidecar.result_publish", parent=part[0][0].route.traceparent,
+                    links=[d.route.traceparent for d, _, _ in part[1:] if isinstance(d.route.traceparent, str)]
+                    if tracing.enabled() else (),
+                    attributes={"items": len(part)},
+                ):
                     try:
                         await self.nc.publish(subject, pack_results([data for _, data, _ in part]))
                     except Exception as exc:  # noqa: BLE001 - redelivered; nothing else to do
