@@ -40,7 +40,7 @@ class GatewaySettings(BaseSettings):
     gateway_max_items: int = Field(default=4096, gt=0)  # most items per encode/extract request (400 above)
     gateway_max_score_items: int = Field(default=1000, gt=0)  # most documents per score request (400 above)
     gateway_max_stream_pending: int = Field(default=50_000, gt=0)  # stream messages above which requests get 503 QUEUE_FULL
-    gateway_publish_concurrency: int = Field(default=64, gt=0)  # concurrent JetStream publishes per request
+    gateway_publish_concurrency: int = Field(default=64, gt=0)  # a request's JetStream publishes waiting for their acks at once
     gateway_drain_timeout_s: float = Field(default=20.0, ge=0)  # on SIGTERM: new requests get 503 QUEUE_UNAVAILABLE + Retry-After while those in flight finish, for at most this long (keep it under the pod's terminationGracePeriodSeconds minus preStopSleepSeconds)
     gateway_publish_timeout_s: float = Field(default=6.0, gt=0)  # wait for all publish acks of a request before giving up
     gateway_provisioning_retry_after_s: float = Field(default=10.0, ge=0)  # Retry-After of PROVISIONING (scale from zero) answers
