@@ -96,10 +96,7 @@ def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequ
         depth = sum(w.heartbeat.queue_depth for w in ws) / len(ws)
         return (not loaded, order.get(bundle, 99), depth, profile, bundle)
 
-    if len(lanes) == 1:  # one lane to choose from, as in most clusters
-        profile, bundle = next(iter(lanes))
-    else:
-        (profile, bundle), _ = min(lanes.items(), key=score)
+    (profile, bundle), _ = min(lanes.items(), key=score)
     return Lane(pool, profile, bundle, priority)
 
 
