@@ -335,7 +335,6 @@ class Gateway:
                 ErrorCode.QUEUE_UNAVAILABLE, "Work queue is not connected; retry later", retry_after=2
             )
         lane = await self.choose_lane(route, pool_name, profile, request)
-        priority = lane.priority
         request_id = http.new_request_id()
         request[REQUEST_ID_KEY] = request_id
         timeout = self.settings.gateway_request_timeout_s
@@ -357,7 +356,7 @@ class Gateway:
             return request_id, hits, (time.monotonic() - t0) * 1000.0, lane
         try:
             await self.dispatcher.ensure_stream(lane.pool)
-            await self.dispatcher.check_capacity(lane.pool, len(todo), priority=priority)
+            await self.dispatcher.check_capacity(lane.pool, len(todo), priority=lane.priority)
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             raise SIEError(
                 ErrorCode.QUEUE_UNAVAILABLE,
