@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import itertools
 import json
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class LoadedModel:
         self.last_used = next(_use_clock)
         self.closed = False
         self._runtime = runtime
+        self._forward_seconds = runtime.metrics.forward_seconds.labels(self.model_id)
         self.loras = LoraSet(
             resolved.model_id,
             adapter,
@@ -123,9 +125,18 @@ class LoadedModel:
         """One forward pass, with OOM recovery, on the calling inference lane."""
         with self.gate.shared():
             if not self.adapter.forwards_share_state():
-                return self._runtime.forward_with_recovery(self, ctx, units)
+                return self._timed_forward(ctx, units)
         with self.gate.exclusive():  # a LoRA is loaded: activating one changes every lane's model
+            return self._timed_forward(ctx, units)
+
+    def _timed_forward(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
+        """The forward pass, its time added to ``sie_worker_forward_seconds_total`` (from the lane:
+        the counter takes its own lock)."""
+        started = time.monotonic()
+        try:
             return self._runtime.forward_with_recovery(self, ctx, units)
+        finally:
+            self._forward_seconds.inc(time.monotonic() - started)
 
     async def alone(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on an inference lane while no forward runs (LoRA loads and unloads, unload)."""

@@ -74,6 +74,12 @@ class WorkerMetrics:
         self.batch_size = Histogram(
             "sie_worker_batch_size", "Items per forward pass", ["model"], registry=r, buckets=_SIZE_BUCKETS
         )
+        self.forward_seconds = Counter(
+            "sie_worker_forward_seconds",
+            "Time the model's inference lanes spent in forward passes (OOM recovery included); with "
+            "sie_worker_batch_size, the forward time per item and the share of time a lane computes",
+            ["model"], registry=r,
+        )
         self.tokens_per_batch = Histogram(
             "sie_worker_tokens_per_batch", "Real tokens per forward pass", ["model"], registry=r,
             buckets=_TOKEN_BUCKETS,

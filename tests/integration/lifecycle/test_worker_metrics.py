@@ -55,3 +55,18 @@ async def test_load_failures_and_oom_recovery_steps_are_counted(make_runtime):
     steps = {k[1][1][1]: v for k, v in found.items() if k[0] == "sie_worker_oom_recoveries_total"}
     assert steps == {"oom": 1, "cache_clear": 1, "split": 2, "exhausted": 1}
     assert get(found, "sie_worker_model_load_failures_total", model="broken") >= 1
+
+
+async def test_forward_seconds_count_the_time_forwards_ran(make_runtime):
+    """Each forward's time adds up in sie_worker_forward_seconds_total: a model whose forward sleeps
+    20 ms, run as two forwards of two items (max two per batch), counts at least 40 ms; the
+    batch-size histogram counts the same two forwards, so time per item is their ratio."""
+    rt = await make_runtime([fake_config("slow", batch_delay_ms=20)], max_batch_requests=2)
+    await encode_ready(rt, "slow", ITEMS)
+    found = scrape(rt)
+    forwards = get(found, "sie_worker_batch_size_count", model="slow")
+    assert forwards == 2
+    assert get(found, "sie_worker_batch_size_sum", model="slow") == len(ITEMS)
+    seconds = get(found, "sie_worker_forward_seconds_total", model="slow")
+    assert 0.040 <= seconds < 2.0
+    assert get(found, "sie_worker_forward_seconds_total", model="other") == 0.0
