@@ -19,6 +19,7 @@ import random
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -217,6 +218,51 @@ def _load_slice(url: str, texts: list[str], per_request: int, clients: int, mode
                     latencies=latencies)
 
 
+class ForwardMeter:
+    """A worker's forward passes of one model, from its ``/metrics`` (``sie_worker_forward_seconds_total``
+    and ``sie_worker_batch_size_sum``), summed over the load slices it wraps: forward time per item,
+    and the share of those slices' wall time a forward ran (how busy the one lane was). They tell a
+    round whose rate fell because each forward ran slower from one where the worker waited."""
+
+    def __init__(self, metrics_url: str, model: str) -> None:
+        self.url, self.model = metrics_url, model
+        self.forward_s = self.items = self.seconds = 0.0
+
+    def totals(self) -> tuple[float, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url, timeout=10) as resp:
+            text = resp.read().decode()
+        found = {"sie_worker_forward_seconds_total": 0.0, "sie_worker_batch_size_sum": 0.0}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in found and sample.labels.get("model") == self.model:
+                    found[sample.name] += sample.value
+        return found["sie_worker_forward_seconds_total"], found["sie_worker_batch_size_sum"]
+
+    def wrap(self, run):
+        """``run(seconds, latencies)``, with this worker's forwards during it added up."""
+
+        def measured(seconds: float, latencies: list[float]) -> tuple[float, float, float]:
+            f0, n0 = self.totals()
+            started = time.perf_counter()
+            out = run(seconds, latencies)  # ``seconds`` of new requests, then the last ones' answers
+            self.seconds += time.perf_counter() - started
+            f1, n1 = self.totals()
+            self.forward_s += f1 - f0
+            self.items += n1 - n0
+            return out
+
+        return measured
+
+    def take(self) -> tuple[float, float]:
+        """(forward ms per item, share of the time forwards ran) since the last take."""
+        out = (self.forward_s / self.items * 1000 if self.items else 0.0,
+               self.forward_s / self.seconds if self.seconds else 0.0)
+        self.forward_s = self.items = self.seconds = 0.0
+        return out
+
+
 def side_by_side(run_a, run_b, seconds: float, segments: int, first_b: bool = False,
                  ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
     """Measure two targets for ``seconds`` each, in ``segments`` alternating slices (A B B A A B …,
@@ -259,14 +305,16 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, s
                  ("sie-fake", 1, 1), ("sie-fake", 1, 32), ("sie-fake", 32, 8)]
     lines = [f"cluster path vs sie serve, {rounds} rounds x {seconds:.0f} s each (in {segments} alternating "
              f"slices), every round (items/s, p50/p99 ms; ratio = cluster/serve); ST/s = in-process "
-             f"sentence-transformers on the same texts, batch = sentences per request, {seconds:.0f} s in the same round"]
+             f"sentence-transformers on the same texts, batch = sentences per request, {seconds:.0f} s in the "
+             f"same round; fwd ms/item and busy = each worker's forward time per item and the share of the "
+             f"slices' time a forward ran (its /metrics), serve/cluster"]
     head = (f"{'round':>5} {'workload':34} {'serve/s':>9} {'cluster/s':>9} {'ratio':>6} {'serve p50/p99':>15} "
-            f"{'cluster p50/p99':>17} {'ST/s':>7}")
+            f"{'cluster p50/p99':>17} {'ST/s':>7} {'fwd ms/item':>11} {'busy':>9}")
     lines += [head, "-" * len(head)]
     with tempfile.TemporaryDirectory(prefix="sie-bench-cluster-") as tmp, \
             ServeProcess(env={"SIE_TORCH_THREADS": str(threads), "SIE_PRELOAD_MODELS": f"{D},sie-fake"}) as server:
         cluster = Cluster(state_dir=Path(tmp), gateway_port=free_port(), config_port=free_port(),
-                          nats_port=free_port(), preload=f"{D},sie-fake")
+                          nats_port=free_port(), preload=f"{D},sie-fake", metrics_port=free_port())
         try:
             cluster.start(say=lambda line: None)
             for model, per_req, clients in workloads:  # warm-up: shapes, connections, lanes
@@ -275,17 +323,23 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, s
             for rnd in range(rounds):
                 st_rates: dict[int, float] = {}
                 for model, per_req, clients in workloads:
+                    meters = (ForwardMeter(server.url + "/metrics", model),
+                              ForwardMeter(f"http://127.0.0.1:{cluster.metrics_port}/metrics", model))
                     (s_rate, s50, s99), (c_rate, c50, c99) = side_by_side(
-                        functools.partial(_load_slice, server.url, texts, per_req, clients, model, None),
-                        functools.partial(_load_slice, cluster.gateway_url, texts, per_req, clients, model, OFF),
+                        meters[0].wrap(functools.partial(_load_slice, server.url, texts, per_req, clients, model,
+                                                         None)),
+                        meters[1].wrap(functools.partial(_load_slice, cluster.gateway_url, texts, per_req,
+                                                         clients, model, OFF)),
                         seconds, segments, first_b=rnd % 2 == 1,
                     )
+                    (s_ms, s_busy), (c_ms, c_busy) = (m.take() for m in meters)
                     if model == D and per_req not in st_rates:  # once per batch size and round
                         st_rates[per_req] = inprocess_st(texts, per_req, seconds, threads)[0]
                     st = f"{st_rates[per_req]:7.1f}" if model == D else f"{'-':>7}"
                     name = f"{'MiniLM' if model == D else model}, {per_req}/req x {clients} clients"
                     line = (f"{rnd + 1:>5} {name:34} {s_rate:9.1f} {c_rate:9.1f} {c_rate / s_rate:6.2f} "
-                            f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f} {st}")
+                            f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f} {st} {s_ms:5.2f}/{c_ms:5.2f} "
+                            f"{s_busy:4.2f}/{c_busy:4.2f}")
                     print(line, file=sys.stderr, flush=True)
                     lines.append(line)
         finally:
