@@ -218,6 +218,18 @@ def _load_slice(url: str, texts: list[str], per_request: int, clients: int, mode
                     latencies=latencies)
 
 
+def forward_totals(metrics_text: str, model: str) -> tuple[float, float]:
+    """(forward seconds, items in forwards) of ``model`` so far, from a worker's metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {"sie_worker_forward_seconds_total": 0.0, "sie_worker_batch_size_sum": 0.0}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in found and sample.labels.get("model") == model:
+                found[sample.name] += sample.value
+    return found["sie_worker_forward_seconds_total"], found["sie_worker_batch_size_sum"]
+
+
 class ForwardMeter:
     """A worker's forward passes of one model, from its ``/metrics`` (``sie_worker_forward_seconds_total``
     and ``sie_worker_batch_size_sum``), summed over the load slices it wraps: forward time per item,
@@ -229,16 +241,8 @@ class ForwardMeter:
         self.forward_s = self.items = self.seconds = 0.0
 
     def totals(self) -> tuple[float, float]:
-        from prometheus_client.parser import text_string_to_metric_families
-
         with urllib.request.urlopen(self.url, timeout=10) as resp:
-            text = resp.read().decode()
-        found = {"sie_worker_forward_seconds_total": 0.0, "sie_worker_batch_size_sum": 0.0}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in found and sample.labels.get("model") == self.model:
-                    found[sample.name] += sample.value
-        return found["sie_worker_forward_seconds_total"], found["sie_worker_batch_size_sum"]
+            return forward_totals(resp.read().decode(), self.model)
 
     def wrap(self, run):
         """``run(seconds, latencies)``, with this worker's forwards during it added up."""
