@@ -259,12 +259,10 @@ class ForwardMeter:
 
         return measured
 
-    def take(self) -> tuple[float, float]:
-        """(forward ms per item, share of the time forwards ran) since the last take."""
-        out = (self.forward_s / self.items * 1000 if self.items else 0.0,
-               self.forward_s / self.seconds if self.seconds else 0.0)
-        self.forward_s = self.items = self.seconds = 0.0
-        return out
+    def result(self) -> tuple[float, float]:
+        """(forward ms per item, share of the time forwards ran) over the slices measured."""
+        return (self.forward_s / self.items * 1000 if self.items else 0.0,
+                self.forward_s / self.seconds if self.seconds else 0.0)
 
 
 def side_by_side(run_a, run_b, seconds: float, segments: int, first_b: bool = False,
@@ -336,7 +334,7 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, s
                                                          clients, model, OFF)),
                         seconds, segments, first_b=rnd % 2 == 1,
                     )
-                    (s_ms, s_busy), (c_ms, c_busy) = (m.take() for m in meters)
+                    (s_ms, s_busy), (c_ms, c_busy) = (m.result() for m in meters)
                     if model == D and per_req not in st_rates:  # once per batch size and round
                         st_rates[per_req] = inprocess_st(texts, per_req, seconds, threads)[0]
                     st = f"{st_rates[per_req]:7.1f}" if model == D else f"{'-':>7}"
