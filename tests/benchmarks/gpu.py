@@ -13,7 +13,11 @@ words are each one token, so every text has an exact token count. Then, in one r
   pods, each a sidecar and a worker, as the most ``sie serve`` processes measured; ``--cluster-workers``);
 - correctness: min cosine of served bf16 vectors against an fp32 transformers reference.
 
-Every round is printed (a stall must show), then the table of medians with GPU utilisation.
+Every round is printed (a stall must show), then the table of medians with GPU utilisation. Each
+round's line also says where the host's CPU went (cores used by each group of processes: the load
+clients, ``sie serve``'s processes; the cluster's gateways, NATS, sidecars and workers) and, for the
+cluster, how busy its workers' forwards were and their forward time per item (from each pod's
+``/metrics``): what a cluster row that trails ``sie serve`` is waiting on.
 
 ``--smoke`` runs the whole script on the CPU with tiny random models, one short round and small
 client counts: it checks the script end to end where no GPU is (its figures mean nothing), so a
@@ -24,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import multiprocessing as mp
 import os
 import random
+import socket
 import statistics
 import sys
 import tempfile
@@ -149,6 +155,7 @@ def _client_proc(url: str, model: str, texts: list[str], per_request: int, clien
             headers = {"Content-Type": "application/json", "Accept": "application/json"}
         else:
             headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+        headers["X-SIE-Cache"] = "off"  # the gateway's result cache (off by default) must not answer repeated texts
 
         async def one(session: aiohttp.ClientSession, cid: int) -> None:
             i = offset + cid * 7919
@@ -190,6 +197,9 @@ class Load:
         elapsed = time.perf_counter() - start
         return len(lat) * w.per_request / elapsed, lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
 
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.pool._pool]  # type: ignore[attr-defined]
+
     def close(self) -> None:
         self.pool.terminate()
 
@@ -227,6 +237,91 @@ class GpuBusy:
     @property
     def mean(self) -> float:
         return statistics.fmean(self.samples) if self.samples else float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc's parent links)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(parents.get(p, []))
+    return out
+
+
+class CpuMeter:
+    """Cores used by each named group of processes while the block runs (``{group: [pid, ...]}``)."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = groups
+        self.cores: dict[str, float] = {}
+
+    def __enter__(self) -> CpuMeter:
+        self._start = time.perf_counter()
+        self._before = {g: sum(map(cpu_seconds, pids)) for g, pids in self.groups.items()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self._start
+        self.cores = {g: (sum(map(cpu_seconds, pids)) - self._before[g]) / wall for g, pids in self.groups.items()}
+
+    def line(self) -> str:
+        return "CPU cores: " + ", ".join(f"{g} {c:.2f}" for g, c in self.cores.items())
+
+
+class PodForwards:
+    """The cluster pods' forwards of one model over a block: summed forward time per item, and the
+    mean share of the time each pod's worker ran a forward (``sie_worker_forward_seconds_total``)."""
+
+    def __init__(self, metrics_urls: list[str], model: str) -> None:
+        self.urls, self.model = metrics_urls, model
+        self.ms_per_item = self.busy = float("nan")
+
+    def _totals(self) -> tuple[float, float]:
+        import urllib.request
+
+        from tests.benchmarks.run import forward_totals
+
+        fwd = items = 0.0
+        for url in self.urls:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                f, n = forward_totals(resp.read().decode(), self.model)
+            fwd, items = fwd + f, items + n
+        return fwd, items
+
+    def __enter__(self) -> PodForwards:
+        self._f0, self._n0 = self._totals()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self._start
+        f1, n1 = self._totals()
+        fwd, items = f1 - self._f0, n1 - self._n0
+        self.ms_per_item = fwd / items * 1e3 if items else float("nan")
+        self.busy = fwd / wall / len(self.urls)
+
+    def line(self) -> str:
+        return f"pods' forwards: {self.ms_per_item:.3f} ms/item, busy {self.busy:.2f}"
 
 
 # ---- in-process measurements -------------------------------------------------------------------
@@ -344,22 +439,45 @@ class Row:
 
 
 def measure(target: str, url: str, ws: list[Workload], load: Load, rounds: int, seconds: float,
-            rows: dict[tuple[str, str], Row], peak: float) -> None:
+            rows: dict[tuple[str, str], Row], peak: float, groups: dict[str, list[int]],
+            pod_metrics: list[str] | None = None) -> None:
+    """``rounds`` of every workload against ``url``; each round's line, then where the CPU went
+    (``groups`` of processes) and, given the pods' metrics URLs, their forwards."""
     for w in ws:  # warm-up: model load and first shapes
         load.run(url, w, 2.0)
+    groups = {"clients": load.pids(), **groups}
     for rnd in range(rounds):
         for w in ws:
-            with GpuBusy() as busy:
+            pods = PodForwards(pod_metrics or [], f"bench/{w.model}")
+            with GpuBusy() as busy, CpuMeter(groups) as cpu, contextlib.ExitStack() as stack:
+                if pod_metrics:
+                    stack.enter_context(pods)
                 rate, p50, p99 = load.run(url, w, seconds)
             row = rows.setdefault((target, w.name), Row(target, w))
             row.rates.append(rate), row.p50.append(p50), row.p99.append(p99), row.busy.append(busy.mean)
             mfu = rate * w.flops() / (peak * 1e12)
-            print(f"round {rnd + 1} {target:10} {w.name:40} {rate:9.1f}/s  MFU {mfu:6.1%}  p50 {p50:8.1f} ms  "
+            print(f"round {rnd + 1} {target:13} {w.name:40} {rate:9.1f}/s  MFU {mfu:6.1%}  p50 {p50:8.1f} ms  "
                   f"p99 {p99:8.1f} ms  GPU busy {busy.mean:5.1f}%", flush=True)
+            print(f"        {cpu.line()}" + (f"; {pods.line()}" if pod_metrics else ""), flush=True)
 
 
 #: a forward pass of up to 64 × 512 tokens: bigger matmuls than the 16,384-token default keep an H100 busier
 ENV = {"SIE_DEVICE": "cuda", "SIE_TORCH_THREADS": "0", "SIE_HF_OFFLINE": "1", "SIE_MAX_BATCH_COST": "32768"}
+
+
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free loopback ports (the launcher gives pod i the port first + i)."""
+    from tests.support.nats_server import free_port
+
+    while True:
+        first = free_port()
+        try:
+            for port in range(first, first + n):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
 
 
 def start_serve(models_dir: Path, processes: int) -> ServeProcess:
@@ -388,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster-workers", type=int, default=0,
                     help="worker pods of the cluster on the GPU (sie up --workers); 0 = as many as the most "
                          "sie serve processes measured, so both front doors run as many model processes")
-    ap.add_argument("--cluster-gateways", type=int, default=1, help="gateways of the cluster (sie up --gateways)")
+    ap.add_argument("--cluster-gateways", default="1",
+                    help="gateways of the cluster (sie up --gateways); a comma-separated list measures each")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process baselines")
     ap.add_argument("--smoke", action="store_true",
                     help="check the script end to end on the CPU: tiny models, one short round, few clients")
@@ -432,7 +551,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 server = start_serve(models_dir, procs)
                 cosines = cosines or {m: served_min_cosine(server.url, root, m) for m in SHAPES}
-                measure(f"serve x{procs}", server.url, ws, load, args.rounds, args.seconds, rows, peak)
+                assert server.proc is not None
+                measure(f"serve x{procs}", server.url, ws, load, args.rounds, args.seconds, rows, peak,
+                        {"sie serve": descendants(server.proc.pid)})
             except Exception as exc:  # the cluster rows still run: one failure should not cost the lease
                 print(f"sie serve x{procs} failed: {exc!r}", flush=True)
                 if server is not None:
@@ -446,29 +567,37 @@ def main(argv: list[str] | None = None) -> int:
 
             os.environ.update({**ENV, "SIE_DEVICE": DEVICE})
             pods = args.cluster_workers or max(int(p) for p in str(args.serve_processes).split(","))
-            cluster = Cluster(state_dir=root / "state", gateway_port=free_port(), config_port=free_port(),
-                              nats_port=free_port(), models_dir=str(models_dir),
-                              preload="bench/bge-base,bench/minilm", workers=pods,
-                              gateways=args.cluster_gateways)
-            print(f"cluster: {pods} worker pod(s), {args.cluster_gateways} gateway(s)", flush=True)
-            try:
-                cluster.start(say=lambda line: print("cluster:", line, flush=True))
-                cws = [w for w in ws if not w.json]
-                measure(f"cluster x{pods}", cluster.gateway_url, cws, load, args.rounds, args.seconds, rows, peak)
-            except Exception as exc:
-                print(f"cluster path failed: {exc!r}", flush=True)
-                for name in [n for pod in cluster.pods for n in (pod.worker, pod.sidecar)] + cluster.gateway_names:
-                    log = root / "state" / "logs" / f"{name}.log"
-                    if log.exists():
-                        print(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:], flush=True)
-            finally:
-                cluster.stop()
+            for gateways in (int(g) for g in str(args.cluster_gateways).split(",")):
+                state = root / f"state-g{gateways}"
+                cluster = Cluster(state_dir=state, gateway_port=free_port(), config_port=free_port(),
+                                  nats_port=free_port(), models_dir=str(models_dir),
+                                  preload="bench/bge-base,bench/minilm", workers=pods, gateways=gateways,
+                                  metrics_port=free_ports(pods))
+                print(f"cluster: {pods} worker pod(s), {gateways} gateway(s)", flush=True)
+                try:
+                    cluster.start(say=lambda line: print("cluster:", line, flush=True))
+                    groups: dict[str, list[int]] = {}
+                    for name, child in cluster.supervisor.children.items():
+                        if child.proc is not None and name != "config":
+                            groups.setdefault(name.split("-")[0], []).append(child.proc.pid)
+                    cws = [w for w in ws if not w.json]
+                    target = f"cluster x{pods}" + (f" g{gateways}" if gateways > 1 else "")
+                    measure(target, cluster.gateway_url, cws, load, args.rounds, args.seconds, rows, peak, groups,
+                            [f"http://127.0.0.1:{cluster.metrics_port + i}/metrics" for i in range(pods)])
+                except Exception as exc:
+                    print(f"cluster path failed: {exc!r}", flush=True)
+                    for name in [n for pod in cluster.pods for n in (pod.worker, pod.sidecar)] + cluster.gateway_names:
+                        log = state / "logs" / f"{name}.log"
+                        if log.exists():
+                            print(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:], flush=True)
+                finally:
+                    cluster.stop()
     load.close()
     print()
     print(f"GPU benchmark: {device_name}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
           f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s; 'serve xN' = sie serve with "
-          f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N; 'vs serve' = cluster / the best serve row")
-    head = (f"{'target':10} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "
+          f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N (gK: --gateways K); 'vs serve' = cluster / the best serve row")
+    head = (f"{'target':13} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "
             f"{'HF in-proc':>10} {'packed in-proc':>14} {'vs serve':>8}")
     print(head)
     print("-" * len(head))
@@ -481,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{rate / statistics.median(serve.rates):7.2f}x" if target.startswith("cluster") and serve else "       -"
         hf = f"{b['transformers']:10.1f}" if b else f"{'-':>10}"
         pk = f"{b['packed']:14.1f}" if b else f"{'-':>14}"
-        print(f"{target:10} {name:40} {rate:9.1f} {mfu:6.1%} {statistics.median(r.p50):8.1f} "
+        print(f"{target:13} {name:40} {rate:9.1f} {mfu:6.1%} {statistics.median(r.p50):8.1f} "
               f"{statistics.median(r.p99):8.1f} {statistics.median(r.busy):6.1f} {hf} {pk} {ratio}")
     print()
     for m, c in cosines.items():
