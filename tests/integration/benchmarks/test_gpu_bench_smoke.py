@@ -1,0 +1,33 @@
+"""The GPU benchmark's script, end to end on the CPU (``--smoke``: tiny random models, one short
+round): a GPU lease is short, and a benchmark that breaks on its first row spends it for nothing.
+Slow (a minute or more: it starts ``sie serve`` and a cluster), so outside ``make test``."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.serve import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_gpu_benchmark_runs_through_on_the_cpu():
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.gpu", "--smoke", "--only", "MiniLM 32", "--no-inprocess"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "failed" not in out, out[-3000:]
+    rows = re.findall(r"^(serve x1|cluster x1)\s+MiniLM 32 tok, 1/req x 64 clients\s+([\d.]+)", out, re.M)
+    assert [r[0] for r in rows] == ["serve x1", "cluster x1"], out[-3000:]
+    assert all(float(rate) > 0 for _, rate in rows)
+    # every measured round says where the CPU went; the cluster's also its pods' forwards
+    assert re.search(r"CPU cores: clients [\d.]+, sie serve [\d.]+", out)
+    assert re.search(r"CPU cores: clients .*gateway [\d.]+; pods' forwards: [\d.]+ ms/item, busy [\d.]+", out)
+    cosines = [float(c) for c in re.findall(r"min cosine ([\d.]+)", out)]
+    assert len(cosines) == 2 and min(cosines) > 0.999
