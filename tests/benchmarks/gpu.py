@@ -438,31 +438,89 @@ class Row:
     busy: list[float] = field(default_factory=list)
 
 
-def measure(target: str, url: str, ws: list[Workload], load: Load, rounds: int, seconds: float,
-            rows: dict[tuple[str, str], Row], peak: float, groups: dict[str, list[int]],
-            pod_metrics: list[str] | None = None) -> None:
-    """``rounds`` of every workload against ``url``; each round's line, then where the CPU went
-    (``groups`` of processes) and, given the pods' metrics URLs, their forwards."""
-    for w in ws:  # warm-up: model load and first shapes
-        load.run(url, w, 2.0)
-    groups = {"clients": load.pids(), **groups}
+@dataclass
+class Target:
+    """Something to send the load to: its name in the table, URL, the processes whose CPU its lines
+    report, and (a cluster) its pods' metrics URLs."""
+
+    name: str
+    url: str
+    groups: dict[str, list[int]]
+    pod_metrics: list[str] = field(default_factory=list)
+
+
+def measure(targets: list[Target], ws: list[Workload], load: Load, rounds: int, seconds: float,
+            rows: dict[tuple[str, str], Row], peak: float) -> None:
+    """``rounds`` of every workload against every target; with several targets (variants of the
+    cluster) each workload runs on each in turn, in an order that flips every round, so they share
+    the host's moments alike. Each measurement's line, then where the CPU went and, for a cluster,
+    its pods' forwards."""
+    for t in targets:
+        for w in ws:  # warm-up: model load and first shapes
+            load.run(t.url, w, 2.0)
     for rnd in range(rounds):
         for w in ws:
-            pods = PodForwards(pod_metrics or [], f"bench/{w.model}")
-            with GpuBusy() as busy, CpuMeter(groups) as cpu, contextlib.ExitStack() as stack:
-                if pod_metrics:
-                    stack.enter_context(pods)
-                rate, p50, p99 = load.run(url, w, seconds)
-            row = rows.setdefault((target, w.name), Row(target, w))
-            row.rates.append(rate), row.p50.append(p50), row.p99.append(p99), row.busy.append(busy.mean)
-            mfu = rate * w.flops() / (peak * 1e12)
-            print(f"round {rnd + 1} {target:13} {w.name:40} {rate:9.1f}/s  MFU {mfu:6.1%}  p50 {p50:8.1f} ms  "
-                  f"p99 {p99:8.1f} ms  GPU busy {busy.mean:5.1f}%", flush=True)
-            print(f"        {cpu.line()}" + (f"; {pods.line()}" if pod_metrics else ""), flush=True)
+            for t in targets if rnd % 2 == 0 else targets[::-1]:
+                pods = PodForwards(t.pod_metrics, f"bench/{w.model}")
+                groups = {"clients": load.pids(), **t.groups}
+                with GpuBusy() as busy, CpuMeter(groups) as cpu, contextlib.ExitStack() as stack:
+                    if t.pod_metrics:
+                        stack.enter_context(pods)
+                    rate, p50, p99 = load.run(t.url, w, seconds)
+                row = rows.setdefault((t.name, w.name), Row(t.name, w))
+                row.rates.append(rate), row.p50.append(p50), row.p99.append(p99), row.busy.append(busy.mean)
+                mfu = rate * w.flops() / (peak * 1e12)
+                print(f"round {rnd + 1} {t.name:16} {w.name:40} {rate:9.1f}/s  MFU {mfu:6.1%}  p50 {p50:8.1f} ms  "
+                      f"p99 {p99:8.1f} ms  GPU busy {busy.mean:5.1f}%", flush=True)
+                print(f"        {cpu.line()}" + (f"; {pods.line()}" if t.pod_metrics else ""), flush=True)
 
 
 #: a forward pass of up to 64 × 512 tokens: bigger matmuls than the 16,384-token default keep an H100 busier
 ENV = {"SIE_DEVICE": "cuda", "SIE_TORCH_THREADS": "0", "SIE_HF_OFFLINE": "1", "SIE_MAX_BATCH_COST": "32768"}
+
+
+def measure_clusters(args: argparse.Namespace, root: Path, models_dir: Path, ws: list[Workload], load: Load,
+                     rows: dict[tuple[str, str], Row], peak: float) -> None:
+    """The cluster rows: one cluster per (gateway count, variables variant), all up at once and
+    measured in turn (``measure``), so variants compare within one run."""
+    from tests.benchmarks.cluster_ab import VariantCluster, parse_env
+    from tests.support.nats_server import free_port
+
+    os.environ.update({**ENV, "SIE_DEVICE": DEVICE})
+    pods = args.cluster_workers or max(int(p) for p in str(args.serve_processes).split(","))
+    variants = [parse_env(v) for v in str(args.cluster_env).split("|")]
+    clusters: list[tuple[str, VariantCluster]] = []
+    try:
+        for gateways in (int(g) for g in str(args.cluster_gateways).split(",")):
+            for i, extra in enumerate(variants):
+                name = (f"cluster x{pods}" + (f" g{gateways}" if gateways > 1 else "")
+                        + (f" v{i + 1}" if len(variants) > 1 else ""))
+                print(f"{name}: {pods} worker pod(s), {gateways} gateway(s), {extra or 'default settings'}", flush=True)
+                cluster = VariantCluster(state_dir=root / f"state-{len(clusters)}", gateway_port=free_port(),
+                                         config_port=free_port(), nats_port=free_port(), models_dir=str(models_dir),
+                                         preload="bench/bge-base,bench/minilm", workers=pods, gateways=gateways,
+                                         metrics_port=free_ports(pods), extra=extra)
+                clusters.append((name, cluster))
+                cluster.start(say=lambda line: print("cluster:", line, flush=True))
+        targets = []
+        for name, cluster in clusters:
+            groups: dict[str, list[int]] = {}
+            for child_name, child in cluster.supervisor.children.items():
+                if child.proc is not None and child_name != "config":
+                    groups.setdefault(child_name.split("-")[0], []).append(child.proc.pid)
+            targets.append(Target(name, cluster.gateway_url, groups,
+                                  [f"http://127.0.0.1:{cluster.metrics_port + i}/metrics" for i in range(pods)]))
+        measure(targets, ws, load, args.rounds, args.seconds, rows, peak)
+    except Exception as exc:
+        print(f"cluster path failed: {exc!r}", flush=True)
+        for _, cluster in clusters:
+            for name in [n for pod in cluster.pods for n in (pod.worker, pod.sidecar)] + cluster.gateway_names:
+                log = cluster.state_dir / "logs" / f"{name}.log"
+                if log.exists():
+                    print(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:], flush=True)
+    finally:
+        for _, cluster in clusters:
+            cluster.stop()
 
 
 def free_ports(n: int) -> int:
@@ -508,6 +566,10 @@ def main(argv: list[str] | None = None) -> int:
                          "sie serve processes measured, so both front doors run as many model processes")
     ap.add_argument("--cluster-gateways", default="1",
                     help="gateways of the cluster (sie up --gateways); a comma-separated list measures each")
+    ap.add_argument("--cluster-env", default="",
+                    help="'|'-separated variants of extra variables for every cluster process, each K=V[,K=V...] "
+                         "('' = default settings), e.g. '|SIE_BATCHER_COALESCE_MS=15': each variant is a cluster "
+                         "of its own, measured in turn with the others")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process baselines")
     ap.add_argument("--smoke", action="store_true",
                     help="check the script end to end on the CPU: tiny models, one short round, few clients")
@@ -552,8 +614,8 @@ def main(argv: list[str] | None = None) -> int:
                 server = start_serve(models_dir, procs)
                 cosines = cosines or {m: served_min_cosine(server.url, root, m) for m in SHAPES}
                 assert server.proc is not None
-                measure(f"serve x{procs}", server.url, ws, load, args.rounds, args.seconds, rows, peak,
-                        {"sie serve": descendants(server.proc.pid)})
+                measure([Target(f"serve x{procs}", server.url, {"sie serve": descendants(server.proc.pid)})],
+                        ws, load, args.rounds, args.seconds, rows, peak)
             except Exception as exc:  # the cluster rows still run: one failure should not cost the lease
                 print(f"sie serve x{procs} failed: {exc!r}", flush=True)
                 if server is not None:
@@ -562,42 +624,14 @@ def main(argv: list[str] | None = None) -> int:
                 if server is not None:
                     server.stop()
         if not args.no_cluster:
-            from deploy.launcher import Cluster
-            from tests.support.nats_server import free_port
-
-            os.environ.update({**ENV, "SIE_DEVICE": DEVICE})
-            pods = args.cluster_workers or max(int(p) for p in str(args.serve_processes).split(","))
-            for gateways in (int(g) for g in str(args.cluster_gateways).split(",")):
-                state = root / f"state-g{gateways}"
-                cluster = Cluster(state_dir=state, gateway_port=free_port(), config_port=free_port(),
-                                  nats_port=free_port(), models_dir=str(models_dir),
-                                  preload="bench/bge-base,bench/minilm", workers=pods, gateways=gateways,
-                                  metrics_port=free_ports(pods))
-                print(f"cluster: {pods} worker pod(s), {gateways} gateway(s)", flush=True)
-                try:
-                    cluster.start(say=lambda line: print("cluster:", line, flush=True))
-                    groups: dict[str, list[int]] = {}
-                    for name, child in cluster.supervisor.children.items():
-                        if child.proc is not None and name != "config":
-                            groups.setdefault(name.split("-")[0], []).append(child.proc.pid)
-                    cws = [w for w in ws if not w.json]
-                    target = f"cluster x{pods}" + (f" g{gateways}" if gateways > 1 else "")
-                    measure(target, cluster.gateway_url, cws, load, args.rounds, args.seconds, rows, peak, groups,
-                            [f"http://127.0.0.1:{cluster.metrics_port + i}/metrics" for i in range(pods)])
-                except Exception as exc:
-                    print(f"cluster path failed: {exc!r}", flush=True)
-                    for name in [n for pod in cluster.pods for n in (pod.worker, pod.sidecar)] + cluster.gateway_names:
-                        log = state / "logs" / f"{name}.log"
-                        if log.exists():
-                            print(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:], flush=True)
-                finally:
-                    cluster.stop()
+            measure_clusters(args, root, models_dir, [w for w in ws if not w.json], load, rows, peak)
     load.close()
     print()
     print(f"GPU benchmark: {device_name}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
           f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s; 'serve xN' = sie serve with "
-          f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N (gK: --gateways K); 'vs serve' = cluster / the best serve row")
-    head = (f"{'target':13} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "
+          f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N (gK: --gateways K; vK: --cluster-env's Kth "
+          f"variant); 'vs serve' = cluster / the best serve row")
+    head = (f"{'target':16} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "
             f"{'HF in-proc':>10} {'packed in-proc':>14} {'vs serve':>8}")
     print(head)
     print("-" * len(head))
@@ -610,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{rate / statistics.median(serve.rates):7.2f}x" if target.startswith("cluster") and serve else "       -"
         hf = f"{b['transformers']:10.1f}" if b else f"{'-':>10}"
         pk = f"{b['packed']:14.1f}" if b else f"{'-':>14}"
-        print(f"{target:13} {name:40} {rate:9.1f} {mfu:6.1%} {statistics.median(r.p50):8.1f} "
+        print(f"{target:16} {name:40} {rate:9.1f} {mfu:6.1%} {statistics.median(r.p50):8.1f} "
               f"{statistics.median(r.p99):8.1f} {statistics.median(r.busy):6.1f} {hf} {pk} {ratio}")
     print()
     for m, c in cosines.items():

@@ -17,14 +17,16 @@ pytestmark = pytest.mark.slow
 
 def test_the_gpu_benchmark_runs_through_on_the_cpu():
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.benchmarks.gpu", "--smoke", "--only", "MiniLM 32", "--no-inprocess"],
+        [sys.executable, "-m", "tests.benchmarks.gpu", "--smoke", "--only", "MiniLM 32", "--no-inprocess",
+         "--cluster-env", "|SIE_BATCHER_COALESCE_MS=15"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "failed" not in out, out[-3000:]
-    rows = re.findall(r"^(serve x1|cluster x1)\s+MiniLM 32 tok, 1/req x 64 clients\s+([\d.]+)", out, re.M)
-    assert [r[0] for r in rows] == ["serve x1", "cluster x1"], out[-3000:]
+    # the table: sie serve, then a cluster per --cluster-env variant (measured in turn)
+    rows = re.findall(r"^(serve x1|cluster x1 v\d)\s+MiniLM 32 tok, 1/req x 64 clients\s+([\d.]+)", out, re.M)
+    assert [r[0] for r in rows] == ["serve x1", "cluster x1 v1", "cluster x1 v2"], out[-3000:]
     assert all(float(rate) > 0 for _, rate in rows)
     # every measured round says where the CPU went; the cluster's also its pods' forwards
     assert re.search(r"CPU cores: clients [\d.]+, sie serve [\d.]+", out)

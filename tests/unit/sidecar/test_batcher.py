@@ -243,3 +243,11 @@ def test_bulk_batches_are_never_cut_quietly():
     assert b.due_at(QUIET, 1.01, quiet=True) == 1.0 + 0.015
     assert oldest_ready([b], 1.01, QUIET, quiet=True) is None
     assert b.ready(1.01, QUIET, flush_now=True)  # an idle lane still takes it at once
+
+
+def test_a_coalesce_window_as_long_as_the_batch_wait_turns_the_quiet_flush_off():
+    limits = BatchLimits(max_cost=1000, max_requests=8, max_wait_s=0.015, coalesce_s=0.015)
+    b = Batcher("encode", "")
+    b.add(Entry(1, arrived=1.0))
+    assert not b.ready(1.0149, limits, quiet=True)
+    assert b.due_at(limits, 1.001, quiet=True) == 1.0 + 0.015  # the wait rule's time, as without quiet
