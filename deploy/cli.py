@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -35,8 +36,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.launcher import up
+    from deploy.launcher import default_workers, up
 
+    if args.workers is None:
+        args.workers = default_workers(dict(os.environ))
     for flag, value in (("--gateways", args.gateways), ("--workers", args.workers)):
         if value < 1:
             print(f"sie up: {flag} needs at least 1", file=sys.stderr)
@@ -122,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--detach", action="store_true", help="run in the background; `sie down` stops it")
     up.add_argument("--gateways", type=int, default=1,
                     help="gateway replicas sharing the port (SO_REUSEPORT), as a Service spreads them (default 1)")
-    up.add_argument("--workers", type=int, default=1,
+    up.add_argument("--workers", type=int,
                     help="worker pods (a worker and its sidecar each) sharing the lane, as a Deployment's "
-                         "replicas do; on a GPU host they share the device (default 1)")
+                         "replicas do; on a GPU host they share the device (default: 4 on a GPU host, as "
+                         "sie serve's processes there; else 1)")
     up.add_argument("--observe", action="store_true",
                     help="trace every request: an OTLP receiver here prints the spans of each hop; "
                          "also serves the worker pod's metrics (needs the observe extra)")

@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING
 
 from deploy.state import LOCK_FILE, port_in_use, remember, running, take_lock
 from deploy.supervisor import RestartPolicy, Supervisor, read_status
-from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR, POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
+from worker import (
+    CUDA_PROCESSES,
+    DEFAULT_BUNDLES_DIR,
+    DEFAULT_MODELS_DIR,
+    POD_OMP_PROC_BIND,
+    POD_OMP_SPINCOUNT,
+)
 
 if TYPE_CHECKING:
     from deploy.otlp_receiver import OtlpReceiver
@@ -96,6 +102,12 @@ def worker_runs_on_cpu(env: dict[str, str]) -> bool:
     if device in ("", "auto"):
         return not glob.glob("/dev/nvidia[0-9]*")
     return device == "cpu"
+
+
+def default_workers(env: dict[str, str]) -> int:
+    """``sie up``'s worker pods when ``--workers`` is not given: on a GPU host as many as ``sie serve``
+    runs processes there (worker.CUDA_PROCESSES), so both front doors feed the device alike; else one."""
+    return 1 if worker_runs_on_cpu(env) else CUDA_PROCESSES
 
 
 def replica_name(kind: str, index: int) -> str:

@@ -51,3 +51,18 @@ def test_auto_device_means_cpu_only_without_an_nvidia_device_node():
     assert worker_runs_on_cpu({"SIE_DEVICE": "auto"}) is expected
     assert worker_runs_on_cpu({"SIE_DEVICE": "CPU"}) is True
     assert worker_runs_on_cpu({"SIE_DEVICE": "cuda:1"}) is False
+
+
+def test_sie_up_runs_as_many_worker_pods_on_a_gpu_host_as_sie_serve_runs_processes():
+    """``sie up`` without ``--workers``: one pod on a CPU host; on a GPU host as many as ``sie serve``
+    runs processes there (one Python process cannot keep the GPU fed), so both front doors match."""
+    from deploy.cli import build_parser
+    from deploy.launcher import default_workers
+    from worker import CUDA_PROCESSES
+
+    assert CUDA_PROCESSES > 1
+    assert default_workers({"SIE_DEVICE": "cpu"}) == 1
+    assert default_workers({"SIE_DEVICE": "cuda"}) == CUDA_PROCESSES
+    assert default_workers({}) == (1 if worker_runs_on_cpu({}) else CUDA_PROCESSES)
+    assert build_parser().parse_args(["up"]).workers is None  # resolved by default_workers at start
+    assert build_parser().parse_args(["up", "--workers", "2"]).workers == 2

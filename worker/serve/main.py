@@ -20,16 +20,13 @@ from aiohttp import web
 
 from protocol import eventloop, tracing
 from protocol.logs import setup_logging
+from worker import CUDA_PROCESSES
 from worker.loaded import pick_device
 from worker.runtime import Runtime
 from worker.serve.app import create_app
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
-
-#: processes by default on a GPU: one Python process cannot keep an H100 busy with small encoders
-#: (measured: 512-token texts, bge-base shape, 1 process 57% GPU busy, 4 processes 90-95%)
-CUDA_PROCESSES = 4
 
 
 def build_runtime(settings: WorkerSettings | None = None) -> Runtime:
