@@ -13,7 +13,6 @@ the families' real-size compute.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import shutil
 import statistics
@@ -25,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from protocol.codec import packb
+from tests.benchmarks.run import cpu_seconds
 from tests.support.serve import ServeProcess
 from tests.unit.families import checkpoints as ck
 
@@ -90,11 +90,6 @@ async def _load(url: str, path: str, units: int, body, clients: int, seconds: fl
     return done / elapsed, lat[len(lat) // 2] * 1000, lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure_score_extract(seconds: float = 5.0, threads: int = 2, repeats: int = 1,
                           clients: int = 4) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="sie-bench-families-"))
@@ -115,11 +110,11 @@ def measure_score_extract(seconds: float = 5.0, threads: int = 2, repeats: int =
                 asyncio.run(_load(server.url, path, units, body, clients, min(1.0, seconds)))
             for _ in range(repeats):
                 for name, path, units, body in loads:
-                    cpu0 = _cpu_seconds(server.proc.pid)
+                    cpu0 = cpu_seconds(server.proc.pid)
                     rate, p50, p99 = asyncio.run(_load(server.url, path, units, body, clients, seconds))
                     r = results[name]
                     r["rate"].append(rate), r["p50"].append(p50), r["p99"].append(p99)
-                    r["cpu"].append(_cpu_seconds(server.proc.pid) - cpu0)
+                    r["cpu"].append(cpu_seconds(server.proc.pid) - cpu0)
         return [
             {"workload": name, "unit": "pairs" if name.startswith("score") else "items",
              **{k: statistics.median(v) for k, v in r.items()}}

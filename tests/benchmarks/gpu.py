@@ -240,13 +240,13 @@ class GpuBusy:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process so far (0 once it is gone)."""
+    """:func:`tests.benchmarks.run.cpu_seconds`, 0 once the process is gone (a restarted child)."""
+    from tests.benchmarks.run import cpu_seconds as of_live
+
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        return of_live(pid)
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def descendants(pid: int) -> list[int]:
