@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import json
 import multiprocessing as mp
@@ -297,16 +296,10 @@ class PodForwards:
         self.ms_per_item = self.busy = float("nan")
 
     def _totals(self) -> tuple[float, float]:
-        import urllib.request
+        from tests.benchmarks.run import ForwardMeter
 
-        from tests.benchmarks.run import forward_totals
-
-        fwd = items = 0.0
-        for url in self.urls:
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                f, n = forward_totals(resp.read().decode(), self.model)
-            fwd, items = fwd + f, items + n
-        return fwd, items
+        totals = [ForwardMeter(url, self.model).totals() for url in self.urls]
+        return sum(f for f, _ in totals), sum(n for _, n in totals)
 
     def __enter__(self) -> PodForwards:
         self._f0, self._n0 = self._totals()
@@ -318,10 +311,11 @@ class PodForwards:
         f1, n1 = self._totals()
         fwd, items = f1 - self._f0, n1 - self._n0
         self.ms_per_item = fwd / items * 1e3 if items else float("nan")
-        self.busy = fwd / wall / len(self.urls)
+        self.busy = fwd / wall / len(self.urls) if self.urls else float("nan")
 
     def line(self) -> str:
-        return f"pods' forwards: {self.ms_per_item:.3f} ms/item, busy {self.busy:.2f}"
+        """``; pods' forwards: …``, or nothing without pods (``sie serve``)."""
+        return f"; pods' forwards: {self.ms_per_item:.3f} ms/item, busy {self.busy:.2f}" if self.urls else ""
 
 
 # ---- in-process measurements -------------------------------------------------------------------
@@ -461,18 +455,15 @@ def measure(targets: list[Target], ws: list[Workload], load: Load, rounds: int, 
     for rnd in range(rounds):
         for w in ws:
             for t in targets if rnd % 2 == 0 else targets[::-1]:
-                pods = PodForwards(t.pod_metrics, f"bench/{w.model}")
                 groups = {"clients": load.pids(), **t.groups}
-                with GpuBusy() as busy, CpuMeter(groups) as cpu, contextlib.ExitStack() as stack:
-                    if t.pod_metrics:
-                        stack.enter_context(pods)
+                with GpuBusy() as busy, CpuMeter(groups) as cpu, PodForwards(t.pod_metrics, f"bench/{w.model}") as pods:
                     rate, p50, p99 = load.run(t.url, w, seconds)
                 row = rows.setdefault((t.name, w.name), Row(t.name, w))
                 row.rates.append(rate), row.p50.append(p50), row.p99.append(p99), row.busy.append(busy.mean)
                 mfu = rate * w.flops() / (peak * 1e12)
                 print(f"round {rnd + 1} {t.name:16} {w.name:40} {rate:9.1f}/s  MFU {mfu:6.1%}  p50 {p50:8.1f} ms  "
                       f"p99 {p99:8.1f} ms  GPU busy {busy.mean:5.1f}%", flush=True)
-                print(f"        {cpu.line()}" + (f"; {pods.line()}" if t.pod_metrics else ""), flush=True)
+                print(f"        {cpu.line()}{pods.line()}", flush=True)
 
 
 #: a forward pass of up to 64 × 512 tokens: bigger matmuls than the 16,384-token default keep an H100 busier
@@ -486,7 +477,7 @@ def measure_clusters(args: argparse.Namespace, root: Path, models_dir: Path, ws:
     from tests.benchmarks.cluster_ab import VariantCluster, parse_env
     from tests.support.nats_server import free_port
 
-    os.environ.update({**ENV, "SIE_DEVICE": DEVICE})
+    os.environ.update(ENV)
     pods = args.cluster_workers or max(int(p) for p in str(args.serve_processes).split(","))
     variants = [parse_env(v) for v in str(args.cluster_env).split("|")]
     clusters: list[tuple[str, VariantCluster]] = []
@@ -509,7 +500,7 @@ def measure_clusters(args: argparse.Namespace, root: Path, models_dir: Path, ws:
                 if child.proc is not None and child_name != "config":
                     groups.setdefault(child_name.split("-")[0], []).append(child.proc.pid)
             targets.append(Target(name, cluster.gateway_url, groups,
-                                  [f"http://127.0.0.1:{cluster.metrics_port + i}/metrics" for i in range(pods)]))
+                                  [f"http://127.0.0.1:{pod.metrics_port}/metrics" for pod in cluster.pods]))
         measure(targets, ws, load, args.rounds, args.seconds, rows, peak)
     except Exception as exc:
         print(f"cluster path failed: {exc!r}", flush=True)
@@ -541,7 +532,7 @@ def free_ports(n: int) -> int:
 def start_serve(models_dir: Path, processes: int) -> ServeProcess:
     import httpx
 
-    server = ServeProcess(env={**ENV, "SIE_DEVICE": DEVICE, "SIE_MODELS_DIR": str(models_dir), "SIE_SERVE_PROCESSES": str(processes),
+    server = ServeProcess(env={**ENV, "SIE_MODELS_DIR": str(models_dir), "SIE_SERVE_PROCESSES": str(processes),
                                "SIE_PRELOAD_MODELS": "bench/bge-base,bench/minilm"})
     server.start(timeout=300)
     deadline = time.monotonic() + 300
@@ -581,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     global DEVICE
     if args.smoke:
-        DEVICE = "cpu"
+        DEVICE = ENV["SIE_DEVICE"] = "cpu"
         SHAPES.update({"bge-base": (2, 64, 4, 128), "minilm": (1, 32, 4, 64)})
         args.seconds, args.rounds, args.client_procs = min(args.seconds, 1.0), 1, min(args.client_procs, 2)
         args.serve_processes = "1"
