@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-procs", type=int, default=6, help="client processes generating load")
     ap.add_argument("--serve-processes", default="4",
                     help="SIE_SERVE_PROCESSES of sie serve; a comma-separated list measures each")
-    ap.add_argument("--only", default="", help="comma-separated substrings of workload names to run")
+    ap.add_argument("--only", default="", help="workloads to run, |-separated: a whole name picks that one, any other text every name holding it")
     ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-path rows")
     ap.add_argument("--cluster-workers", type=int, default=0,
                     help="worker pods of the cluster on the GPU (sie up --workers); 0 = as many as the most "
@@ -581,7 +581,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (smoke run: tiny models)"
     load = Load(args.client_procs)
-    ws = [w for w in workloads() if not args.only or any(s in w.name for s in args.only.split(","))]
+    every = workloads()
+    names = {w.name for w in every}
+    # an entry that is a whole workload's name picks that one only ("512 tok, 32/req x 16 clients" is
+    # also part of the JSON and MiniLM names); any other entry picks every name it is part of
+    wanted = [s for s in args.only.split("|") if s]
+    ws = [w for w in every if not wanted or any(s == w.name or (s not in names and s in w.name) for s in wanted)]
     if args.smoke:
         for w in ws:
             w.clients = min(w.clients, 4)
