@@ -10,7 +10,11 @@ free, or the lane drains), except while a request's items are still arriving. Wh
 is busy but it takes another batch behind the running one (``quiet``: two forwards in flight on
 CUDA), an interactive batch is cut once no item came for ``coalesce_s``, as ``sie serve`` cuts its
 second batch: it reaches the worker, already tokenised there, before the running forward ends, and
-the GPU does not wait for it. A request's items are
+the GPU does not wait for it. Only a batch of at least a quarter of a full one (items or cost,
+``QUIET_MIN_SHARE``) is cut so: single-item requests arrive one by one, gaps of 2 ms come between
+them all the time, and a forward of 2 or 3 short items costs the GPU about what one of 20 does (on an
+H200, 32-token single requests through 4 pods: 2,052 against 2,489 texts/s without the quiet flush,
+each forward 1.85 against 1.09 ms per item). A request's items are
 published together but reach the sidecar one message at a time, over up to a few milliseconds; cut
 between two of them, the request would wait a whole extra forward for its last items. So an idle
 flush waits, at most ``gather_s`` after a request's first item came, for the rest of it (the
@@ -40,6 +44,11 @@ class Costed(Protocol):
 
     @property
     def request_items(self) -> int: ...  # items of its request to expect here (1: nothing to wait for)
+
+
+# the share of a full batch (max_requests items or max_cost) that a batch needs before a quiet flush
+# may cut it; smaller ones wait for the wait rule or an idle lane
+QUIET_MIN_SHARE = 0.25
 
 
 @dataclass
@@ -97,9 +106,11 @@ class Batcher:
 
     def _early(self, now: float, limits: BatchLimits, flush_now: bool, quiet: bool) -> float | None:
         """When an early flush may cut (None: none applies): under ``flush_now`` once no request's
-        items are still arriving; under ``quiet`` (interactive only) also once ``coalesce_s`` passed
-        without a new item."""
-        quiet = quiet and self.priority != BULK
+        items are still arriving; under ``quiet`` (interactive only, a batch of at least
+        ``QUIET_MIN_SHARE`` of a full one) also once ``coalesce_s`` passed without a new item."""
+        quiet = quiet and self.priority != BULK and (
+            len(self.pending) >= QUIET_MIN_SHARE * limits.max_requests
+            or self.pending_cost >= QUIET_MIN_SHARE * limits.max_cost)
         if not (flush_now or quiet):
             return None
         gathering = self.gathering_until(now, limits)

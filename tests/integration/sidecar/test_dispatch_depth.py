@@ -95,14 +95,15 @@ async def test_a_worker_taking_two_batches_gets_the_next_while_its_forward_runs(
     """Two forwards in flight on one lane (CUDA's default, told in EnsureModelReady): what arrives
     while a batch runs goes to the worker once items stop coming (``batcher_coalesce_ms``), so it
     waits there, tokenised, when the forward ends, not when the lane is already idle. The batch
-    wait (1.5 s here) would send it only after the check; it goes as one batch, not item by item."""
+    wait (1.5 s here) would send it only after the check; it goes as one batch, not item by item
+    (6 items: more than the quarter of a full batch of 16 that a quiet cut needs)."""
     sock = socket_path()
     gw = await Gateway(await connect(nats_server.url)).start()
     async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=3000), forward_lanes=1,
                                forwards_in_flight=2) as worker:
         sizes = _batch_sizes(worker)
         settings = sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=1500,
-                                    batcher_coalesce_ms=200)
+                                    batcher_coalesce_ms=200, batcher_max_batch_requests=16)
         lane, nc, client = await start_lane(settings)
         try:
             first = gw.item("first", 0, model_id=MODEL, text="the first one")

@@ -201,7 +201,25 @@ def test_interactive_goes_first_and_aged_bulk_competes_by_age():
     assert oldest_ready([bulk, interactive], 1.6, LIMITS, flush_now=True, bulk_after_s=2.0) is bulk
 
 
-QUIET = BatchLimits(max_cost=1000, max_requests=8, max_wait_s=0.015, gather_s=0.005, coalesce_s=0.002)
+QUIET = BatchLimits(max_cost=1000, max_requests=4, max_wait_s=0.015, gather_s=0.005, coalesce_s=0.002)
+
+
+def test_a_quiet_flush_waits_for_a_quarter_of_a_full_batch():
+    """Single items come one by one with gaps between them; cut at every gap, the GPU would run
+    forwards of one or two items that cost what one of twenty does. A quiet cut needs a quarter of
+    a full batch, by items or by cost; a smaller batch waits for the wait rule (or an idle lane)."""
+    limits = BatchLimits(max_cost=1000, max_requests=16, max_wait_s=0.015, coalesce_s=0.002)
+    b = Batcher("encode", "")
+    for i in range(3):
+        b.add(Entry(1, arrived=1.0 + i * 0.001))
+    assert not b.ready(1.010, limits, quiet=True)  # quiet for 8 ms, but 3 items of 16
+    assert b.due_at(limits, 1.010, quiet=True) == 1.0 + 0.015
+    b.add(Entry(1, arrived=1.010))
+    assert not b.ready(1.011, limits, quiet=True)
+    assert b.ready(1.0121, limits, quiet=True)  # 4 of 16, and quiet for 2 ms
+    big = Batcher("encode", "")
+    big.add(Entry(250, arrived=1.0))  # one item, but a quarter of the cost cap
+    assert big.ready(1.0021, limits, quiet=True)
 
 
 def test_a_quiet_flush_cuts_once_items_stop_arriving():
