@@ -6,15 +6,7 @@ the one batching decision of the cluster path (the worker only bands it by token
 
 Flush rules: total cost >= max_batch_cost, count >= max_batch_requests, or the oldest pending item has
 waited max_batch_wait_ms; and at once when the caller says so (``flush_now``: the worker has a lane
-free, or the lane drains), except while a request's items are still arriving. When the worker's lane
-is busy but it takes another batch behind the running one (``quiet``: two forwards in flight on
-CUDA), an interactive batch is cut once no item came for ``coalesce_s``, as ``sie serve`` cuts its
-second batch: it reaches the worker, already tokenised there, before the running forward ends, and
-the GPU does not wait for it. Only a batch of at least a quarter of a full one (items or cost,
-``QUIET_MIN_SHARE``) is cut so: single-item requests arrive one by one, gaps of 2 ms come between
-them all the time, and a forward of 2 or 3 short items costs the GPU about what one of 20 does (on an
-H200, 32-token single requests through 4 pods: 2,052 against 2,489 texts/s without the quiet flush,
-each forward 1.85 against 1.09 ms per item). A request's items are
+free, or the lane drains), except while a request's items are still arriving. A request's items are
 published together but reach the sidecar one message at a time, over up to a few milliseconds; cut
 between two of them, the request would wait a whole extra forward for its last items. So an idle
 flush waits, at most ``gather_s`` after a request's first item came, for the rest of it (the
@@ -46,18 +38,12 @@ class Costed(Protocol):
     def request_items(self) -> int: ...  # items of its request to expect here (1: nothing to wait for)
 
 
-# the share of a full batch (max_requests items or max_cost) that a batch needs before a quiet flush
-# may cut it; smaller ones wait for the wait rule or an idle lane
-QUIET_MIN_SHARE = 0.25
-
-
 @dataclass
 class BatchLimits:
     max_cost: int
     max_requests: int
     max_wait_s: float
     gather_s: float = 0.0  # how long an idle flush waits for the rest of a request (after its first item)
-    coalesce_s: float = 0.0  # a quiet flush: cut once no item arrived for this long
 
 
 class Batcher:
@@ -69,7 +55,6 @@ class Batcher:
         self.priority = priority
         self.pending: list[Any] = []
         self.pending_cost = 0
-        self.last_arrival = float("-inf")  # monotonic arrival of the newest item
         # requests of several items not all here yet: request id -> [items seen, first one's arrival]
         self._arriving: dict[str, list[Any]] = {}
 
@@ -79,7 +64,6 @@ class Batcher:
     def add(self, entry: Costed) -> None:
         self.pending.append(entry)
         self.pending_cost += entry.cost
-        self.last_arrival = max(self.last_arrival, entry.arrived)
         if entry.request_items > 1:
             seen = self._arriving.setdefault(entry.request_id, [0, entry.arrived])
             seen[0] += 1
@@ -104,35 +88,20 @@ class Batcher:
         """Arrival time of the oldest pending item (None when empty)."""
         return min((e.arrived for e in self.pending), default=None)
 
-    def _early(self, now: float, limits: BatchLimits, flush_now: bool, quiet: bool) -> float | None:
-        """When an early flush may cut (None: none applies): under ``flush_now`` once no request's
-        items are still arriving; under ``quiet`` (interactive only, a batch of at least
-        ``QUIET_MIN_SHARE`` of a full one) also once ``coalesce_s`` passed without a new item."""
-        quiet = quiet and self.priority != BULK and (
-            len(self.pending) >= QUIET_MIN_SHARE * limits.max_requests
-            or self.pending_cost >= QUIET_MIN_SHARE * limits.max_cost)
-        if not (flush_now or quiet):
-            return None
-        gathering = self.gathering_until(now, limits)
-        at = gathering if gathering is not None else now
-        return at if flush_now else max(at, self.last_arrival + limits.coalesce_s)
-
-    def due_at(self, limits: BatchLimits, now: float, *, flush_now: bool = False, quiet: bool = False,
-               ) -> float | None:
-        """When a rule flushes (None when empty): the wait rule, or an early flush (``_early``)."""
+    def due_at(self, limits: BatchLimits, now: float, *, flush_now: bool = False) -> float | None:
+        """When a rule flushes (None when empty): the wait rule, or under ``flush_now`` the end of
+        the wait for a request's remaining items."""
         head = self.head_time
         if head is None:
             return None
         due = head + limits.max_wait_s
-        early = self._early(now, limits, flush_now, quiet)
-        return due if early is None else min(due, early)
+        until = self.gathering_until(now, limits) if flush_now else None
+        return due if until is None else min(due, until)
 
-    def ready(self, now: float, limits: BatchLimits, *, flush_now: bool = False, quiet: bool = False) -> bool:
+    def ready(self, now: float, limits: BatchLimits, *, flush_now: bool = False) -> bool:
         """Whether to cut a batch now: full, oversize, waited ``max_wait_s``, or ``flush_now``
         (the lane drains, or the worker has nothing of this model to run, so waiting for more
-        items would only add latency) unless a pending request's items are still arriving, or
-        ``quiet`` (the worker takes this batch behind its running one) and no item came for
-        ``coalesce_s``."""
+        items would only add latency) unless a pending request's items are still arriving."""
         if not self.pending:
             return False
         if self.pending_cost >= limits.max_cost or len(self.pending) >= limits.max_requests:
@@ -142,8 +111,7 @@ class Batcher:
         head = self.head_time
         if head is not None and now >= head + limits.max_wait_s:
             return True
-        early = self._early(now, limits, flush_now, quiet)
-        return early is not None and now >= early
+        return flush_now and self.gathering_until(now, limits) is None
 
     def take(self, limits: BatchLimits) -> list[Any]:
         """Pack one batch: ascending cost, greedily under both caps, at least one item."""
@@ -183,13 +151,12 @@ def oldest_ready(
     limits: BatchLimits,
     *,
     flush_now: bool = False,
-    quiet: bool = False,
     bulk_after_s: float = math.inf,
 ) -> Batcher | None:
     """Interactive first, then first-come-first-served: the ready batcher whose head is oldest among
     the interactive ones, else among the bulk ones. A bulk batcher whose head has waited
     ``bulk_after_s`` counts as interactive (bulk is never starved)."""
-    ready = [b for b in batchers if b.ready(now, limits, flush_now=flush_now, quiet=quiet)]
+    ready = [b for b in batchers if b.ready(now, limits, flush_now=flush_now)]
 
     def rank(b: Batcher) -> tuple[bool, float]:
         head = b.head_time or 0.0
@@ -198,7 +165,6 @@ def oldest_ready(
     return min(ready, key=rank) if ready else None
 
 
-def next_due(batchers: list[Batcher], limits: BatchLimits, now: float, *, flush_now: bool = False,
-             quiet: bool = False) -> float | None:
-    dues = [d for d in (b.due_at(limits, now, flush_now=flush_now, quiet=quiet) for b in batchers) if d is not None]
+def next_due(batchers: list[Batcher], limits: BatchLimits, now: float, *, flush_now: bool = False) -> float | None:
+    dues = [d for d in (b.due_at(limits, now, flush_now=flush_now) for b in batchers) if d is not None]
     return min(dues) if dues else None

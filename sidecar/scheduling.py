@@ -31,7 +31,6 @@ class Scheduling(Liveness):
                     max_requests=s.batcher_max_batch_requests,
                     max_wait_s=s.batcher_max_batch_wait_ms / 1000.0,
                     gather_s=s.batcher_gather_ms / 1000.0,
-                    coalesce_s=s.batcher_coalesce_ms / 1000.0,
                 ),
             )
             self.schedulers[spec] = sched
@@ -57,19 +56,15 @@ class Scheduling(Liveness):
                     now = time.monotonic()
                     batchers = self._eligible(sched)
                     # a worker with an idle lane (no interactive batch on it) gets what is pending at
-                    # once (a request's items still arriving are waited for); one whose lanes are busy
-                    # but that takes a batch behind them (forwards in flight > lanes: CUDA) gets the
-                    # next once items stop arriving for a moment (quiet), so it is there before the
-                    # running forward ends; a full one lets batches fill
+                    # once (a request's items still arriving are waited for); a busy one lets batches fill
                     flush_now = self.draining or self._idle_lanes(sched) > 0
-                    quiet = not flush_now and sched.depth > 0 and sched.running - sched.bulk_running < sched.depth
                     batcher = oldest_ready(
-                        batchers, now, sched.limits, flush_now=flush_now, quiet=quiet,
+                        batchers, now, sched.limits, flush_now=flush_now,
                         bulk_after_s=self.settings.bulk_max_wait_ms / 1000.0,
                     )  # fmt: skip
                     if batcher is not None:
                         break
-                    due = next_due(batchers, sched.limits, now, flush_now=flush_now, quiet=quiet)
+                    due = next_due(batchers, sched.limits, now, flush_now=flush_now)
                     if due is None and sched.pending_count() > 0:
                         # what is pending may not go to the worker yet (it holds as many batches
                         # as it takes): wait for one to finish

@@ -56,7 +56,6 @@ class SidecarSettings(BaseSettings):
     batcher_max_batch_requests: int = 64  # most items per batch (capped by the model's batch budget)
     batcher_max_batch_wait_ms: float = 15.0  # longest wait for a batch to fill
     batcher_gather_ms: float = Field(default=5.0, ge=0)  # an idle worker's next batch waits at most this long (from a request's first item) for the rest of the request's items still arriving, so it runs in one batch (the gateway counts them when one pod pulls the lane); 0 = no wait
-    batcher_coalesce_ms: float = Field(default=2.0, ge=0)  # with the worker's lanes busy but room for one more batch on it (two forwards in flight on CUDA), the next batch is cut once no item came for this long (or at batcher_max_batch_wait_ms), so it waits on the worker, tokenised, when the running forward ends; at batcher_max_batch_wait_ms or more, off
     batcher_max_batch_cost: int = 0  # 0 = the model's max_batch_tokens from EnsureModelReady
     batcher_default_batch_cost: int = 16384  # batch cost cap when neither the setting nor the model gives one
     # priority classes (interactive work on the lane durable, bulk on the lane's ``_bulk`` durable)

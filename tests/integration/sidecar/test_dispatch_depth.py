@@ -2,8 +2,7 @@
 once (its forwards in flight, told in EnsureModelReady: one per forward lane on CPU). What arrives
 while a batch runs waits in the sidecar and goes as one batch when it ends, as ``sie serve``
 batches it, instead of queueing on the worker as a small batch cut every
-``batcher_max_batch_wait_ms``. A worker that takes one batch more than it has lanes (two forwards
-in flight on CUDA) gets that one while the forward runs, once items stop arriving."""
+``batcher_max_batch_wait_ms``."""
 
 from __future__ import annotations
 
@@ -87,35 +86,6 @@ async def test_items_pending_while_two_lanes_are_idle_are_shared_between_them(na
             got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
             assert all(r[0].success for r in got.values())
             assert sizes == [3, 3]
-        finally:
-            await stop_lane(lane, nc, client)
-
-
-async def test_a_worker_taking_two_batches_gets_the_next_while_its_forward_runs(nats_server):
-    """Two forwards in flight on one lane (CUDA's default, told in EnsureModelReady): what arrives
-    while a batch runs goes to the worker once items stop coming (``batcher_coalesce_ms``), so it
-    waits there, tokenised, when the forward ends, not when the lane is already idle. The batch
-    wait (1.5 s here) would send it only after the check; it goes as one batch, not item by item
-    (6 items: more than the quarter of a full batch of 16 that a quiet cut needs)."""
-    sock = socket_path()
-    gw = await Gateway(await connect(nats_server.url)).start()
-    async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=3000), forward_lanes=1,
-                               forwards_in_flight=2) as worker:
-        sizes = _batch_sizes(worker)
-        settings = sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=1500,
-                                    batcher_coalesce_ms=200, batcher_max_batch_requests=16)
-        lane, nc, client = await start_lane(settings)
-        try:
-            first = gw.item("first", 0, model_id=MODEL, text="the first one")
-            await gw.publish(first)
-            await wait_until(lambda: sizes == [1], 30)  # its forward runs (3 s)
-            later = [gw.item(f"later-{i}", 0, model_id=MODEL, text=f"later {i}") for i in range(6)]
-            for it in later:
-                await gw.publish(it)
-            await wait_until(lambda: sizes == [1, 6], 1.0)  # on the worker before the first forward ends
-            got = await gw.wait_for([first.work_item_id] + [it.work_item_id for it in later], timeout=60)
-            assert all(r[0].success for r in got.values())
-            assert sizes == [1, 6]
         finally:
             await stop_lane(lane, nc, client)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pytest
-
 from protocol.work import item_cost, text_cost
 from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
 
@@ -199,73 +197,3 @@ def test_interactive_goes_first_and_aged_bulk_competes_by_age():
     assert oldest_ready([bulk, interactive], 3.0, LIMITS, flush_now=True, bulk_after_s=2.0) is bulk
     interactive.take(LIMITS)
     assert oldest_ready([bulk, interactive], 1.6, LIMITS, flush_now=True, bulk_after_s=2.0) is bulk
-
-
-QUIET = BatchLimits(max_cost=1000, max_requests=4, max_wait_s=0.015, gather_s=0.005, coalesce_s=0.002)
-
-
-def test_a_quiet_flush_waits_for_a_quarter_of_a_full_batch():
-    """Single items come one by one with gaps between them; cut at every gap, the GPU would run
-    forwards of one or two items that cost what one of twenty does. A quiet cut needs a quarter of
-    a full batch, by items or by cost; a smaller batch waits for the wait rule (or an idle lane)."""
-    limits = BatchLimits(max_cost=1000, max_requests=16, max_wait_s=0.015, coalesce_s=0.002)
-    b = Batcher("encode", "")
-    for i in range(3):
-        b.add(Entry(1, arrived=1.0 + i * 0.001))
-    assert not b.ready(1.010, limits, quiet=True)  # quiet for 8 ms, but 3 items of 16
-    assert b.due_at(limits, 1.010, quiet=True) == 1.0 + 0.015
-    b.add(Entry(1, arrived=1.010))
-    assert not b.ready(1.011, limits, quiet=True)
-    assert b.ready(1.0121, limits, quiet=True)  # 4 of 16, and quiet for 2 ms
-    big = Batcher("encode", "")
-    big.add(Entry(250, arrived=1.0))  # one item, but a quarter of the cost cap
-    assert big.ready(1.0021, limits, quiet=True)
-
-
-def test_a_quiet_flush_cuts_once_items_stop_arriving():
-    """The worker's lane is busy but it takes a batch behind the running one (CUDA): cut once no
-    item came for ``coalesce_s``, so the batch is there, tokenised, when the forward ends."""
-    b = Batcher("encode", "")
-    b.add(Entry(1, arrived=1.0))
-    b.add(Entry(1, arrived=1.001))
-    assert not b.ready(1.002, QUIET)  # no room on the worker: only the wait rule
-    assert b.due_at(QUIET, 1.002) == 1.0 + 0.015
-    assert not b.ready(1.002, QUIET, quiet=True)  # the last item came 1 ms ago
-    assert b.due_at(QUIET, 1.002, quiet=True) == pytest.approx(1.001 + 0.002)
-    assert b.ready(1.0031, QUIET, quiet=True)
-
-
-def test_items_that_keep_coming_are_cut_by_the_wait_rule_when_quiet():
-    limits = BatchLimits(max_cost=1000, max_requests=64, max_wait_s=0.015, coalesce_s=0.002)
-    b = Batcher("encode", "")
-    for i in range(17):  # one item every ms: never quiet for 2 ms
-        now = 1.0 + i * 0.001
-        b.add(Entry(1, arrived=now))
-        assert b.ready(now, limits, quiet=True) == (now >= 1.015)  # until the oldest waited max_wait_s
-
-
-def test_a_quiet_flush_waits_for_a_request_still_arriving():
-    b = Batcher("encode", "")
-    b.add(Entry(1, arrived=1.0, name="a0", request_id="a", request_items=2))
-    assert not b.ready(1.003, QUIET, quiet=True)  # quiet for 3 ms, but a1 is on its way
-    assert b.due_at(QUIET, 1.003, quiet=True) == pytest.approx(1.0 + 0.005)
-    b.add(Entry(1, arrived=1.004, name="a1", request_id="a", request_items=2))
-    assert not b.ready(1.005, QUIET, quiet=True)  # whole, but a1 came 1 ms ago
-    assert b.ready(1.0061, QUIET, quiet=True)
-
-
-def test_bulk_batches_are_never_cut_quietly():
-    b = Batcher("encode", "", "bulk")
-    b.add(Entry(1, arrived=1.0))
-    assert not b.ready(1.01, QUIET, quiet=True)
-    assert b.due_at(QUIET, 1.01, quiet=True) == 1.0 + 0.015
-    assert oldest_ready([b], 1.01, QUIET, quiet=True) is None
-    assert b.ready(1.01, QUIET, flush_now=True)  # an idle lane still takes it at once
-
-
-def test_a_coalesce_window_as_long_as_the_batch_wait_turns_the_quiet_flush_off():
-    limits = BatchLimits(max_cost=1000, max_requests=8, max_wait_s=0.015, coalesce_s=0.015)
-    b = Batcher("encode", "")
-    b.add(Entry(1, arrived=1.0))
-    assert not b.ready(1.0149, limits, quiet=True)
-    assert b.due_at(limits, 1.001, quiet=True) == 1.0 + 0.015  # the wait rule's time, as without quiet
