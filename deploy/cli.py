@@ -36,10 +36,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.launcher import default_workers, up
+    from deploy.launcher import default_gateways, default_workers, up
 
     if args.workers is None:
         args.workers = default_workers(dict(os.environ))
+    if args.gateways is None:
+        args.gateways = default_gateways(dict(os.environ))
     for flag, value in (("--gateways", args.gateways), ("--workers", args.workers)):
         if value < 1:
             print(f"sie up: {flag} needs at least 1", file=sys.stderr)
@@ -123,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--preload", help="comma-separated models the worker loads at start")
     up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, admin token")
     up.add_argument("--detach", action="store_true", help="run in the background; `sie down` stops it")
-    up.add_argument("--gateways", type=int, default=1,
-                    help="gateway replicas sharing the port (SO_REUSEPORT), as a Service spreads them (default 1)")
+    up.add_argument("--gateways", type=int,
+                    help="gateway replicas sharing the port (SO_REUSEPORT), as a Service spreads them "
+                         "(default: 2 on a GPU host, where one gateway's CPU limits short requests; else 1)")
     up.add_argument("--workers", type=int,
                     help="worker pods (a worker and its sidecar each) sharing the lane, as a Deployment's "
                          "replicas do; on a GPU host they share the device (default: 4 on a GPU host, as "

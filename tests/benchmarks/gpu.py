@@ -474,6 +474,7 @@ def measure_clusters(args: argparse.Namespace, root: Path, models_dir: Path, ws:
                      rows: dict[tuple[str, str], Row], peak: float) -> None:
     """The cluster rows: one cluster per (gateway count, variables variant), all up at once and
     measured in turn (``measure``), so variants compare within one run."""
+    from deploy.launcher import default_gateways
     from tests.benchmarks.cluster_ab import VariantCluster, parse_env
     from tests.support.nats_server import free_port
 
@@ -482,7 +483,8 @@ def measure_clusters(args: argparse.Namespace, root: Path, models_dir: Path, ws:
     variants = [parse_env(v) for v in str(args.cluster_env).split("|")]
     clusters: list[tuple[str, VariantCluster]] = []
     try:
-        for gateways in (int(g) for g in str(args.cluster_gateways).split(",")):
+        counts = str(args.cluster_gateways or default_gateways(ENV))
+        for gateways in (int(g) for g in counts.split(",")):
             for i, extra in enumerate(variants):
                 name = (f"cluster x{pods}" + (f" g{gateways}" if gateways > 1 else "")
                         + (f" v{i + 1}" if len(variants) > 1 else ""))
@@ -555,11 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster-workers", type=int, default=0,
                     help="worker pods of the cluster on the GPU (sie up --workers); 0 = as many as the most "
                          "sie serve processes measured, so both front doors run as many model processes")
-    ap.add_argument("--cluster-gateways", default="1",
-                    help="gateways of the cluster (sie up --gateways); a comma-separated list measures each")
+    ap.add_argument("--cluster-gateways", default="",
+                    help="gateways of the cluster (sie up --gateways; default: sie up's on this host); a "
+                         "comma-separated list measures each")
     ap.add_argument("--cluster-env", default="",
                     help="'|'-separated variants of extra variables for every cluster process, each K=V[,K=V...] "
-                         "('' = default settings), e.g. '|SIE_BATCHER_COALESCE_MS=15': each variant is a cluster "
+                         "('' = default settings), e.g. '|SIE_BATCHER_MAX_BATCH_WAIT_MS=5': each variant is a cluster "
                          "of its own, measured in turn with the others")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process baselines")
     ap.add_argument("--smoke", action="store_true",

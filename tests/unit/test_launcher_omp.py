@@ -66,3 +66,17 @@ def test_sie_up_runs_as_many_worker_pods_on_a_gpu_host_as_sie_serve_runs_process
     assert default_workers({}) == (1 if worker_runs_on_cpu({}) else CUDA_PROCESSES)
     assert build_parser().parse_args(["up"]).workers is None  # resolved by default_workers at start
     assert build_parser().parse_args(["up", "--workers", "2"]).workers == 2
+
+
+def test_sie_up_runs_two_gateways_on_a_gpu_host():
+    """``sie up`` without ``--gateways``: one on a CPU host, where a second would take CPU from the
+    forward; two on a GPU host, where one gateway's CPU per request limits short requests."""
+    from deploy.cli import build_parser
+    from deploy.launcher import GPU_HOST_GATEWAYS, default_gateways
+
+    assert GPU_HOST_GATEWAYS > 1
+    assert default_gateways({"SIE_DEVICE": "cpu"}) == 1
+    assert default_gateways({"SIE_DEVICE": "cuda"}) == GPU_HOST_GATEWAYS
+    assert default_gateways({}) == (1 if worker_runs_on_cpu({}) else GPU_HOST_GATEWAYS)
+    assert build_parser().parse_args(["up"]).gateways is None  # resolved by default_gateways at start
+    assert build_parser().parse_args(["up", "--gateways", "3"]).gateways == 3
