@@ -11,6 +11,7 @@ the measurement. Every answer's status is checked: anything but 200 ends the run
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from urllib.parse import urlsplit
 
@@ -145,5 +146,14 @@ async def http_load(url: str, texts: list[str], per_request: int, clients: int, 
 
 def run_load(url: str, texts: list[str], per_request: int, clients: int, seconds: float, **kwargs) -> tuple[
         float, float, float]:
-    """:func:`http_load` on a new event loop (uvloop where installed), from synchronous code."""
-    return eventloop.run(http_load(url, texts, per_request, clients, seconds, **kwargs))
+    """:func:`http_load` on a new event loop (uvloop where installed), from synchronous code, with the
+    collector off: a full collection of the process that drives the load (22-30 ms in a script
+    driving 1 x 16 slices; the benchmark's own process also holds sentence-transformers) delays
+    every answer in flight, whichever front door is measured."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return eventloop.run(http_load(url, texts, per_request, clients, seconds, **kwargs))
+    finally:
+        if collecting:
+            gc.enable()
