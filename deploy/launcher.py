@@ -112,8 +112,8 @@ def default_workers(env: dict[str, str]) -> int:
 
 # gateways ``sie up`` runs on a GPU host when --gateways is not given. One gateway process uses about
 # 0.3 ms of CPU per request and saturates near 3,000 single-text requests/s: on an H200 with 4 worker
-# pods, two gateways did 4,320 against 3,490 32-token single requests/s (1.05x against 0.85x sie
-# serve) and 17,900 against 14,700 texts/s at 32 texts per request, and no less at 512 tokens
+# pods, two gateways did 4,320 against 3,240 32-token single requests/s and 17,800 against 14,500
+# texts/s at 32 texts per request (means of 6 rounds each), and the same at 512 tokens
 # (tests/benchmarks/runs/2026-11-26-h200-run4-quiet-floor-gateways.log). On a 2-core CPU host a
 # second gateway would only take CPU from the forward.
 GPU_HOST_GATEWAYS = 2

@@ -552,7 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-procs", type=int, default=6, help="client processes generating load")
     ap.add_argument("--serve-processes", default="4",
                     help="SIE_SERVE_PROCESSES of sie serve; a comma-separated list measures each")
-    ap.add_argument("--only", default="", help="workloads to run, |-separated: a whole name picks that one, any other text every name holding it")
+    ap.add_argument("--only", default="",
+                    help="workloads to run, |-separated: a whole name picks that one, any other text every "
+                         "name holding it")
     ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-path rows")
     ap.add_argument("--cluster-workers", type=int, default=0,
                     help="worker pods of the cluster on the GPU (sie up --workers); 0 = as many as the most "
