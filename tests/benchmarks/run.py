@@ -142,13 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bulk-items", type=int, default=50_000, help="bulk backlog of the priority row")
     ap.add_argument("--only-classes", action="store_true", help="run only the --classes rows")
     ap.add_argument("--only-cluster", action="store_true", help="run only the --cluster rows")
+    ap.add_argument("--cluster-seconds", type=float, default=10.0,
+                    help="cluster rows: each front door's seconds per workload and round. A round's p99 pools "
+                         "its requests: at 1 x 16 (about 200/s here) 6 s held about 1,200, so one stall of the "
+                         "16 requests in flight (about once a minute on this host) made the round's p99 alone; "
+                         "10 s hold about 2,000")
     ap.add_argument("--segments", type=int, default=4,
                     help="cluster rows: each round's seconds per front door in this many alternating slices")
     ap.add_argument("--lanes", type=int, default=0,
                     help="SIE_FORWARD_LANES for every worker started (sie serve and the cluster's); 0 = the default")
     args = ap.parse_args(argv)
     if args.quick:
-        args.seconds, args.repeats = 3.0, 1
+        args.seconds, args.cluster_seconds, args.repeats = 3.0, 3.0, 1
     if args.lanes:
         os.environ["SIE_FORWARD_LANES"] = str(args.lanes)  # inherited by every server this run starts
     if args.only_classes:
@@ -158,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     texts = sentences(512, 32, seed=1)
     if args.only_cluster:
-        print("\n".join(bench_cluster(texts, args.seconds, args.repeats, args.threads, max(1, args.segments))))
+        print("\n".join(bench_cluster(texts, args.cluster_seconds, args.repeats, args.threads,
+                                      max(1, args.segments))))
         return 0
     env = {"SIE_TORCH_THREADS": str(args.threads), "SIE_PRELOAD_MODELS": D, "OMP_NUM_THREADS": str(args.threads)}
     rows: dict[str, Row] = {}
@@ -196,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{ours:.1%} (arrival-order batching of the same requests: {fifo:.1%})")
     if args.cluster:
         print()
-        for line in bench_cluster(texts, args.seconds, args.repeats, args.threads, max(1, args.segments)):
+        for line in bench_cluster(texts, args.cluster_seconds, args.repeats, args.threads, max(1, args.segments)):
             print(line)
     if args.classes:
         from tests.benchmarks.classes import bench_classes
