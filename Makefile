@@ -33,12 +33,14 @@ up: $(STAMP)
 
 test: $(DEVSTAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The quick loop: lint and the unit tests (pure logic, no servers); about a minute on 2 cores.
 test-fast: $(DEVSTAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 typecheck: $(DEVSTAMP)

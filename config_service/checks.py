@@ -41,7 +41,9 @@ def check_weights_path(config: ModelConfig, data: dict[str, Any]) -> list[str]:
             model_id=config.sie_id,
             weights_path=str(path),
         )
-    return [f"weights_path {path!r} does not exist on the config service; workers will fall back to hf_id/weights_fallback"]
+    return [
+        f"weights_path {path!r} does not exist on the config service; workers will fall back to hf_id/weights_fallback"
+    ]
 
 
 def check_adapter_options(config: ModelConfig) -> None:
@@ -51,7 +53,11 @@ def check_adapter_options(config: ModelConfig) -> None:
     for name in sorted(config.profiles):
         resolved = Resolved(config, name, config.resolved_profile(name))
         for key, message in loadtime_problems(resolved.profile.adapter_path, resolved.loadtime_options):
-            where = ["profiles", name, "adapter_options", "loadtime", key] if key else ["profiles", name, "adapter_path"]
+            where = (
+                ["profiles", name, "adapter_options", "loadtime", key]
+                if key
+                else ["profiles", name, "adapter_path"]
+            )
             details.append({"loc": where, "message": message})
         options = resolved.runtime_options
         loc = ["profiles", name, "adapter_options", "runtime"]
@@ -68,4 +74,3 @@ def check_adapter_options(config: ModelConfig) -> None:
             details.append({"loc": loc, "message": exc.message})
     if details:
         raise ConfigError(422, "validation_error", "profile adapter options are invalid", details=details)
-

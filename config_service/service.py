@@ -159,7 +159,9 @@ class ConfigService:
         key = key.strip()
         if not key or len(key) > MAX_IDEMPOTENCY_KEY_LEN:
             raise ConfigError(
-                400, "invalid_idempotency_key", f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY_LEN} characters"
+                400,
+                "invalid_idempotency_key",
+                f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY_LEN} characters",
             )
         return key
 
@@ -180,7 +182,9 @@ class ConfigService:
         if key is not None:
             await self._write(
                 "idempotency",
-                lambda conn: self.store.put_idempotency(conn, key, body_sha, status, response, self.idempotency_ttl_s),
+                lambda conn: self.store.put_idempotency(
+                    conn, key, body_sha, status, response, self.idempotency_ttl_s
+                ),
             )
 
     def _write_checks(self, entry: ModelEntry, weights_changed: bool) -> list[str]:
@@ -199,7 +203,9 @@ class ConfigService:
                 return replay
             state = await self.state()
             plan = plan_add(state, body, threshold_routing_enabled=self.threshold_routing_enabled)
-            check_warnings = self._write_checks(plan.entry, plan.is_new_model or "weights_path" in plan.added_fields)
+            check_warnings = self._write_checks(
+                plan.entry, plan.is_new_model or "weights_path" in plan.added_fields
+            )
             if not plan.changed:
                 response = self._response(plan, state, state.epoch)
                 await self._remember(idempotency_key, body_sha, 200, response)
@@ -240,9 +246,13 @@ class ConfigService:
             if replay is not None:
                 return replay
             state = await self.state()
-            plan = plan_replace(state, model_id, body, threshold_routing_enabled=self.threshold_routing_enabled)
+            plan = plan_replace(
+                state, model_id, body, threshold_routing_enabled=self.threshold_routing_enabled
+            )
             previous = plan.previous
-            weights_changed = previous is None or previous.config.weights_path != plan.entry.config.weights_path
+            weights_changed = (
+                previous is None or previous.config.weights_path != plan.entry.config.weights_path
+            )
             check_warnings = self._write_checks(plan.entry, weights_changed)
             if plan.unchanged:
                 response = self._replace_response(plan, state, state.epoch, check_warnings)
@@ -254,7 +264,9 @@ class ConfigService:
                 self.store.upsert_model(conn, model_id, plan.entry.raw_yaml, plan.entry.pool, epoch)
                 resp = self._replace_response(plan, state, epoch, check_warnings)
                 if idempotency_key is not None:
-                    self.store.put_idempotency(conn, idempotency_key, body_sha, 200, resp, self.idempotency_ttl_s)
+                    self.store.put_idempotency(
+                        conn, idempotency_key, body_sha, 200, resp, self.idempotency_ttl_s
+                    )
                 return epoch, resp
 
             epoch, response = await self._write("replace_model", tx)
@@ -263,8 +275,11 @@ class ConfigService:
             before = state.affected_bundles(previous.config) if previous is not None else []
             warnings = await self._publish(
                 self.model_deltas(
-                    new_state, model_id, plan.entry,
-                    profiles_added=sorted(plan.entry.config.profiles), previous_bundles=before,
+                    new_state,
+                    model_id,
+                    plan.entry,
+                    profiles_added=sorted(plan.entry.config.profiles),
+                    previous_bundles=before,
                     previous_pool=plan.entry.pool,
                 )
             )
@@ -331,9 +346,12 @@ class ConfigService:
             }
             warnings = await self._publish(
                 self.model_deltas(
-                    new_state, model_id, baseline,
+                    new_state,
+                    model_id,
+                    baseline,
                     profiles_added=sorted(baseline.config.profiles) if baseline else [],
-                    previous_bundles=before, previous_pool=entry.pool,
+                    previous_bundles=before,
+                    previous_pool=entry.pool,
                 )
             )
             if warnings:

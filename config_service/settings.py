@@ -18,14 +18,20 @@ class ConfigServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore", populate_by_name=True)
 
     # Store. Default: SQLite file ``config.db`` under config_state_dir.
-    config_db_url: str | None = None  # SQLAlchemy URL (postgresql://... or sqlite:///...); default: SQLite under the state dir
+    config_db_url: str | None = (
+        None  # SQLAlchemy URL (postgresql://... or sqlite:///...); default: SQLite under the state dir
+    )
     config_state_dir: Path = Path("./.sie/config")  # directory of the default SQLite file and its writer lock
     # HTTP listener.
     config_host: str = "127.0.0.1"  # HTTP bind address
     config_port: int = Field(default=8090, ge=0, le=65535)  # HTTP port
     # NATS for deltas; empty disables publishing (writes are then accepted without deltas).
-    nats_url: str | None = "nats://127.0.0.1:4222"  # NATS for config deltas; empty turns publishing off (dev only)
-    nats_connect_timeout_s: float = Field(default=45.0, gt=0)  # limit of one NATS connect attempt (retried in the background)
+    nats_url: str | None = (
+        "nats://127.0.0.1:4222"  # NATS for config deltas; empty turns publishing off (dev only)
+    )
+    nats_connect_timeout_s: float = Field(
+        default=45.0, gt=0
+    )  # limit of one NATS connect attempt (retried in the background)
     # Auth. None/empty = not configured.
     admin_token: str | None = None  # token for writes (also opens reads); gateway: pool and config writes
     config_read_token: str | None = None  # token for config reads including /export
@@ -36,15 +42,26 @@ class ConfigServiceSettings(BaseSettings):
     bundles_dir: Path | None = None
     models_dir: Path | None = None
     # Publisher identity in deltas; POD_NAME (no prefix) in Kubernetes.
-    pod_name: str | None = Field(default=None, validation_alias=AliasChoices("POD_NAME", "SIE_POD_NAME"))  # publisher identity (router_id) in deltas
+    pod_name: str | None = Field(
+        default=None, validation_alias=AliasChoices("POD_NAME", "SIE_POD_NAME")
+    )  # publisher identity (router_id) in deltas
     # Limits and timers.
     config_max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)  # largest POST body (413 above)
-    config_body_timeout_s: float = Field(default=BODY_TIMEOUT_S, gt=0)  # the whole POST body must arrive within this (408 after)
-    config_lock_poll_s: float = Field(default=1.0, gt=0)  # how often a standby replica tries for the writer lock
-    config_idempotency_ttl_s: float = Field(default=86400.0, gt=0)  # how long Idempotency-Key answers are kept
+    config_body_timeout_s: float = Field(
+        default=BODY_TIMEOUT_S, gt=0
+    )  # the whole POST body must arrive within this (408 after)
+    config_lock_poll_s: float = Field(
+        default=1.0, gt=0
+    )  # how often a standby replica tries for the writer lock
+    config_idempotency_ttl_s: float = Field(
+        default=86400.0, gt=0
+    )  # how long Idempotency-Key answers are kept
     threshold_routing_enabled: bool = False  # allow routing.policy: threshold in model configs
     log_level: str = "INFO"  # logging level
-    log_format: Literal["text", "json"] = "text"  # log lines: text, or json (one object per line with request_id and trace_id)
+    log_format: Literal["text", "json"] = (
+        "text"  # log lines: text, or json (one object per line with request_id and trace_id)
+    )
+
     def db_url(self) -> str:
         if self.config_db_url:
             return self.config_db_url

@@ -26,8 +26,11 @@ def _serve(args: argparse.Namespace) -> int:
     from deploy.state import port_in_use
 
     if settings.serve_process_index == 0 and port_in_use(settings.port, settings.host):
-        print(f"sie serve: port {settings.port} is in use on {settings.host} (another sie serve or sie up?); "
-              "pick another with --port", file=sys.stderr)
+        print(
+            f"sie serve: port {settings.port} is in use on {settings.host} (another sie serve or sie up?); "
+            "pick another with --port",
+            file=sys.stderr,
+        )
         return 1
     from worker.serve.main import main as serve_main
 
@@ -47,9 +50,19 @@ def _up(args: argparse.Namespace) -> int:
             print(f"sie up: {flag} needs at least 1", file=sys.stderr)
             return 2
     metrics_port = args.metrics_port if args.metrics_port is not None else (9095 if args.observe else 0)
-    return up(args.state_dir, args.port or 8080, args.config_port, args.nats_port, args.preload, args.detach,
-              args.gateways, observe=args.observe, otlp_port=args.otlp_port, metrics_port=metrics_port,
-              workers=args.workers)
+    return up(
+        args.state_dir,
+        args.port or 8080,
+        args.config_port,
+        args.nats_port,
+        args.preload,
+        args.detach,
+        args.gateways,
+        observe=args.observe,
+        otlp_port=args.otlp_port,
+        metrics_port=metrics_port,
+        workers=args.workers,
+    )
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -125,19 +138,33 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--preload", help="comma-separated models the worker loads at start")
     up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, admin token")
     up.add_argument("--detach", action="store_true", help="run in the background; `sie down` stops it")
-    up.add_argument("--gateways", type=int,
-                    help="gateway replicas sharing the port (SO_REUSEPORT), as a Service spreads them "
-                         "(default: 2 on a GPU host, where one gateway's CPU limits short requests; else 1)")
-    up.add_argument("--workers", type=int,
-                    help="worker pods (a worker and its sidecar each) sharing the lane, as a Deployment's "
-                         "replicas do; on a GPU host they share the device (default: 4 on a GPU host, as "
-                         "sie serve's processes there; else 1)")
-    up.add_argument("--observe", action="store_true",
-                    help="trace every request: an OTLP receiver here prints the spans of each hop; "
-                         "also serves the worker pod's metrics (needs the observe extra)")
-    up.add_argument("--otlp-port", type=int, default=4318, help="port of the --observe OTLP receiver (default 4318)")
-    up.add_argument("--metrics-port", type=int,
-                    help="worker pod metrics port, sidecar + worker (default 9095 with --observe, else off)")
+    up.add_argument(
+        "--gateways",
+        type=int,
+        help="gateway replicas sharing the port (SO_REUSEPORT), as a Service spreads them "
+        "(default: 2 on a GPU host, where one gateway's CPU limits short requests; else 1)",
+    )
+    up.add_argument(
+        "--workers",
+        type=int,
+        help="worker pods (a worker and its sidecar each) sharing the lane, as a Deployment's "
+        "replicas do; on a GPU host they share the device (default: 4 on a GPU host, as "
+        "sie serve's processes there; else 1)",
+    )
+    up.add_argument(
+        "--observe",
+        action="store_true",
+        help="trace every request: an OTLP receiver here prints the spans of each hop; "
+        "also serves the worker pod's metrics (needs the observe extra)",
+    )
+    up.add_argument(
+        "--otlp-port", type=int, default=4318, help="port of the --observe OTLP receiver (default 4318)"
+    )
+    up.add_argument(
+        "--metrics-port",
+        type=int,
+        help="worker pod metrics port, sidecar + worker (default 9095 with --observe, else off)",
+    )
     up.set_defaults(func=_up)
     found = "default: ./.sie-state, else the last `sie up`'s"
     st = sub.add_parser("status", help="the processes of a running `sie up`, their restarts and logs")

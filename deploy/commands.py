@@ -99,7 +99,9 @@ def _replica(name: str) -> tuple[str, int]:
 def _log_names(logs_dir: Path) -> list[str]:
     """The processes with a log, in start order, each kind's replicas after its first."""
     found = {p.stem: _replica(p.stem) for p in logs_dir.glob("*.log")}
-    known = {name: (PROCESSES.index(kind), index) for name, (kind, index) in found.items() if kind in PROCESSES}
+    known = {
+        name: (PROCESSES.index(kind), index) for name, (kind, index) in found.items() if kind in PROCESSES
+    }
     return sorted(known, key=known.__getitem__)
 
 

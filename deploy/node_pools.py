@@ -53,15 +53,19 @@ def gke_commands(data: dict) -> str:
     for pool in data["gke"]["pools"]:
         scale = f"--enable-autoscaling --min-nodes {pool['min']} --max-nodes {pool['max']}"
         if pool["name"] == "default-pool":
-            lines += [f"gcloud container clusters create {c['name']} --region {c['region']} "
-                      f"--workload-pool={c['project']}.svc.id.goog \\",
-                      f"  --machine-type {pool['machine_type']} --num-nodes {pool['min']} {scale}"]
+            lines += [
+                f"gcloud container clusters create {c['name']} --region {c['region']} "
+                f"--workload-pool={c['project']}.svc.id.goog \\",
+                f"  --machine-type {pool['machine_type']} --num-nodes {pool['min']} {scale}",
+            ]
             continue
         if pool.get("optional"):
             lines.append("# optional: only for the `large` worker pool (workers.pools.large.enabled=true)")
-        lines += [f"gcloud container node-pools create {pool['name']} --cluster {c['name']} --region {c['region']} \\",
-                  f"  --machine-type {pool['machine_type']} "
-                  f"--accelerator type={pool['accelerator']},count=1,gpu-driver-version=latest \\"]
+        lines += [
+            f"gcloud container node-pools create {pool['name']} --cluster {c['name']} --region {c['region']} \\",
+            f"  --machine-type {pool['machine_type']} "
+            f"--accelerator type={pool['accelerator']},count=1,gpu-driver-version=latest \\",
+        ]
         extra = " --spot --node-taints " + _taint_flag([SPOT_TAINT]) if pool.get("spot") else ""
         lines.append(f"  {scale}{extra}")
     return "\n".join(lines)
@@ -73,22 +77,28 @@ def eks_commands(data: dict) -> str:
     for pool in data["eks"]["pools"]:
         size = f"--nodes-min {pool['min']} --nodes-max {pool['max']}"
         if pool["name"] == "system":
-            lines += [f"eksctl create cluster --name {c['name']} --region {c['region']} --with-oidc "
-                      f"--nodegroup-name {pool['name']} \\",
-                      f"  --node-type {pool['machine_type']} --nodes {pool['min']} {size}"]
+            lines += [
+                f"eksctl create cluster --name {c['name']} --region {c['region']} --with-oidc "
+                f"--nodegroup-name {pool['name']} \\",
+                f"  --node-type {pool['machine_type']} --nodes {pool['min']} {size}",
+            ]
             continue
         taints = node_taints("eks", pool)
-        lines += [f"eksctl create nodegroup --cluster {c['name']} --region {c['region']} --name {pool['name']} "
-                  f"--node-type {pool['machine_type']} \\",
-                  f"  {size}" + (f" --node-taints {_taint_flag(taints)}" if taints else "")]
+        lines += [
+            f"eksctl create nodegroup --cluster {c['name']} --region {c['region']} --name {pool['name']} "
+            f"--node-type {pool['machine_type']} \\",
+            f"  {size}" + (f" --node-taints {_taint_flag(taints)}" if taints else ""),
+        ]
     return "\n".join(lines)
 
 
 def blocks() -> dict[str, str]:
     """The fenced command block of each guide, by guide file name."""
     data = load()
-    return {"install-gke.md": f"```bash\n{gke_commands(data)}\n```",
-            "install-eks.md": f"```bash\n{eks_commands(data)}\n```"}
+    return {
+        "install-gke.md": f"```bash\n{gke_commands(data)}\n```",
+        "install-eks.md": f"```bash\n{eks_commands(data)}\n```",
+    }
 
 
 if __name__ == "__main__":

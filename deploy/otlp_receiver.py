@@ -63,19 +63,27 @@ def decode(body: bytes) -> list[Span]:
         service = next((_value(a.value) for a in rs.resource.attributes if a.key == "service.name"), "")
         for ss in rs.scope_spans:
             for s in ss.spans:
-                out.append(Span(
-                    trace_id=s.trace_id.hex(), span_id=s.span_id.hex(), parent_id=s.parent_span_id.hex(),
-                    name=s.name, service=str(service), start_ns=s.start_time_unix_nano,
-                    end_ns=s.end_time_unix_nano, attributes={a.key: _value(a.value) for a in s.attributes},
-                ))
+                out.append(
+                    Span(
+                        trace_id=s.trace_id.hex(),
+                        span_id=s.span_id.hex(),
+                        parent_id=s.parent_span_id.hex(),
+                        name=s.name,
+                        service=str(service),
+                        start_ns=s.start_time_unix_nano,
+                        end_ns=s.end_time_unix_nano,
+                        attributes={a.key: _value(a.value) for a in s.attributes},
+                    )
+                )
     return out
 
 
 class OtlpReceiver:
     """Collects spans in memory (``spans``) and calls ``on_spans`` with each export's spans."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 on_spans: Callable[[list[Span]], None] | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, on_spans: Callable[[list[Span]], None] | None = None
+    ) -> None:
         self.spans: list[Span] = []
         self._lock = threading.Lock()
         self.on_spans = on_spans

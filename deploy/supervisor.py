@@ -59,7 +59,11 @@ class Child:
             # children in order (stop_all) instead of every process dying at once
             # ... and dies with it: a ``sie up`` killed outright leaves no nats-server on its store
             self.proc = subprocess.Popen(
-                self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                self.cmd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=_die_with_supervisor,
             )
         self.state = "running"

@@ -128,7 +128,11 @@ class ConfigServiceRegistry(CatalogRegistry):
     def config_models(self) -> dict[str, Any]:
         return {
             "models": [
-                {"model_id": m.sie_id, "profiles": sorted(m.profiles), "source": self._sources.get(m.sie_id, "api")}
+                {
+                    "model_id": m.sie_id,
+                    "profiles": sorted(m.profiles),
+                    "source": self._sources.get(m.sie_id, "api"),
+                }
                 for m in sorted(self.catalog.models(), key=lambda m: m.sie_id)
             ]
         }
@@ -206,7 +210,9 @@ class ConfigServiceRegistry(CatalogRegistry):
                 self._count_failure()
                 if attempts >= DEGRADED_AFTER_ATTEMPTS or time.monotonic() - started >= DEGRADED_AFTER_S:
                     self._set_degraded(True)
-                log.warning("config bootstrap attempt %d failed, retrying in %.0f s: %s", attempts, delay, exc)
+                log.warning(
+                    "config bootstrap attempt %d failed, retrying in %.0f s: %s", attempts, delay, exc
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff_max_s)
 
@@ -256,7 +262,11 @@ class ConfigServiceRegistry(CatalogRegistry):
         sources: dict[str, str] = {}
         for m in export.models:
             try:
-                config = parse_model_yaml(m.raw_yaml) if m.raw_yaml.strip() else ModelConfig.model_validate(m.config)
+                config = (
+                    parse_model_yaml(m.raw_yaml)
+                    if m.raw_yaml.strip()
+                    else ModelConfig.model_validate(m.config)
+                )
             except Exception as exc:
                 raise BootstrapError(f"export model {m.model_id!r}: {exc}") from exc
             models.append(config)
@@ -276,7 +286,12 @@ class ConfigServiceRegistry(CatalogRegistry):
             self.bootstrapped = True
             self.exports += 1
             self.last_sync_at = time.time()
-        log.info("config export installed: epoch %d, %d models, %d bundles", export.epoch, len(models), len(bundles))
+        log.info(
+            "config export installed: epoch %d, %d models, %d bundles",
+            export.epoch,
+            len(models),
+            len(bundles),
+        )
 
     async def _get_doc(self, path: str) -> Any:
         assert self._session is not None, "start() first"
@@ -328,7 +343,9 @@ class ConfigServiceRegistry(CatalogRegistry):
             try:
                 config = parse_model_yaml(delta.model_config_yaml)
             except Exception as exc:  # noqa: BLE001 - leave the epoch behind; the poll repairs it
-                log.warning("config delta for %r (epoch %d) not applied: %s", delta.model_id, delta.epoch, exc)
+                log.warning(
+                    "config delta for %r (epoch %d) not applied: %s", delta.model_id, delta.epoch, exc
+                )
                 self._resync.set()
                 return self._count(kind, "parse_error")
             gap = order == EpochOrder.GAP
@@ -341,7 +358,9 @@ class ConfigServiceRegistry(CatalogRegistry):
             self._note_hashes(delta)
             if gap:
                 self._resync.set()  # epochs in between were missed: the export fills them in
-                log.info("config delta epoch %d after local %d: applied, re-exporting", delta.epoch, self.epoch)
+                log.info(
+                    "config delta epoch %d after local %d: applied, re-exporting", delta.epoch, self.epoch
+                )
             self._set_epoch(delta.epoch)
             self.last_sync_at = time.time()
             return self._count(kind, "applied_gap" if gap else "applied")

@@ -48,6 +48,7 @@ REQUEST_ID_KEY = web.RequestKey("sie_request_id", str)
 # Builds a request's work items once its lane is chosen: (lane, request_id, reply_subject, deadline_ts).
 ItemBuilder = Callable[[Lane, str, str, float], list[WorkItem]]
 
+
 class Provisioning(SIEError):
     """No healthy worker can serve the lane yet (scale from zero, or a pool still pending).
 
@@ -222,8 +223,9 @@ class Gateway:
         )
         return (normalize_pool_name(pool) if pool else None), self.canonical_profile(profile)
 
-    async def choose_lane(self, route: Route, pool_name: str | None, profile: str | None,
-                          request: web.Request) -> Lane:
+    async def choose_lane(
+        self, route: Route, pool_name: str | None, profile: str | None, request: web.Request
+    ) -> Lane:
         """The lane of ``route`` in the pool and profile asked for, with the request's priority class
         (its ``X-SIE-Priority``, else its token's, else the pool's, else the gateway's default)."""
         queue_pool = DEFAULT_POOL
@@ -263,15 +265,22 @@ class Gateway:
             self.token_priority(request),
             pool_priority or self.settings.gateway_default_priority,
         )
-        return lane if lane.priority == priority else Lane(lane.pool, lane.machine_profile, lane.bundle, priority)
+        return (
+            lane
+            if lane.priority == priority
+            else Lane(lane.pool, lane.machine_profile, lane.bundle, priority)
+        )
 
-    def _served_lane(self, route: Route, queue_pool: str, profile: str | None,
-                     assigned_ids: set[str] | None) -> Lane | None:
+    def _served_lane(
+        self, route: Route, queue_pool: str, profile: str | None, assigned_ids: set[str] | None
+    ) -> Lane | None:
         """The best lane of the healthy workers that can serve ``route`` (None: there is none).
         Outside a pool with assigned workers the choice is kept until the worker registry changes (a
         heartbeat, a worker gone) or a worker it was made from would turn stale: it depends on nothing
         else, and every request asks for it."""
-        key = None if assigned_ids is not None else (queue_pool, profile, route.model_id, tuple(route.bundles))
+        key = (
+            None if assigned_ids is not None else (queue_pool, profile, route.model_id, tuple(route.bundles))
+        )
         if key is not None:
             kept = self._lanes.get(key)
             if kept is not None and kept[0] == self.workers.generation and self.workers.now() < kept[1]:
@@ -293,7 +302,9 @@ class Gateway:
         if not self.settings.auth_bulk_tokens:
             return None
         token = http.bearer_token(request.headers.get("Authorization"))
-        return BULK if token is not None and http.token_matches(token, self.settings.auth_bulk_tokens) else None
+        return (
+            BULK if token is not None and http.token_matches(token, self.settings.auth_bulk_tokens) else None
+        )
 
     def cache_wanted(self, request: web.Request) -> bool:
         """Whether this request reads and writes the result cache (``X-SIE-Cache: off`` opts out)."""
@@ -340,8 +351,15 @@ class Gateway:
         timeout = self.settings.gateway_request_timeout_s
         t0 = time.monotonic()
         items = build(lane, request_id, self.dispatcher.reply_subject(request_id), time.time() + timeout)
-        tracing.set_attributes(span, pool=lane.pool, machine_profile=lane.machine_profile, bundle=lane.bundle,
-                               profile=route.resolved.profile_name, request_id=request_id, items=len(items))
+        tracing.set_attributes(
+            span,
+            pool=lane.pool,
+            machine_profile=lane.machine_profile,
+            bundle=lane.bundle,
+            profile=route.resolved.profile_name,
+            request_id=request_id,
+            items=len(items),
+        )
         keys: list[str | None] = []
         known: list[WorkResult | None] = [None] * len(items)
         if use_cache and self.cache is not None:
@@ -383,8 +401,10 @@ class Gateway:
                         f"{max_payload - 1024}",
                         param="items",
                     )
-        with bind(request_id=request_id, trace_id=tracing.current_trace_id()
-                  or tracing.trace_id_of(request.headers.get("traceparent"))):
+        with bind(
+            request_id=request_id,
+            trace_id=tracing.current_trace_id() or tracing.trace_id_of(request.headers.get("traceparent")),
+        ):
             results = await self.dispatcher.run(
                 request_id, lane, route.model_id, todo, payloads, headers, operation=operation, deadline=t0 + timeout,
                 known=known,

@@ -183,7 +183,9 @@ class Dispatcher:
             return cached[1] + self._admitted_since.get(pool, 0)
         task = self._refreshing.get(pool)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._read_pending(pool), name=f"stream-info-{pool}")
+            task = asyncio.get_running_loop().create_task(
+                self._read_pending(pool), name=f"stream-info-{pool}"
+            )
             task.add_done_callback(_retrieved)  # when every caller left before it ended
             self._refreshing[pool] = task
         # shielded: a caller that gives up (its client went away) does not cancel the others' call
@@ -214,7 +216,9 @@ class Dispatcher:
                 param="items",
             )
         pending = await self.stream_pending(pool)
-        limit = self.max_stream_pending if priority != BULK else int(self.max_stream_pending * self.bulk_share)
+        limit = (
+            self.max_stream_pending if priority != BULK else int(self.max_stream_pending * self.bulk_share)
+        )
         if pending + n_items > limit:
             raise SIEError(
                 ErrorCode.QUEUE_FULL,
@@ -292,15 +296,22 @@ class Dispatcher:
                 # shield: the caller may itself be cancelled (client disconnected)
                 await asyncio.shield(self.cancel(request_id, reason))
 
-    async def _publish(self, subject: str, pool: str, payloads: list[bytes], headers: list[dict[str, str]],
-                       timeout_s: float | None) -> None:
+    async def _publish(
+        self,
+        subject: str,
+        pool: str,
+        payloads: list[bytes],
+        headers: list[dict[str, str]],
+        timeout_s: float | None,
+    ) -> None:
         """Publish a request's items (at most ``publish_window`` unacked at once) and wait for every ack;
         a stream found gone is ensured and the whole request sent once more (``Nats-Msg-Id`` keeps an
         item already stored from being stored twice)."""
         for attempt in range(2):
             try:
-                await self.publisher.publish_all(subject, payloads, headers, window=self.publish_window,
-                                                 timeout_s=timeout_s)
+                await self.publisher.publish_all(
+                    subject, payloads, headers, window=self.publish_window, timeout_s=timeout_s
+                )
                 return
             except TimeoutError:
                 raise _publish_timed_out() from None

@@ -39,12 +39,15 @@ def error_response(err: SIEError, *, openai: bool = False) -> web.Response:
 async def read_body(request: web.Request, settings: GatewaySettings) -> Any:
     """The decoded body (msgpack or JSON per Content-Type): 413 beyond the size limit, 408 when it does not
     arrive within the body timeout, 400 when it does not decode."""
-    raw = await http.read_body(request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s)
+    raw = await http.read_body(
+        request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s
+    )
     return http.decode_body(raw, request.headers.get("Content-Type"))
 
 
-def success_headers(request_id: str, results: list[WorkResult], wait_ms: float,
-                    t: dict[str, float] | None = None) -> dict[str, str]:
+def success_headers(
+    request_id: str, results: list[WorkResult], wait_ms: float, t: dict[str, float] | None = None
+) -> dict[str, str]:
     """The headers of an answer: ids, versions, and the stage times of ``t`` (the answer's
     :func:`responses.timing`, computed here when the caller has not)."""
     h = {

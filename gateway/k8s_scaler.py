@@ -97,12 +97,16 @@ class K8sScaler:
     events: list[ScaleEvent] = field(default_factory=list)
     _last_check: dict[str, float] = field(default_factory=dict)
 
-    def statefulsets_for(self, machine_profile: str, bundle: str, pool: str | None = None) -> list[tuple[Lane, str]]:
+    def statefulsets_for(
+        self, machine_profile: str, bundle: str, pool: str | None = None
+    ) -> list[tuple[Lane, str]]:
         profile, bundle = machine_profile.lower(), bundle.lower()
         return [
             (lane, name)
             for lane, name in self.targets.items()
-            if lane.machine_profile == profile and lane.bundle == bundle and (pool is None or lane.pool == pool.lower())
+            if lane.machine_profile == profile
+            and lane.bundle == bundle
+            and (pool is None or lane.pool == pool.lower())
         ]
 
     def wake(self, machine_profile: str, bundle: str, pool: str | None = None) -> list[ScaleEvent]:

@@ -65,7 +65,9 @@ class GatewayMetrics:
         self.cache_lookups = Counter(
             "sie_gateway_result_cache_lookups", "Result cache lookups per item", ["result"], registry=r
         )
-        self.cache_stores = Counter("sie_gateway_result_cache_stores", "Results written to the cache", registry=r)
+        self.cache_stores = Counter(
+            "sie_gateway_result_cache_stores", "Results written to the cache", registry=r
+        )
         self.cache_errors = Counter(
             "sie_gateway_result_cache_errors", "Result cache reads/writes that failed", ["kind"], registry=r
         )

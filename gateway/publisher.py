@@ -69,8 +69,15 @@ class AckedPublisher:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    async def publish_all(self, subject: str, payloads: list[bytes], headers: list[dict[str, str]], *,
-                          window: int, timeout_s: float | None) -> None:
+    async def publish_all(
+        self,
+        subject: str,
+        payloads: list[bytes],
+        headers: list[dict[str, str]],
+        *,
+        window: int,
+        timeout_s: float | None,
+    ) -> None:
         """Publish ``payloads`` (with their ``headers``) to ``subject``, in order, with at most
         ``window`` of them waiting for their acks at once, and return once the stream has acked every
         one. Raises ``NoStreamResponseError`` (no stream takes the subject), the ``APIError`` an ack
@@ -114,7 +121,9 @@ class AckedPublisher:
         waiting = [(token, p) for token, p in list(self._pending.items()) if not p.acked.done()]
         for token, p in waiting:
             try:
-                await self.nc.publish(p.subject, p.payload, reply=f"{self._prefix}.{token}", headers=p.headers)
+                await self.nc.publish(
+                    p.subject, p.payload, reply=f"{self._prefix}.{token}", headers=p.headers
+                )
             except Exception as exc:  # noqa: BLE001 - the publish's own deadline answers for it
                 log.warning("re-sending a publish after the reconnect failed: %s", exc)
         return len(waiting)

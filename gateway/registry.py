@@ -170,7 +170,13 @@ class CatalogRegistry:
         b = self.catalog.get_bundle(bundle_id)
         if b is None:
             return None
-        return {"name": b.name, "engine": b.engine, "priority": b.priority, "source": "filesystem", "adapters": list(b.adapters)}
+        return {
+            "name": b.name,
+            "engine": b.engine,
+            "priority": b.priority,
+            "source": "filesystem",
+            "adapters": list(b.adapters),
+        }
 
     def config_epoch(self) -> dict[str, Any]:
         return {"epoch": 0, "bundles_hash": bundles_hash(self.catalog.bundles()), "source": "filesystem"}

@@ -72,8 +72,12 @@ def timing(results: list[WorkResult], total_ms: float) -> dict[str, float]:
         tokenization = max(tokenization, r.tokenization_ms or 0.0)
         inference = max(inference, r.inference_ms or 0.0)
         post = max(post, r.postprocessing_ms or 0.0)
-    out = {"total_ms": round(total_ms, 3), "queue_ms": float(queue), "tokenization_ms": float(tokenization),
-           "inference_ms": float(inference)}
+    out = {
+        "total_ms": round(total_ms, 3),
+        "queue_ms": float(queue),
+        "tokenization_ms": float(tokenization),
+        "inference_ms": float(inference),
+    }
     if post > 0:
         out["postprocessing_ms"] = float(post)
     return out
@@ -88,8 +92,9 @@ def input_tokens(results: list[WorkResult]) -> int | None:
 
 def usage(results: list[WorkResult]) -> dict[str, int]:
     """The answer's ``usage``: input tokens when every item counted them, and the truncation totals."""
-    return usage_map(input_tokens(results), sum(r.truncated_items for r in results),
-                     sum(r.dropped_tokens for r in results))
+    return usage_map(
+        input_tokens(results), sum(r.truncated_items for r in results), sum(r.dropped_tokens for r in results)
+    )
 
 
 def _error_item(result: WorkResult) -> dict[str, Any]:
@@ -164,8 +169,14 @@ def score_msgpack(model: str, result: WorkResult, timing_map: dict[str, float]) 
     packer = msgpack.Packer(use_bin_type=True)
     blob = bytes(result.result_msgpack or b"")
     head = _map_header(blob)
-    prefix = [packer.pack("model"), packer.pack(model), packer.pack("timing"), packb(timing_map),
-              packer.pack("usage"), packb(usage([result]))]
+    prefix = [
+        packer.pack("model"),
+        packer.pack(model),
+        packer.pack("timing"),
+        packb(timing_map),
+        packer.pack("usage"),
+        packb(usage([result])),
+    ]
     if head is None:  # a bare list of score entries
         return b"".join([packer.pack_map_header(4), *prefix, packer.pack("scores"), blob or packb([])])
     count, hlen = head

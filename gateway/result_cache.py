@@ -117,8 +117,14 @@ class ResultCache:
         """Write the successful results (waits for the acks, bounded by the cache timeout)."""
 
         async def one(key: str, result: WorkResult) -> None:
-            blob = pack_entry(CachedAnswer(bytes(result.result_msgpack or b""), result.input_tokens,
-                                           result.truncated_items, result.dropped_tokens))
+            blob = pack_entry(
+                CachedAnswer(
+                    bytes(result.result_msgpack or b""),
+                    result.input_tokens,
+                    result.truncated_items,
+                    result.dropped_tokens,
+                )
+            )
             if len(blob) > self.max_value_bytes:
                 self.metrics.cache_errors.labels("too_large").inc()
                 return

@@ -75,8 +75,14 @@ def lane_served(healthy: Iterable[WorkerRecord], machine_profile: str, bundle: s
     )
 
 
-def best_lane(model_id: str, bundles: Sequence[str], pool: str, candidates: Sequence[WorkerRecord], *,
-              priority: str = INTERACTIVE) -> Lane:
+def best_lane(
+    model_id: str,
+    bundles: Sequence[str],
+    pool: str,
+    candidates: Sequence[WorkerRecord],
+    *,
+    priority: str = INTERACTIVE,
+) -> Lane:
     """The lane (profile, bundle) of ``candidates`` to publish to, in ``priority``'s class, best first by:
 
     a worker there has the model loaded; the bundle's rank in ``bundles``; the lane's mean queue

@@ -183,7 +183,9 @@ def respond(
         return web.Response(
             body=packb(body), status=status, content_type="application/msgpack", headers=headers
         )
-    return web.Response(body=dumps_json(body), status=status, content_type="application/json", headers=headers)
+    return web.Response(
+        body=dumps_json(body), status=status, content_type="application/json", headers=headers
+    )
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -273,8 +275,12 @@ def token_matches(token: str, candidates: Iterable[str | None]) -> bool:
     return found
 
 
-async def stream_status(request: web.Request, frame: Callable[[], dict[str, Any]], interval_s: float,
-                        sockets: set[web.WebSocketResponse]) -> web.WebSocketResponse:
+async def stream_status(
+    request: web.Request,
+    frame: Callable[[], dict[str, Any]],
+    interval_s: float,
+    sockets: set[web.WebSocketResponse],
+) -> web.WebSocketResponse:
     """A status WebSocket (``watch()`` in the SDKs): one JSON text frame from ``frame()`` at once, then
     one every ``interval_s`` until the client goes. ``sockets`` holds the open ones, so that a
     shutting-down server can close them (:func:`close_status_sockets`) instead of waiting on them."""

@@ -247,8 +247,12 @@ class RunBatchRequest:
     item_ids: list[str] = field(default_factory=list)
 
     def to_map(self) -> dict[str, Any]:
-        return {"model_id": self.model_id, "items": self.items, "worker_id": self.worker_id,
-                "item_ids": self.item_ids}
+        return {
+            "model_id": self.model_id,
+            "items": self.items,
+            "worker_id": self.worker_id,
+            "item_ids": self.item_ids,
+        }
 
     @classmethod
     def from_map(cls, data: dict[str, Any]) -> RunBatchRequest:
@@ -268,8 +272,13 @@ class RunBatchRequest:
             except ValueError as exc:
                 if i >= len(ids) or not isinstance(ids[i], str):
                     raise ValueError(f"batch item {i} is not a work item ({exc}) and has no id") from None
-                dead.append({"work_item_id": ids[i], "disposition": DEAD_LETTER,
-                             "error": f"undecodable work item: {exc}"})
+                dead.append(
+                    {
+                        "work_item_id": ids[i],
+                        "disposition": DEAD_LETTER,
+                        "error": f"undecodable work item: {exc}",
+                    }
+                )
         return good, dead
 
 

@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-_fields: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("sie_log_fields", default=None)
+_fields: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "sie_log_fields", default=None
+)
 
 # Set by protocol.tracing when tracing is on: the current span's trace id (32 hex), or None.
 trace_id_source: Callable[[], str | None] | None = None
@@ -51,7 +53,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, object] = {
-            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds"
+            ),
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),

@@ -19,7 +19,6 @@ MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
-
 DEFAULT_PROFILE = "default"
 
 

@@ -66,7 +66,12 @@ def dimension_options(requested: Any, native: int | None) -> dict[str, Any]:
     truncation) below it; INVALID_INPUT for anything else."""
     if requested is None or requested == native:
         return {}
-    if not isinstance(requested, int) or isinstance(requested, bool) or native is None or not 0 < requested < native:
+    if (
+        not isinstance(requested, int)
+        or isinstance(requested, bool)
+        or native is None
+        or not 0 < requested < native
+    ):
         raise invalid_input(
             f"dimensions must be an integer from 1 to the model's dimension {native}, got {requested!r}",
             param="dimensions",

@@ -68,7 +68,8 @@ def truncates(options: dict[str, Any]) -> bool:
     policy = options.get("overflow_policy", "default")
     if policy not in OVERFLOW_POLICIES:
         raise invalid_input(
-            f"overflow_policy must be one of {list(OVERFLOW_POLICIES)}, got {policy!r}", param="overflow_policy"
+            f"overflow_policy must be one of {list(OVERFLOW_POLICIES)}, got {policy!r}",
+            param="overflow_policy",
         )
     return bool(policy != "error")
 
@@ -80,7 +81,9 @@ def output_types(resolved: Resolved, options: dict[str, Any], requested: Any) ->
         raise invalid_input(f"Model '{resolved.routable_id}' does not support encoding")
     value = options.get("output_types") or requested or ["dense"]
     if not isinstance(value, list) or not value or any(t not in OUTPUT_TYPES for t in value):
-        raise invalid_input(f"output_types must be a non-empty list of {list(OUTPUT_TYPES)}", param="output_types")
+        raise invalid_input(
+            f"output_types must be a non-empty list of {list(OUTPUT_TYPES)}", param="output_types"
+        )
     supported = supported_outputs(resolved)
     unsupported = [t for t in value if t not in supported]
     if unsupported:
@@ -95,7 +98,9 @@ def output_dtype(explicit: Any, options: dict[str, Any]) -> str:
     """``params.output_dtype`` → ``options.output_dtype`` → ``float32``; must be a known dtype."""
     value = explicit or options.get("output_dtype") or "float32"
     if value not in OUTPUT_DTYPES:
-        raise invalid_input(f"output_dtype must be one of {list(OUTPUT_DTYPES)}, got {value!r}", param="output_dtype")
+        raise invalid_input(
+            f"output_dtype must be one of {list(OUTPUT_DTYPES)}, got {value!r}", param="output_dtype"
+        )
     return value
 
 
@@ -138,8 +143,9 @@ def chunking(options: dict[str, Any], operation: str) -> ChunkSpec | None:
     if options.get("overflow_policy") != "chunk":
         return None
     if operation not in ("encode", "score"):
-        raise invalid_input(f"overflow_policy 'chunk' is for encode and score, not {operation}",
-                            param="overflow_policy")
+        raise invalid_input(
+            f"overflow_policy 'chunk' is for encode and score, not {operation}", param="overflow_policy"
+        )
     size = _positive(options, "chunk_size", 8)
     overlap = _positive(options, "chunk_overlap", 0)
     overlap = 32 if overlap is None else overlap

@@ -43,7 +43,9 @@ CONTENT_FIELDS = (
 
 def model_config_hash(config: ModelConfig) -> str:
     """SHA-256 of a model's whole config (every profile, weights, revision, options)."""
-    blob = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    blob = json.dumps(
+        config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -87,8 +89,14 @@ class CachedAnswer:
 
 
 def pack_entry(answer: CachedAnswer) -> bytes:
-    return packb({"r": answer.result_msgpack, "t": answer.input_tokens, "ti": answer.truncated_items,
-                  "dt": answer.dropped_tokens})
+    return packb(
+        {
+            "r": answer.result_msgpack,
+            "t": answer.input_tokens,
+            "ti": answer.truncated_items,
+            "dt": answer.dropped_tokens,
+        }
+    )
 
 
 def unpack_entry(blob: bytes) -> CachedAnswer | None:

@@ -57,7 +57,9 @@ def _check_priority(priority: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of a few strings; the gateway asks on every request
-def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str, priority: str = INTERACTIVE) -> str:
+def work_subject(
+    pool: str, machine_profile: str, bundle: str, model_id: str, priority: str = INTERACTIVE
+) -> str:
     subject = lane_prefix(pool, machine_profile, bundle) + normalize_id(model_id)
     return subject + ".bulk" if _check_priority(priority) == BULK else subject
 

@@ -34,7 +34,9 @@ def enabled() -> bool:
 
 def setup_tracing(service_name: str) -> bool:
     """Turn tracing on for this process when an OTLP endpoint is configured; True if it is on."""
-    if not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
+    if not (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    ):
         return False
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -43,7 +45,8 @@ def setup_tracing(service_name: str) -> bool:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
         logging.getLogger("sie.tracing").warning(
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set but tracing cannot start (%s): install the 'observe' extra", exc
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but tracing cannot start (%s): install the 'observe' extra",
+            exc,
         )
         return False
 

@@ -127,8 +127,16 @@ class WorkItem:
         """The key of the items that may share a batch: the stamped ``batch_key``, else derived
         (a producer that did not stamp one)."""
         return self.batch_key or batch_key(
-            self.operation, self.model_id, self.profile_id, self.output_types, self.output_dtype,
-            self.instruction, self.is_query, self.options, self.labels, self.output_schema,
+            self.operation,
+            self.model_id,
+            self.profile_id,
+            self.output_types,
+            self.output_dtype,
+            self.instruction,
+            self.is_query,
+            self.options,
+            self.labels,
+            self.output_schema,
         )
 
 
@@ -235,7 +243,9 @@ class RoutingHeader:
         return cls(item.work_item_id, *cls._route_of(item, request_items, results_subject))
 
     @classmethod
-    def headers_of(cls, item: WorkItem, request_items: int = 1, results_subject: str | None = None) -> dict[str, str]:
+    def headers_of(
+        cls, item: WorkItem, request_items: int = 1, results_subject: str | None = None
+    ) -> dict[str, str]:
         """``of(...).headers()`` without building the header object: the gateway's per-item path."""
         route = cls._route_of(item, request_items, results_subject)
         return {MSG_ID: item.work_item_id, H_ROUTE: orjson.dumps(route).decode()}

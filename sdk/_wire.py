@@ -492,8 +492,11 @@ def parse_encode(
         out.update(_truncation(raw))
         if isinstance(raw.get("chunks"), list):  # overflow_policy chunk: spans and a vector per chunk
             out["chunks"] = [
-                {"start": int(c["start"]), "end": int(c["end"]),
-                 "dense": _array((c.get("dense") or {}).get("values"), "encode", "chunks.dense.values")}
+                {
+                    "start": int(c["start"]),
+                    "end": int(c["end"]),
+                    "dense": _array((c.get("dense") or {}).get("values"), "encode", "chunks.dense.values"),
+                }
                 for c in raw["chunks"]
             ]
         if timing:
@@ -512,8 +515,11 @@ def _with_truncation_totals(meta: dict[str, Any] | None, data: dict[str, Any]) -
     if not isinstance(body_usage, dict) or not body_usage.get("truncated_items"):
         return meta
     meta = dict(meta or {})
-    meta["usage"] = {**meta.get("usage", {}), "truncated_items": int(body_usage["truncated_items"]),
-                     "dropped_tokens": int(body_usage.get("dropped_tokens") or 0)}
+    meta["usage"] = {
+        **meta.get("usage", {}),
+        "truncated_items": int(body_usage["truncated_items"]),
+        "dropped_tokens": int(body_usage.get("dropped_tokens") or 0),
+    }
     return meta
 
 
@@ -533,8 +539,13 @@ def parse_score(data: dict[str, Any], model: str, headers: Mapping[str, str]) ->
         if not isinstance(s, dict) or "item_id" not in s or "score" not in s:
             raise _malformed("score", "a score entry lacks item_id or score")
         entries.append(
-            {"item_id": s["item_id"], "score": float(s["score"]), "rank": int(s.get("rank", len(entries))),
-             **_truncation(s), **{k: s[k] for k in ("span", "chunks") if k in s}}
+            {
+                "item_id": s["item_id"],
+                "score": float(s["score"]),
+                "rank": int(s.get("rank", len(entries))),
+                **_truncation(s),
+                **{k: s[k] for k in ("span", "chunks") if k in s},
+            }
         )
     result: dict[str, Any] = {"model": data.get("model") or model, "scores": entries}
     if data.get("query_id") is not None:

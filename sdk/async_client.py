@@ -378,14 +378,18 @@ class SIEAsyncClient:
         except SIEConnectionError:
             return False
         try:
-            return answer.status == 200 and S.is_gateway(W.decode_json_object(answer.body, what="health", status=answer.status))
+            return answer.status == 200 and S.is_gateway(
+                W.decode_json_object(answer.body, what="health", status=answer.status)
+            )
         except SIEError:
             return False
 
     async def watch(self, *, mode: S.WatchMode = "auto") -> AsyncIterator[dict[str, Any]]:
         """Async twin of :meth:`sdk.SIEClient.watch`."""
         path = S.watch_path(mode, await self._is_gateway() if mode == "auto" else None)
-        async for frame in S.watch_async(S.ws_url(self._base_url, path), self._headers, self._connect_timeout):
+        async for frame in S.watch_async(
+            S.ws_url(self._base_url, path), self._headers, self._connect_timeout
+        ):
             yield frame
 
     async def wait_for_capacity(
@@ -400,7 +404,9 @@ class SIEAsyncClient:
         timeout = timeout_s if timeout_s is not None else DEFAULT_PROVISION_TIMEOUT_S
         started = time.monotonic()
         if model:
-            await self.encode(model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout)
+            await self.encode(
+                model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout
+            )
             return await self.get_capacity(gpu=gpu)
         while True:
             try:

@@ -414,7 +414,9 @@ class SIEClient:
         timeout = timeout_s if timeout_s is not None else DEFAULT_PROVISION_TIMEOUT_S
         started = time.monotonic()
         if model:
-            self.encode(model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout)
+            self.encode(
+                model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout
+            )
             return self.get_capacity(gpu=gpu)
         while True:
             try:

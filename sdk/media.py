@@ -53,7 +53,9 @@ def to_wire_image(value: Any) -> dict[str, Any]:
         from PIL import Image
 
         return {"data": _jpeg(Image.fromarray(value)), "format": "jpeg"}
-    raise TypeError(f"cannot send a {type(value).__name__} as an image: use a PIL image, an array, a path or bytes")
+    raise TypeError(
+        f"cannot send a {type(value).__name__} as an image: use a PIL image, an array, a path or bytes"
+    )
 
 
 def convert_item(item: Any) -> Any:

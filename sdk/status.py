@@ -58,7 +58,9 @@ def _frame(message: str | bytes) -> dict[str, Any]:
 def _refused(exc: Any) -> RequestError:
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None) or getattr(exc, "status_code", None)
-    return RequestError(f"WebSocket connection failed: {status}", code="websocket_refused", status_code=status)
+    return RequestError(
+        f"WebSocket connection failed: {status}", code="websocket_refused", status_code=status
+    )
 
 
 def watch_sync(url: str, headers: Mapping[str, str], open_timeout_s: float) -> Iterator[dict[str, Any]]:
@@ -79,7 +81,9 @@ def watch_sync(url: str, headers: Mapping[str, str], open_timeout_s: float) -> I
         raise SIEConnectionError(f"WebSocket error on {url}: {exc}") from exc
 
 
-async def watch_async(url: str, headers: Mapping[str, str], open_timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+async def watch_async(
+    url: str, headers: Mapping[str, str], open_timeout_s: float
+) -> AsyncIterator[dict[str, Any]]:
     """Async twin of :func:`watch_sync`."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException

@@ -80,8 +80,10 @@ class Batcher:
         if not self._arriving:
             return None
         here = {e.request_id for e in self.pending}
-        return min((first + limits.gather_s for rid, (_, first) in self._arriving.items() if rid in here),
-                   default=None)
+        return min(
+            (first + limits.gather_s for rid, (_, first) in self._arriving.items() if rid in here),
+            default=None,
+        )
 
     @property
     def head_time(self) -> float | None:
@@ -165,6 +167,8 @@ def oldest_ready(
     return min(ready, key=rank) if ready else None
 
 
-def next_due(batchers: list[Batcher], limits: BatchLimits, now: float, *, flush_now: bool = False) -> float | None:
+def next_due(
+    batchers: list[Batcher], limits: BatchLimits, now: float, *, flush_now: bool = False
+) -> float | None:
     dues = [d for d in (b.due_at(limits, now, flush_now=flush_now) for b in batchers) if d is not None]
     return min(dues) if dues else None

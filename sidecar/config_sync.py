@@ -178,8 +178,15 @@ class ConfigApplier:
             reason = self.check(delta)
             if reason is not None:
                 level = logging.WARNING if reason == UNTRUSTED else logging.DEBUG
-                log.log(level, "ignoring config delta from %r for %s/%s epoch %d: %s",
-                        delta.router_id, delta.bundle_id, delta.pool, delta.epoch, reason)
+                log.log(
+                    level,
+                    "ignoring config delta from %r for %s/%s epoch %d: %s",
+                    delta.router_id,
+                    delta.bundle_id,
+                    delta.pool,
+                    delta.epoch,
+                    reason,
+                )
                 self._count(reason)
                 return reason
             if delta.is_epoch_bump:
@@ -208,13 +215,26 @@ class ConfigApplier:
             what = f"{'tombstone' if delta.is_tombstone else 'delta'} {delta.model_id}"
             return self._commit(delta.epoch, expected, resp, what=what, allow_empty=delta.is_tombstone)
 
-    def _commit(self, epoch: int, expected: str, resp: dict[str, Any], *, what: str, allow_empty: bool,
-                rewind: bool = False) -> str:
+    def _commit(
+        self,
+        epoch: int,
+        expected: str,
+        resp: dict[str, Any],
+        *,
+        what: str,
+        allow_empty: bool,
+        rewind: bool = False,
+    ) -> str:
         got = resp.get("bundle_config_hash") or ""
         if got != expected or (not expected and not allow_empty):
             log.warning(
                 "%s (epoch %d): worker hash %r != control plane %r; keeping %r (epoch %d) until reconciled",
-                what, epoch, got[:12], expected[:12], (self.advertised_hash() or "")[:12], self.epoch,
+                what,
+                epoch,
+                got[:12],
+                expected[:12],
+                (self.advertised_hash() or "")[:12],
+                self.epoch,
             )
             self._count(MISMATCH)
             return MISMATCH
@@ -298,7 +318,11 @@ class ConfigApplier:
                 self._count(FAILED)
                 return FAILED
             outcome = self._commit(
-                export.epoch, expected, resp, what=f"export of {len(models)} models", allow_empty=True,
+                export.epoch,
+                expected,
+                resp,
+                what=f"export of {len(models)} models",
+                allow_empty=True,
                 rewind=rewind,
             )
             if outcome == APPLIED:

@@ -25,7 +25,9 @@ class Delivery:
     in_flight: bool = False
     estimate: int = 0  # the character estimate the cost was predicted from
     priority: str = INTERACTIVE  # the class of the subject it came on
-    request_items: int = 1  # its request's items to batch together (1 for a redelivery: its siblings are done)
+    request_items: int = (
+        1  # its request's items to batch together (1 for a redelivery: its siblings are done)
+    )
 
     @property
     def group(self) -> str:
@@ -47,7 +49,9 @@ class Delivery:
 class ModelScheduler:
     spec: str
     limits: BatchLimits
-    batchers: dict[tuple[str, str, str], Batcher] = field(default_factory=dict)  # (operation, group key, class)
+    batchers: dict[tuple[str, str, str], Batcher] = field(
+        default_factory=dict
+    )  # (operation, group key, class)
     ready: bool = False
     generation: int = -1  # IPC connection generation the readiness was learned on
     running: int = 0  # batches of this model on the worker now

@@ -35,8 +35,14 @@ class Intake(Scheduling):
 
     async def start_pullers(self) -> None:
         for priority, durable in ((INTERACTIVE, self.durable), (BULK, self.bulk_durable)):
-            puller = Puller(self.nc, self.stream, durable, self._delivered,
-                            expires_s=self.settings.nats_fetch_timeout_s, wake=self._wakes[priority])
+            puller = Puller(
+                self.nc,
+                self.stream,
+                durable,
+                self._delivered,
+                expires_s=self.settings.nats_fetch_timeout_s,
+                wake=self._wakes[priority],
+            )
             await puller.start()
             self._pullers[priority] = puller
 
@@ -160,8 +166,13 @@ class Intake(Scheduling):
         else:
             d.request_items = route.request_items
         if tracing.enabled() and route.timestamp is not None:
-            tracing.record("sidecar.queue_wait", parent=route.traceparent, start_s=route.timestamp,
-                           end_s=d.received_wall, attributes={"delivery": delivered})
+            tracing.record(
+                "sidecar.queue_wait",
+                parent=route.traceparent,
+                start_s=route.timestamp,
+                end_s=d.received_wall,
+                attributes={"delivery": delivered},
+            )
         if route.operation not in OPERATIONS:
             await self._publish_and_ack(
                 d, self._error_result(d, ErrorCode.INVALID_INPUT, f"unknown operation {route.operation!r}")
@@ -172,7 +183,9 @@ class Intake(Scheduling):
         d.cost = sched.cost_of(d.estimate)
         cap = max(1, sched.limits.max_requests) * self.settings.max_concurrent_batches * 2
         # per class: a bulk backlog never turns interactive work away
-        if sched.pending_count(d.priority) >= cap and d.num_delivered < max(2, self.settings.max_deliver // 2):
+        if sched.pending_count(d.priority) >= cap and d.num_delivered < max(
+            2, self.settings.max_deliver // 2
+        ):
             await self._nak(d, self.settings.overflow_nak_delay_s)
             return
         if d.priority != BULK:

@@ -29,6 +29,7 @@ async def connect_nats(
 ) -> NatsClient:
     """Connect to NATS; each of ``on_reconnect`` (filled in later, once its owner exists) runs after a
     reconnect."""
+
     async def disconnected() -> None:
         log.warning("NATS disconnected")
 

@@ -71,29 +71,43 @@ class SidecarMetrics:
         self.lane_labels = (pool, machine_profile, bundle)
         self.queue_wait = Histogram(
             "sie_sidecar_queue_wait_seconds",
-            "Time from the gateway's publish to the sidecar's pull", registry=r,
+            "Time from the gateway's publish to the sidecar's pull",
+            registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
         self.redeliveries = Counter(
             "sie_sidecar_redeliveries", "Deliveries of a work item after its first", registry=r
         )
         self.batch_size = Histogram(
-            "sie_sidecar_batch_size", "Items per RunBatch", ["model"], registry=r,
+            "sie_sidecar_batch_size",
+            "Items per RunBatch",
+            ["model"],
+            registry=r,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         )
         self.run_batch_seconds = Histogram(
-            "sie_sidecar_run_batch_seconds", "RunBatch round trip over IPC", ["model"], registry=r,
+            "sie_sidecar_run_batch_seconds",
+            "RunBatch round trip over IPC",
+            ["model"],
+            registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.lane_pending = Gauge(
-            "sie_sidecar_lane_pending", "Messages of the lane durable not yet delivered", LANE_LABELS, registry=r
+            "sie_sidecar_lane_pending",
+            "Messages of the lane durable not yet delivered",
+            LANE_LABELS,
+            registry=r,
         )
         self.lane_ack_pending = Gauge(
-            "sie_sidecar_lane_ack_pending", "Messages of the lane durable delivered, not yet settled",
-            LANE_LABELS, registry=r,
+            "sie_sidecar_lane_ack_pending",
+            "Messages of the lane durable delivered, not yet settled",
+            LANE_LABELS,
+            registry=r,
         )
         self.lane_redelivered = Gauge(
-            "sie_sidecar_lane_redelivered", "Messages of the lane durable being redelivered", LANE_LABELS,
+            "sie_sidecar_lane_redelivered",
+            "Messages of the lane durable being redelivered",
+            LANE_LABELS,
             registry=r,
         )
         self.worker_metrics_up = Gauge(

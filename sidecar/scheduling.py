@@ -80,7 +80,9 @@ class Scheduling(Liveness):
                     continue
                 limits = sched.limits
                 if batcher.priority == BULK:  # small bulk batches: an interactive one waits for at most one
-                    limits = dataclasses.replace(limits, max_requests=min(limits.max_requests, self._bulk_cap(sched)))
+                    limits = dataclasses.replace(
+                        limits, max_requests=min(limits.max_requests, self._bulk_cap(sched))
+                    )
                 else:  # with several lanes idle, an equal share for each (ipc.lane_share)
                     share = ipc.lane_share(len(batcher), self._idle_lanes(sched), limits.max_requests)
                     limits = dataclasses.replace(limits, max_requests=share)
@@ -110,7 +112,11 @@ class Scheduling(Liveness):
         next interactive item waits behind at most that), else the full bulk size."""
         s = self.settings
         mixed = time.monotonic() - sched.last_interactive <= s.bulk_mixed_window_s
-        return min(s.bulk_mixed_batch_requests, s.bulk_max_batch_requests) if mixed else s.bulk_max_batch_requests
+        return (
+            min(s.bulk_mixed_batch_requests, s.bulk_max_batch_requests)
+            if mixed
+            else s.bulk_max_batch_requests
+        )
 
     def _eligible(self, sched: ModelScheduler) -> list[Batcher]:
         """The batchers a batch may come from now: bulk ones only while fewer than
@@ -156,7 +162,9 @@ class Scheduling(Liveness):
             self.stats["batches"] += 1
             dispatched = time.time()
             request = ipc.RunBatchRequest(
-                model_id=sched.spec, items=[d.msg.data for d in live], worker_id=s.worker_id,
+                model_id=sched.spec,
+                items=[d.msg.data for d in live],
+                worker_id=s.worker_id,
                 item_ids=[d.route.work_item_id for d in live],
             )
             timeout = s.ipc_request_timeout_s
@@ -166,19 +174,30 @@ class Scheduling(Liveness):
             self.metrics.batch_size.labels(sched.spec).observe(len(live))
             if tracing.enabled():
                 for d in live:
-                    tracing.record("sidecar.batch_formation", parent=d.route.traceparent, start_s=d.received_wall,
-                                   end_s=dispatched, attributes={"batch_size": len(live)})
+                    tracing.record(
+                        "sidecar.batch_formation",
+                        parent=d.route.traceparent,
+                        start_s=d.received_wall,
+                        end_s=dispatched,
+                        attributes={"batch_size": len(live)},
+                    )
             try:
                 # one span per batch: a child of its first item's request, linked to the others'
                 with tracing.span(
-                    "sidecar.run_batch", parent=live[0].route.traceparent,
+                    "sidecar.run_batch",
+                    parent=live[0].route.traceparent,
                     links=[d.route.traceparent for d in live[1:] if isinstance(d.route.traceparent, str)]
-                    if tracing.enabled() else (),
+                    if tracing.enabled()
+                    else (),
                     attributes={"model": sched.spec, "batch_size": len(live)},
                 ):
                     async with self.barrier.shared():
-                        body = await self.ipc.call(ipc.RUN_BATCH, request.to_map(), timeout_s=timeout,
-                                                   traceparent=tracing.traceparent())
+                        body = await self.ipc.call(
+                            ipc.RUN_BATCH,
+                            request.to_map(),
+                            timeout_s=timeout,
+                            traceparent=tracing.traceparent(),
+                        )
                 self.metrics.run_batch_seconds.labels(sched.spec).observe(time.time() - dispatched)
             except IpcTransportError as exc:
                 off_worker()

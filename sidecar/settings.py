@@ -23,17 +23,27 @@ class SidecarSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore")
 
     # identity / lane
-    nats_url: str = "nats://127.0.0.1:4222"  # NATS server (JetStream work stream, results, heartbeats, config deltas)
-    pool: str = "default"  # pool of this worker pod: its lane and the pool its bundle_config_hash is scoped to
+    nats_url: str = (
+        "nats://127.0.0.1:4222"  # NATS server (JetStream work stream, results, heartbeats, config deltas)
+    )
+    pool: str = (
+        "default"  # pool of this worker pod: its lane and the pool its bundle_config_hash is scoped to
+    )
     machine_profile: str = "cpu"  # machine profile of this pod (lane subject token, heartbeat)
     bundle: str = "default"  # bundle the worker serves: lane subject token and config deltas subscribed to
-    worker_id: str = Field(default_factory=socket.gethostname)  # identity in heartbeats (sie.health.<id>) and results; default hostname
+    worker_id: str = Field(
+        default_factory=socket.gethostname
+    )  # identity in heartbeats (sie.health.<id>) and results; default hostname
     # worker IPC
     ipc_socket_path: str = "/tmp/sie-ipc.sock"  # Unix socket of the worker's IPC server
-    ipc_request_timeout_s: float = 60.0  # limit of an ordinary IPC call (RunBatch: up to the items' deadlines)
+    ipc_request_timeout_s: float = (
+        60.0  # limit of an ordinary IPC call (RunBatch: up to the items' deadlines)
+    )
     model_ready_timeout_s: float = 900.0  # limit of one EnsureModelReady call
     worker_ping_interval_ms: int = 2000  # IPC Ping period
-    worker_readyz_stale_mult: int = 3  # worker counts as gone after this many ping intervals without an answer
+    worker_readyz_stale_mult: int = (
+        3  # worker counts as gone after this many ping intervals without an answer
+    )
     # settlement
     nak_delay_s: float = 5.0  # NAK delay for retryable failures (transport error, retry_later, no outcome)
     oom_nak_delay_s: float = 10.0  # NAK delay after RESOURCE_EXHAUSTED
@@ -46,8 +56,12 @@ class SidecarSettings(BaseSettings):
     nats_fetch_budget: int = 64  # most messages per pull request
     nats_fetch_timeout_s: float = 1.0  # how long one pull request waits for messages
     max_held_messages: int = 256  # most deliveries held (queued or in flight) at once
-    stream_max_age_s: float = DEFAULT_STREAM_MAX_AGE_S  # max age of work in the stream when the sidecar creates it
-    stream_storage: str = DEFAULT_STREAM_STORAGE  # file | memory storage of the stream when the sidecar creates it
+    stream_max_age_s: float = (
+        DEFAULT_STREAM_MAX_AGE_S  # max age of work in the stream when the sidecar creates it
+    )
+    stream_storage: str = (
+        DEFAULT_STREAM_STORAGE  # file | memory storage of the stream when the sidecar creates it
+    )
     stream_replicas: int = DEFAULT_STREAM_REPLICAS  # replicas of the stream when the sidecar creates it
     # heartbeats
     health_publish_interval_ms: int = 5000  # heartbeat period on sie.health.<worker_id>
@@ -55,31 +69,59 @@ class SidecarSettings(BaseSettings):
     max_concurrent_batches: int = 4  # batches on the worker at once (saturation = 90 % of this)
     batcher_max_batch_requests: int = 64  # most items per batch (capped by the model's batch budget)
     batcher_max_batch_wait_ms: float = 15.0  # longest wait for a batch to fill
-    batcher_gather_ms: float = Field(default=5.0, ge=0)  # an idle worker's next batch waits at most this long (from a request's first item) for the rest of the request's items still arriving, so it runs in one batch (the gateway counts them when one pod pulls the lane); 0 = no wait
+    batcher_gather_ms: float = Field(
+        default=5.0, ge=0
+    )  # an idle worker's next batch waits at most this long (from a request's first item) for the rest of the request's items still arriving, so it runs in one batch (the gateway counts them when one pod pulls the lane); 0 = no wait
     batcher_max_batch_cost: int = 0  # 0 = the model's max_batch_tokens from EnsureModelReady
     batcher_default_batch_cost: int = 16384  # batch cost cap when neither the setting nor the model gives one
     # priority classes (interactive work on the lane durable, bulk on the lane's ``_bulk`` durable)
-    bulk_max_held_share: float = Field(default=0.75, gt=0, le=1)  # bulk deliveries fill at most this share of max_held_messages (the rest waits for interactive work)
-    bulk_min_held_share: float = Field(default=0.125, ge=0, lt=1)  # interactive deliveries leave at least this share of max_held_messages to bulk
-    bulk_max_concurrent_batches: int = Field(default=1, gt=0)  # bulk batches of one model on the worker at once (interactive batches do not wait behind more)
-    bulk_max_batch_requests: int = Field(default=16, gt=0)  # most items per bulk batch (an interactive batch waits for at most one on the worker)
-    bulk_mixed_batch_requests: int = Field(default=8, gt=0)  # most items per bulk batch while interactive work of the model is arriving
-    bulk_mixed_window_s: float = Field(default=2.0, ge=0)  # interactive work seen this recently makes bulk batches the mixed size
-    bulk_max_wait_ms: float = Field(default=2000.0, gt=0)  # a bulk batch waiting this long is scheduled like an interactive one
+    bulk_max_held_share: float = Field(
+        default=0.75, gt=0, le=1
+    )  # bulk deliveries fill at most this share of max_held_messages (the rest waits for interactive work)
+    bulk_min_held_share: float = Field(
+        default=0.125, ge=0, lt=1
+    )  # interactive deliveries leave at least this share of max_held_messages to bulk
+    bulk_max_concurrent_batches: int = Field(
+        default=1, gt=0
+    )  # bulk batches of one model on the worker at once (interactive batches do not wait behind more)
+    bulk_max_batch_requests: int = Field(
+        default=16, gt=0
+    )  # most items per bulk batch (an interactive batch waits for at most one on the worker)
+    bulk_mixed_batch_requests: int = Field(
+        default=8, gt=0
+    )  # most items per bulk batch while interactive work of the model is arriving
+    bulk_mixed_window_s: float = Field(
+        default=2.0, ge=0
+    )  # interactive work seen this recently makes bulk batches the mixed size
+    bulk_max_wait_ms: float = Field(
+        default=2000.0, gt=0
+    )  # a bulk batch waiting this long is scheduled like an interactive one
     # cancellation
     cancel_tombstone_ttl_s: float = 600.0  # how long a cancelled request id is remembered
     # config deltas and reconciliation
-    config_service_url: str | None = None  # config service base URL; set: start-up export, epoch poll, periodic export
-    config_service_token: str | None = None  # bearer token for the config service's read routes (export needs read or admin)
-    nats_config_trusted_producers: str = "sie-config"  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
+    config_service_url: str | None = (
+        None  # config service base URL; set: start-up export, epoch poll, periodic export
+    )
+    config_service_token: str | None = (
+        None  # bearer token for the config service's read routes (export needs read or admin)
+    )
+    nats_config_trusted_producers: str = (
+        "sie-config"  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
+    )
     worker_config_poll_interval_ms: int = Field(default=30000, gt=0)  # config service epoch poll period
-    worker_config_full_export_interval_ms: int = Field(default=300000, gt=0)  # full export period (also at start-up)
+    worker_config_full_export_interval_ms: int = Field(
+        default=300000, gt=0
+    )  # full export period (also at start-up)
     # shutdown
     drain_timeout_s: float = 25.0  # how long shutdown waits for in-flight batches
     log_level: str = "INFO"  # logging level
-    metrics_port: int = Field(default=0, ge=0, le=65535)  # port of the pod's GET /metrics (sidecar + worker over IPC); 0 = off
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535
+    )  # port of the pod's GET /metrics (sidecar + worker over IPC); 0 = off
     metrics_host: str = "0.0.0.0"  # address the metrics port listens on
-    log_format: Literal["text", "json"] = "text"  # log lines: text, or json (one object per line with request_id and trace_id)
+    log_format: Literal["text", "json"] = (
+        "text"  # log lines: text, or json (one object per line with request_id and trace_id)
+    )
 
     @field_validator("pool", "machine_profile", "bundle")
     @classmethod

@@ -91,9 +91,13 @@ class Settlement(LaneState):
                 part = [entries[i] for i in chunk]
                 # one span per message: a child of its first item's request, linked to the others'
                 with tracing.span(
-                    "sidecar.result_publish", parent=part[0][0].route.traceparent,
-                    links=[d.route.traceparent for d, _, _ in part[1:] if isinstance(d.route.traceparent, str)]
-                    if tracing.enabled() else (),
+                    "sidecar.result_publish",
+                    parent=part[0][0].route.traceparent,
+                    links=[
+                        d.route.traceparent for d, _, _ in part[1:] if isinstance(d.route.traceparent, str)
+                    ]
+                    if tracing.enabled()
+                    else (),
                     attributes={"items": len(part)},
                 ):
                     try:
@@ -117,14 +121,17 @@ class Settlement(LaneState):
         for priority in self._room_wanted:
             self._wakes[priority].set()
 
-    async def _publish_and_ack(self, d: Delivery, result: WorkResult | bytes, *, success: bool = False) -> None:
+    async def _publish_and_ack(
+        self, d: Delivery, result: WorkResult | bytes, *, success: bool = False
+    ) -> None:
         """Publish the result (a WorkResult, or one the worker encoded, whose ``success`` the caller
         gives) to the reply inbox, then ACK; a failed publish leaves the message un-acked."""
         if d.settled:
             return
         ok = result.success if isinstance(result, WorkResult) else success
-        with bind(request_id=d.route.request_id), tracing.span(
-            "sidecar.result_publish", parent=d.route.traceparent, attributes={"success": ok}
+        with (
+            bind(request_id=d.route.request_id),
+            tracing.span("sidecar.result_publish", parent=d.route.traceparent, attributes={"success": ok}),
         ):
             await self._publish_result_and_ack(d, result)
 

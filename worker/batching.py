@@ -104,8 +104,9 @@ class _Queue:
 RunFn = Callable[[RequestContext, list[Prepared]], Awaitable[list[Any]]]
 
 
-def chunk_by_cost(units: list[Prepared], max_cost: int, max_count: int, max_pad_share: float = 0.2,
-                  *, packed: bool = False) -> list[list[int]]:
+def chunk_by_cost(
+    units: list[Prepared], max_cost: int, max_count: int, max_pad_share: float = 0.2, *, packed: bool = False
+) -> list[list[int]]:
     """Indices of ``units`` sorted by cost and cut into chunks.
 
     A chunk ends when the next unit would break the cost cap, the count cap, or make pad positions
@@ -197,8 +198,14 @@ class BatchFormer:
         self.preparing -= 1
         self._wakeup.set()
 
-    def submit(self, ctx: RequestContext, units: list[Prepared], *, expected: bool = False,
-               priority: str = INTERACTIVE) -> list[asyncio.Future]:
+    def submit(
+        self,
+        ctx: RequestContext,
+        units: list[Prepared],
+        *,
+        expected: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> list[asyncio.Future]:
         """Queue ``units`` in ``priority``'s class; ``expected`` when the request was announced with
         ``expect()``."""
         if expected:
@@ -254,7 +261,11 @@ class BatchFormer:
         tokenising: nothing could join, so waiting would only add latency. Otherwise a queue
         waits for its coalesce window or its oldest unit's deadline.
         """
-        if len(queue.items) >= self._max_count(queue, now) or queue.cost >= self.max_cost or self.preparing <= 0:
+        if (
+            len(queue.items) >= self._max_count(queue, now)
+            or queue.cost >= self.max_cost
+            or self.preparing <= 0
+        ):
             return 0.0
         oldest = queue.items[0].enqueued
         return max(0.0, min(oldest + self.max_wait, queue.last_arrival + self.coalesce) - now)
@@ -270,7 +281,9 @@ class BatchFormer:
 
     def _eligible(self) -> list[_Queue]:
         """Queues a batch may come from now: bulk ones only while no bulk batch is in flight."""
-        return [q for q in self._queues.values() if q.items and (q.priority != BULK or not self._bulk_running)]
+        return [
+            q for q in self._queues.values() if q.items and (q.priority != BULK or not self._bulk_running)
+        ]
 
     async def _loop(self) -> None:
         while True:
@@ -292,7 +305,11 @@ class BatchFormer:
             now = time.monotonic()
             due = [q for q in self._eligible() if self._due(q, now) == 0.0]
             queue = min(due, key=lambda q: self._rank(q, now)) if due else None
-            taken = self._take(queue, self._spread(queue, self._max_count(queue, now))) if queue is not None else None
+            taken = (
+                self._take(queue, self._spread(queue, self._max_count(queue, now)))
+                if queue is not None
+                else None
+            )
             if queue is None or taken is None:
                 self._slots.release()
                 continue
@@ -317,8 +334,13 @@ class BatchFormer:
         # bands are cut among the oldest units only: sorting a deep queue on every flush would
         # cost the event loop time quadratic in its depth
         window = live[: self.window]
-        chunks = chunk_by_cost([p.unit for p in window], self.max_cost, max_count, self.max_pad_share,
-                               packed=self.packs(queue.ctx))
+        chunks = chunk_by_cost(
+            [p.unit for p in window],
+            self.max_cost,
+            max_count,
+            self.max_pad_share,
+            packed=self.packs(queue.ctx),
+        )
         chunk = next(c for c in chunks if 0 in c)  # live[0] is the oldest pending unit
         taken = set(chunk)
         queue.items = [p for i, p in enumerate(live) if i not in taken]

@@ -41,8 +41,9 @@ def word_starts(offsets: list[list[int]]) -> list[bool]:
     return [i == 0 or offsets[i][0] > offsets[i - 1][1] for i in range(len(offsets))]
 
 
-def windows(count: int, size: int, overlap: int, starts: list[bool] | None = None,
-            limit: int | None = None) -> list[Span]:
+def windows(
+    count: int, size: int, overlap: int, starts: list[bool] | None = None, limit: int | None = None
+) -> list[Span]:
     """Token windows [start, end) over ``count`` tokens, at most ``size`` long, the next starting
     ``overlap`` tokens before the previous one ends, the last one ending at ``count``.
 
@@ -90,12 +91,14 @@ def _pool(vectors: np.ndarray, mode: str, normalize: bool) -> np.ndarray:
 class Chunking(Execution):
     def _text_adapter(self, lm: LoadedModel) -> HFTextAdapter:
         if not isinstance(lm.adapter, HFTextAdapter) or lm.adapter.tokenizer is None:
-            raise invalid_input(f"Model '{lm.model_id}' cannot chunk its inputs (no text tokenizer)",
-                                param="overflow_policy")
+            raise invalid_input(
+                f"Model '{lm.model_id}' cannot chunk its inputs (no text tokenizer)", param="overflow_policy"
+            )
         return lm.adapter
 
-    def _chunk_spans(self, adapter: HFTextAdapter, spec: ChunkSpec, texts: list[str],
-                     room: int) -> tuple[list[list[Span]], list[list[Span]]]:
+    def _chunk_spans(
+        self, adapter: HFTextAdapter, spec: ChunkSpec, texts: list[str], room: int
+    ) -> tuple[list[list[Span]], list[list[Span]]]:
         """Every text's chunks as character spans and as token windows, within ``room`` tokens each
         and at most ``max_chunks_per_item`` per text (else 400 INPUT_TOO_LONG)."""
         size = min(spec.size or room, room)
@@ -104,14 +107,17 @@ class Chunking(Execution):
         overlap = min(spec.overlap, size // 2)
         limit = self.settings.max_chunks_per_item
         chars, toks = [], []
-        for i, (text, tokens) in enumerate(zip(texts, adapter.token_spans(texts, special=False), strict=True)):
+        for i, (text, tokens) in enumerate(
+            zip(texts, adapter.token_spans(texts, special=False), strict=True)
+        ):
             spans = windows(tokens["count"], size, overlap, word_starts(tokens["offsets"]), limit)
             if len(spans) > limit:
                 raise SIEError(
                     ErrorCode.INPUT_TOO_LONG,
                     f"Item {i} has {tokens['count']} tokens: more chunks of {size} than the limit of {limit} "
                     "chunks per item",
-                    param=f"items.{i}", max_chunks=limit,
+                    param=f"items.{i}",
+                    max_chunks=limit,
                 )
             chars.append(char_spans(text, tokens["offsets"], spans))
             toks.append(spans)
@@ -123,8 +129,15 @@ class Chunking(Execution):
         return adapter.limit(ctx) - around
 
     # ---- encode ------------------------------------------------------------------------------
-    async def encode_chunked(self, plan: Plan, items: list[dict[str, Any]], direct: bool,
-                             timing: Timing, *, priority: str = INTERACTIVE) -> tuple[list[dict[str, Any]], int]:
+    async def encode_chunked(
+        self,
+        plan: Plan,
+        items: list[dict[str, Any]],
+        direct: bool,
+        timing: Timing,
+        *,
+        priority: str = INTERACTIVE,
+    ) -> tuple[list[dict[str, Any]], int]:
         """Encode answers with chunks, and the input tokens the forward passes saw."""
         assert plan.chunk is not None
         lm = await self._ready_model(plan.resolved)
@@ -133,10 +146,15 @@ class Chunking(Execution):
         room = self._room(adapter, plan.ctx)
         spans, token_windows = await self._postprocess(self._chunk_spans, adapter, plan.chunk, texts, room)
         if plan.chunk.late:
-            vectors, tokens = await self._late_vectors(lm, adapter, plan, texts, spans, token_windows, room,
-                                                       direct, timing, priority=priority)
+            vectors, tokens = await self._late_vectors(
+                lm, adapter, plan, texts, spans, token_windows, room, direct, timing, priority=priority
+            )
         else:
-            sub = [{"text": text[s:e]} for text, item_spans in zip(texts, spans, strict=True) for s, e in item_spans]
+            sub = [
+                {"text": text[s:e]}
+                for text, item_spans in zip(texts, spans, strict=True)
+                for s, e in item_spans
+            ]
             units, raws = await self._infer(lm, plan.ctx, sub, direct, timing, priority=priority)
             vectors = [np.asarray(r["dense"], dtype=np.float32) for r in requested_outputs(plan, raws)]
             tokens = sum(u.input_tokens for u in units)
@@ -145,8 +163,12 @@ class Chunking(Execution):
         for item, item_spans in zip(items, spans, strict=True):
             mine = vectors[k : k + len(item_spans)]
             k += len(item_spans)
-            entry = encode_item({"dense": _pool(np.stack(mine), plan.chunk.pooling, normalize)}, plan.output_dtype,
-                                plan.dims, item.get("id"))
+            entry = encode_item(
+                {"dense": _pool(np.stack(mine), plan.chunk.pooling, normalize)},
+                plan.output_dtype,
+                plan.dims,
+                item.get("id"),
+            )
             entry["chunks"] = [
                 {"start": s, "end": e, **encode_item({"dense": v}, plan.output_dtype, plan.dims, None)}
                 for (s, e), v in zip(item_spans, mine, strict=True)
@@ -154,9 +176,20 @@ class Chunking(Execution):
             out.append(entry)
         return out, tokens
 
-    async def _late_vectors(self, lm: LoadedModel, adapter: HFTextAdapter, plan: Plan, texts: list[str],
-                            spans: list[list[Span]], token_windows: list[list[Span]], room: int, direct: bool,
-                            timing: Timing, *, priority: str = INTERACTIVE) -> tuple[list[np.ndarray], int]:
+    async def _late_vectors(
+        self,
+        lm: LoadedModel,
+        adapter: HFTextAdapter,
+        plan: Plan,
+        texts: list[str],
+        spans: list[list[Span]],
+        token_windows: list[list[Span]],
+        room: int,
+        direct: bool,
+        timing: Timing,
+        *,
+        priority: str = INTERACTIVE,
+    ) -> tuple[list[np.ndarray], int]:
         """Late chunking: windows of whole chunks up to the model's limit run once each; every chunk
         mean-pools its own tokens' states from its window (normalised when the model normalises)."""
         from worker.adapters.dense import DenseAdapter
@@ -164,8 +197,9 @@ class Chunking(Execution):
         if not isinstance(adapter, DenseAdapter):
             raise invalid_input(f"Model '{lm.model_id}' does not support chunking 'late'", param="chunking")
         if apply_template("x", plan.ctx) != "x":
-            raise invalid_input("chunking 'late' runs the text as it is: no instruction or template",
-                                param="chunking")
+            raise invalid_input(
+                "chunking 'late' runs the text as it is: no instruction or template", param="chunking"
+            )
         # windows: runs of consecutive chunks whose tokens fit in the model's limit together
         groups: list[tuple[int, int, list[int]]] = []  # (item, first character of the window, its chunks)
         for i, windows_i in enumerate(token_windows):
@@ -196,21 +230,34 @@ class Chunking(Execution):
         return vectors, sum(u.input_tokens for u in units)
 
     # ---- score -------------------------------------------------------------------------------
-    async def score_chunked(self, plan: Plan, query: dict[str, Any], items: list[dict[str, Any]], direct: bool,
-                            timing: Timing, *, priority: str = INTERACTIVE) -> tuple[list[dict[str, Any]], int]:
+    async def score_chunked(
+        self,
+        plan: Plan,
+        query: dict[str, Any],
+        items: list[dict[str, Any]],
+        direct: bool,
+        timing: Timing,
+        *,
+        priority: str = INTERACTIVE,
+    ) -> tuple[list[dict[str, Any]], int]:
         """MaxP: every document's windows scored beside the query; a document scores its best window
         and says which (``span``: start/end characters) and of how many (``chunks``)."""
         lm = await self._ready_model(plan.resolved)
         adapter = self._text_adapter(lm)
         room = adapter.document_room(plan.ctx, query.get("text") or "")
         if room is None:
-            raise invalid_input(f"Model '{lm.model_id}' does not score in chunks (cross-encoders and LLM "
-                                "rerankers do)", param="overflow_policy")
+            raise invalid_input(
+                f"Model '{lm.model_id}' does not score in chunks (cross-encoders and LLM rerankers do)",
+                param="overflow_policy",
+            )
         assert plan.chunk is not None
         texts = [item.get("text") or "" for item in items]
         spans, _ = await self._postprocess(self._chunk_spans, adapter, plan.chunk, texts, room)
-        pairs = [(query, {"text": text[s:e]}) for text, item_spans in zip(texts, spans, strict=True)
-                 for s, e in item_spans]
+        pairs = [
+            (query, {"text": text[s:e]})
+            for text, item_spans in zip(texts, spans, strict=True)
+            for s, e in item_spans
+        ]
         units, scores = await self._infer(lm, plan.ctx, pairs, direct, timing, priority=priority)
         best_scores, best_units, extra, k = [], [], [], 0
         for item_spans in spans:
@@ -218,6 +265,8 @@ class Chunking(Execution):
             j = max(range(len(mine)), key=mine.__getitem__)
             best_scores.append(mine[j])
             best_units.append(units[k + j])
-            extra.append({"span": {"start": item_spans[j][0], "end": item_spans[j][1]}, "chunks": len(item_spans)})
+            extra.append(
+                {"span": {"start": item_spans[j][0], "end": item_spans[j][1]}, "chunks": len(item_spans)}
+            )
             k += len(item_spans)
         return rank_scores(best_scores, items, best_units, extra), sum(u.input_tokens for u in units)

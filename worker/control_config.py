@@ -64,7 +64,9 @@ class ControlConfig(ModelStates):
             log.warning("model %s names an adapter this worker image lacks: unsupported", config.sie_id)
             self.unsupported_models.add(config.sie_id)
 
-    async def apply_model_config(self, config: ModelConfig, *, bundle_adapters: list[str] | None = None) -> None:
+    async def apply_model_config(
+        self, config: ModelConfig, *, bundle_adapters: list[str] | None = None
+    ) -> None:
         """Add or update one model (the full merged config of a delta); other models stay as they are.
 
         Loaded entries of the model whose load-time state changed are unloaded, so the next request
@@ -90,7 +92,11 @@ class ControlConfig(ModelStates):
         else:
             self.catalog.remove(model_id)
             self.unsupported_models.discard(model_id)
-        log.info("model %s removed by the control plane%s", model_id, " (image config restored)" if baseline else "")
+        log.info(
+            "model %s removed by the control plane%s",
+            model_id,
+            " (image config restored)" if baseline else "",
+        )
         await self._drop_stale_entries(model_id)
 
     async def replace_model_configs(
@@ -125,7 +131,9 @@ class ControlConfig(ModelStates):
             if entry.model_id != model_id:
                 continue
             loaded_fields = (
-                entry.loaded.resolved.config.model_dump(exclude={"profiles"}) if entry.loaded else model_fields
+                entry.loaded.resolved.config.model_dump(exclude={"profiles"})
+                if entry.loaded
+                else model_fields
             )
             if key in current and loaded_fields == model_fields and entry.state != "failed":
                 continue

@@ -43,9 +43,17 @@ class Execution(OomRecovery):
         )
         return [u for part in parts for u in part]
 
-    async def _infer(self, lm: LoadedModel, ctx: RequestContext, inputs: list[Any], direct: bool,
-                     timing: Timing, *, priority: str = INTERACTIVE, post: Post | None = None,
-                     ) -> tuple[list[Prepared], list[Any]]:
+    async def _infer(
+        self,
+        lm: LoadedModel,
+        ctx: RequestContext,
+        inputs: list[Any],
+        direct: bool,
+        timing: Timing,
+        *,
+        priority: str = INTERACTIVE,
+        post: Post | None = None,
+    ) -> tuple[list[Prepared], list[Any]]:
         """Tokenise ``inputs`` and run them (the model's batcher in ``priority``'s class, or at once
         when ``direct``); then ``post(units, outputs)``, when given, whose result is the outputs.
 
@@ -64,8 +72,9 @@ class Execution(OomRecovery):
         if direct and lm.forwards_in_flight <= lm.lanes:
             self._check_operation(lm, ctx)
             with lm.loras.use(ctx.lora):
-                units, outputs, forwards = await lm.on_lane(self._run_on_lane, lm, ctx, inputs, timing,
-                                                            time.monotonic(), post)
+                units, outputs, forwards = await lm.on_lane(
+                    self._run_on_lane, lm, ctx, inputs, timing, time.monotonic(), post
+                )
             for batch in forwards:
                 lm.count(ctx, batch)
             return units, outputs
@@ -93,8 +102,15 @@ class Execution(OomRecovery):
         if ctx.op not in lm.adapter.operations:
             raise invalid_input(f"Model '{lm.model_id}' does not support {ctx.op}")
 
-    def _run_on_lane(self, lm: LoadedModel, ctx: RequestContext, inputs: list[Any], timing: Timing,
-                     submitted: float, post: Post | None) -> tuple[list[Prepared], list[Any], list[list[Prepared]]]:
+    def _run_on_lane(
+        self,
+        lm: LoadedModel,
+        ctx: RequestContext,
+        inputs: list[Any],
+        timing: Timing,
+        submitted: float,
+        post: Post | None,
+    ) -> tuple[list[Prepared], list[Any], list[list[Prepared]]]:
         """A direct batch on its inference lane: tokenise, forward, ``post``; returns the units,
         the outputs and each forward's units (for :meth:`LoadedModel.count`, on the loop)."""
         t = time.monotonic()
@@ -110,22 +126,29 @@ class Execution(OomRecovery):
             timing.postprocessing_ms = (time.monotonic() - t) * 1000
         return units, outputs, forwards
 
-    def _forward_chunks(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], timing: Timing,
-                        submitted: float) -> tuple[list[Any], list[list[Prepared]]]:
+    def _forward_chunks(
+        self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], timing: Timing, submitted: float
+    ) -> tuple[list[Any], list[list[Prepared]]]:
         """On an inference lane: ``units`` in forwards of at most the model's batch cost; the outputs
         in order, and each forward's units."""
         outputs: list[Any] = [None] * len(units)
         forwards: list[list[Prepared]] = []
         packed = lm.adapter.runs_packed(ctx)
-        for chunk in chunk_by_cost(units, lm.max_cost, lm.max_requests, self.settings.max_padding_share,
-                                   packed=packed):
+        for chunk in chunk_by_cost(
+            units, lm.max_cost, lm.max_requests, self.settings.max_padding_share, packed=packed
+        ):
             batch = [units[i] for i in chunk]
             started = time.monotonic()
             with tracing.span("worker.forward") as span:
                 if span is not None:
                     real, padded = token_counts(batch, packed)
-                    tracing.set_attributes(span, model=lm.model_id, batch_size=len(chunk), tokens=real,
-                                           padding_share=padded / max(1, padded + real))
+                    tracing.set_attributes(
+                        span,
+                        model=lm.model_id,
+                        batch_size=len(chunk),
+                        tokens=real,
+                        padding_share=padded / max(1, padded + real),
+                    )
                 outs = lm.forward(ctx, batch)
             timing.queue_ms = max(timing.queue_ms, (started - submitted) * 1000)
             timing.inference_ms += (time.monotonic() - started) * 1000
@@ -134,8 +157,16 @@ class Execution(OomRecovery):
                 outputs[i] = out
         return outputs, forwards
 
-    async def _execute(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], direct: bool,
-                       timing: Timing, *, priority: str = INTERACTIVE) -> list[Any]:
+    async def _execute(
+        self,
+        lm: LoadedModel,
+        ctx: RequestContext,
+        units: list[Prepared],
+        direct: bool,
+        timing: Timing,
+        *,
+        priority: str = INTERACTIVE,
+    ) -> list[Any]:
         try:
             self._check_operation(lm, ctx)
         except BaseException:
@@ -173,14 +204,21 @@ class Execution(OomRecovery):
             if not isinstance(item, dict):
                 raise invalid_input(f"Item {i} must be a map", param=f"items.{i}")
             for media in ("images", "audio", "video", "document"):
-                if item.get(media) and not getattr(resolved.config.inputs, "image" if media == "images" else media):
+                if item.get(media) and not getattr(
+                    resolved.config.inputs, "image" if media == "images" else media
+                ):
                     raise invalid_input(
-                        f"Model '{resolved.routable_id}' does not accept {media} input", param=f"items.{i}.{media}"
+                        f"Model '{resolved.routable_id}' does not accept {media} input",
+                        param=f"items.{i}.{media}",
                     )
             text = item.get("text")
             if text is not None and not isinstance(text, str):
                 raise invalid_input(f"Item {i}: text must be a string", param=f"items.{i}.text")
-            if text_model and text is None and not any(item.get(m) for m in ("images", "audio", "video", "document")):
+            if (
+                text_model
+                and text is None
+                and not any(item.get(m) for m in ("images", "audio", "video", "document"))
+            ):
                 raise invalid_input(f"Item {i} has no text", param=f"items.{i}.text")
             if text is not None and len(text.encode("utf-8")) > limit:
                 raise invalid_input(f"Item {i}: text is larger than {limit} bytes", param=f"items.{i}.text")

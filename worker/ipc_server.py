@@ -63,7 +63,9 @@ class WorkerRuntime(Protocol):
         self, configs: list[ModelConfig], *, bundle_adapters: list[str] | None = None
     ) -> None: ...
 
-    async def remove_model_config(self, model_id: str, *, bundle_adapters: list[str] | None = None) -> None: ...
+    async def remove_model_config(
+        self, model_id: str, *, bundle_adapters: list[str] | None = None
+    ) -> None: ...
 
 
 class IpcHandler(ConfigCalls):
@@ -280,7 +282,9 @@ class IpcServer:
                 frame = ipc.encode_frame(envelope, max_bytes=self.max_frame_bytes)
             except ipc.FrameTooLarge as exc:
                 frame = ipc.encode_frame(
-                    ipc.error_envelope(envelope.get("request_id"), ipc.IPC_TOO_LARGE, f"response too large: {exc}")
+                    ipc.error_envelope(
+                        envelope.get("request_id"), ipc.IPC_TOO_LARGE, f"response too large: {exc}"
+                    )
                 )
             except (TypeError, ValueError) as exc:
                 frame = ipc.encode_frame(
@@ -330,7 +334,9 @@ class IpcServer:
                 if request.get("version") != ipc.IPC_VERSION:
                     await send(
                         ipc.error_envelope(
-                            request_id, ipc.IPC_BAD_REQUEST, f"unsupported IPC version {request.get('version')!r}"
+                            request_id,
+                            ipc.IPC_BAD_REQUEST,
+                            f"unsupported IPC version {request.get('version')!r}",
                         )
                     )
                     continue
@@ -338,7 +344,9 @@ class IpcServer:
                 body = request.get("body") or {}
                 if not isinstance(method, str) or not isinstance(body, dict):
                     await send(
-                        ipc.error_envelope(request_id, ipc.IPC_BAD_REQUEST, "request needs method and a map body")
+                        ipc.error_envelope(
+                            request_id, ipc.IPC_BAD_REQUEST, "request needs method and a map body"
+                        )
                     )
                     continue
                 task = asyncio.create_task(call(request_id, method, body, request.get("traceparent")))

@@ -62,7 +62,9 @@ class LoadedModel:
         # the inference lanes (worker/lanes.py): forwards run on these threads, together through
         # the gate unless one changes state the others see
         self.lanes = runtime.forward_lanes
-        self.executor = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix=f"infer-{resolved.model_id}")
+        self.executor = ThreadPoolExecutor(
+            max_workers=self.lanes, thread_name_prefix=f"infer-{resolved.model_id}"
+        )
         self.gate = ForwardGate()
         s = runtime.settings
         self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)

@@ -56,7 +56,9 @@ def pick_victim(candidates: Sequence[Resident], needed: float) -> Resident:
 
 
 class MemoryManager:
-    def __init__(self, usage: UsageFn, loaded: LoadedFn, evict: EvictFn, *, threshold_percent: float = 85.0) -> None:
+    def __init__(
+        self, usage: UsageFn, loaded: LoadedFn, evict: EvictFn, *, threshold_percent: float = 85.0
+    ) -> None:
         self.usage = usage
         self.loaded = loaded
         self.evict = evict
@@ -97,7 +99,9 @@ class MemoryManager:
                 used, total = self.usage()
                 log.warning(
                     "memory pressure (%.1f%% used, threshold %.0f%%): evicting %s (%d bytes)",
-                    100.0 * (used + required_bytes) / total, self.threshold_percent, _name(victim.key),
+                    100.0 * (used + required_bytes) / total,
+                    self.threshold_percent,
+                    _name(victim.key),
                     victim.memory_bytes(),
                 )
                 await self.evict(victim.key)
@@ -105,7 +109,9 @@ class MemoryManager:
                 evicted.append(victim.key)
             return evicted
 
-    async def evict_lru(self, keep: Hashable, lock_timeout_s: float = EVICT_LOCK_TIMEOUT_S) -> Hashable | None:
+    async def evict_lru(
+        self, keep: Hashable, lock_timeout_s: float = EVICT_LOCK_TIMEOUT_S
+    ) -> Hashable | None:
         """OOM recovery: evict the least recently used model other than ``keep``, pressure or not."""
         try:
             await asyncio.wait_for(self.lock.acquire(), lock_timeout_s)

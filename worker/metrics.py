@@ -45,7 +45,11 @@ class _RuntimeState(Collector):
         stats = rt.batch_stats()
         for name, doc, value in (
             ("sie_worker_forward_passes", "Forward passes run by the loaded models", stats.forwards),
-            ("sie_worker_batch_tokens", "Real tokens in forward passes of the loaded models", stats.real_tokens),
+            (
+                "sie_worker_batch_tokens",
+                "Real tokens in forward passes of the loaded models",
+                stats.real_tokens,
+            ),
             ("sie_worker_batch_padded_tokens", "Pad positions added to forward passes", stats.padded_tokens),
         ):
             g = GaugeMetricFamily(name, doc)
@@ -69,7 +73,9 @@ class WorkerMetrics:
         self.stage_seconds = Histogram(
             "sie_worker_stage_seconds",
             "Time of a request in each worker stage (queue, tokenization, inference, postprocessing)",
-            ["model", "stage"], registry=r, buckets=_LATENCY_BUCKETS,
+            ["model", "stage"],
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
         )
         self.batch_size = Histogram(
             "sie_worker_batch_size", "Items per forward pass", ["model"], registry=r, buckets=_SIZE_BUCKETS
@@ -78,18 +84,29 @@ class WorkerMetrics:
             "sie_worker_forward_seconds",
             "Time the model's inference lanes spent in forward passes (OOM recovery included); with "
             "sie_worker_batch_size, the forward time per item and the share of time a lane computes",
-            ["model"], registry=r,
+            ["model"],
+            registry=r,
         )
         self.tokens_per_batch = Histogram(
-            "sie_worker_tokens_per_batch", "Real tokens per forward pass", ["model"], registry=r,
+            "sie_worker_tokens_per_batch",
+            "Real tokens per forward pass",
+            ["model"],
+            registry=r,
             buckets=_TOKEN_BUCKETS,
         )
         self.padding_share = Histogram(
-            "sie_worker_padding_share", "Share of pad positions in a forward pass", ["model"], registry=r,
+            "sie_worker_padding_share",
+            "Share of pad positions in a forward pass",
+            ["model"],
+            registry=r,
             buckets=_SHARE_BUCKETS,
         )
         self.model_load_seconds = Histogram(
-            "sie_worker_model_load_seconds", "Time to load a model", ["model"], registry=r, buckets=_LOAD_BUCKETS
+            "sie_worker_model_load_seconds",
+            "Time to load a model",
+            ["model"],
+            registry=r,
+            buckets=_LOAD_BUCKETS,
         )
         self.model_load_failures = Counter(
             "sie_worker_model_load_failures", "Model loads that failed", ["model"], registry=r
@@ -97,7 +114,8 @@ class WorkerMetrics:
         self.oom_recoveries = Counter(
             "sie_worker_oom_recoveries",
             "OOM recovery steps (oom, cache_clear, evict_sibling, split, exhausted)",
-            ["model", "step"], registry=r,
+            ["model", "step"],
+            registry=r,
         )
         r.register(_RuntimeState(runtime))
         ProcessCollector(namespace="sie_worker", registry=r)  # CPU seconds, resident memory

@@ -48,7 +48,11 @@ log = logging.getLogger("worker.runtime")
 class ModelStates:
     def __init__(self, settings: WorkerSettings | None = None, catalog: Catalog | None = None) -> None:
         self.settings = settings or WorkerSettings()
-        self.catalog = catalog if catalog is not None else Catalog.from_dirs(self.settings.models_dir, self.settings.bundles_dir)
+        self.catalog = (
+            catalog
+            if catalog is not None
+            else Catalog.from_dirs(self.settings.models_dir, self.settings.bundles_dir)
+        )
         self.device = pick_device(self.settings.device)
         self._entries: dict[tuple, ModelEntry] = {}
         self.cpu_pool = ThreadPoolExecutor(max_workers=self.settings.cpu_workers, thread_name_prefix="cpu")
@@ -57,7 +61,9 @@ class ModelStates:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.weights = WeightCache.from_settings(self.settings)
         self.memory = MemoryManager(
-            self.memory_usage, self.loaded, self._evict,
+            self.memory_usage,
+            self.loaded,
+            self._evict,
             threshold_percent=self.settings.memory_pressure_threshold_percent,
         )
         self._monitor: asyncio.Task | None = None
@@ -150,7 +156,11 @@ class ModelStates:
 
         For a whole model: loaded > loading > failed > available over its instances.
         """
-        if profile is not None and (config := self.catalog.get(model_id)) is not None and profile in config.profiles:
+        if (
+            profile is not None
+            and (config := self.catalog.get(model_id)) is not None
+            and profile in config.profiles
+        ):
             key = load_signature(Resolved(config, profile, config.resolved_profile(profile)))
             states = [e for e in (self._entries.get(key),) if e is not None]
         else:
@@ -190,7 +200,9 @@ class ModelStates:
     async def _load(self, entry: ModelEntry, resolved: Resolved) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        log.info("loading %s (profile %s, attempt %d)…", resolved.model_id, resolved.profile_name, entry.attempts)
+        log.info(
+            "loading %s (profile %s, attempt %d)…", resolved.model_id, resolved.profile_name, entry.attempts
+        )
         try:
             adapter = await loop.run_in_executor(self._load_pool, self._build_adapter, resolved, entry.key)
         except asyncio.CancelledError:
@@ -201,8 +213,12 @@ class ModelStates:
             entry.state = "failed"
             entry.failed_at = time.monotonic()
             self.metrics.model_load_failures.labels(resolved.model_id).inc()
-            log.error("loading %s… failed after %.1f s: %s", resolved.model_id, time.monotonic() - started,
-                      entry.error.message)
+            log.error(
+                "loading %s… failed after %.1f s: %s",
+                resolved.model_id,
+                time.monotonic() - started,
+                entry.error.message,
+            )
             return
         entry.loaded = LoadedModel(self, entry.key, resolved, adapter)
         entry.error = None
@@ -298,8 +314,11 @@ class ModelStates:
         lm.closed = True
         lm.loras.close()
         await lm.former.close(
-            SIEError(ErrorCode.MODEL_LOADING, f"Model '{lm.model_id}' was unloaded; retry",
-                     retry_after=self.settings.model_loading_retry_after_s)
+            SIEError(
+                ErrorCode.MODEL_LOADING,
+                f"Model '{lm.model_id}' was unloaded; retry",
+                retry_after=self.settings.model_loading_retry_after_s,
+            )
         )
         await lm.alone(lm.adapter.unload)
         lm.executor.shutdown(wait=False)

@@ -62,8 +62,10 @@ class MuveraConfig:
             if optional and not v:
                 return None
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or (upper is not None and v > upper):
-                raise invalid_input(f"muvera.{name} must be a positive integer"
-                                    + (f" ≤ {upper}" if upper else ""), param=f"options.muvera.{name}")
+                raise invalid_input(
+                    f"muvera.{name} must be a positive integer" + (f" ≤ {upper}" if upper else ""),
+                    param=f"options.muvera.{name}",
+                )
             return v
 
         seed = merged["seed"]
@@ -86,7 +88,9 @@ class MuveraConfig:
         return self.projection_dim or token_dim
 
     def output_dim(self, token_dim: int) -> int:
-        return self.final_projection_dim or self.num_repetitions * self.num_buckets * self.block_dim(token_dim)
+        return self.final_projection_dim or self.num_repetitions * self.num_buckets * self.block_dim(
+            token_dim
+        )
 
 
 def gray_bucket(bits: np.ndarray) -> np.ndarray:

@@ -22,8 +22,15 @@ class Operations(Chunking):
     # ---- public operations -----------------------------------------------------------------
     # ``priority``: the request's class (interactive | bulk) in the model's BatchFormer; the direct
     # path (queue mode, the sidecar batched already) ignores it
-    async def encode(self, spec: str, items: list[dict[str, Any]], params: dict[str, Any] | None = None,
-                     *, direct: bool = False, priority: str = INTERACTIVE) -> Result:
+    async def encode(
+        self,
+        spec: str,
+        items: list[dict[str, Any]],
+        params: dict[str, Any] | None = None,
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result:
         t0 = time.monotonic()
         params = params or {}
         options = params.get("options") or {}
@@ -31,8 +38,9 @@ class Operations(Chunking):
         plan = plan_encode(resolved, params)
         return await self.encode_plan(plan, items, direct=direct, t0=t0, priority=priority)
 
-    async def encode_plan(self, plan: Plan, items: list[dict[str, Any]], *, direct: bool, t0: float,
-                          priority: str = INTERACTIVE) -> Result:
+    async def encode_plan(
+        self, plan: Plan, items: list[dict[str, Any]], *, direct: bool, t0: float, priority: str = INTERACTIVE
+    ) -> Result:
         self._check_items(plan.resolved, items)
         if plan.chunk is not None:
             timing = Timing()
@@ -41,30 +49,50 @@ class Operations(Chunking):
             return Result(chunked, timing, tokens)
         lm = await self._ready_model(plan.resolved)
         timing = Timing()
-        units, out = await self._infer(lm, plan.ctx, items, direct, timing, priority=priority,
-                                       post=functools.partial(self._encode_outputs, plan, items))
+        units, out = await self._infer(
+            lm,
+            plan.ctx,
+            items,
+            direct,
+            timing,
+            priority=priority,
+            post=functools.partial(self._encode_outputs, plan, items),
+        )
         timing.total_ms = (time.monotonic() - t0) * 1000
         self.metrics.observe_request(lm.model_id, timing)
-        return Result(out, timing, sum(u.input_tokens for u in units), item_tokens=[u.input_tokens for u in units])
+        return Result(
+            out, timing, sum(u.input_tokens for u in units), item_tokens=[u.input_tokens for u in units]
+        )
 
-    def _encode_outputs(self, plan: Plan, items: list[dict[str, Any]], units: list[Prepared],
-                        raws: list[dict[str, Any]]) -> list[dict]:
+    def _encode_outputs(
+        self, plan: Plan, items: list[dict[str, Any]], units: list[Prepared], raws: list[dict[str, Any]]
+    ) -> list[dict]:
         raws = requested_outputs(plan, raws)
         return [
             {**encode_item(raw, plan.output_dtype, plan.dims, item.get("id")), **truncation(unit)}
             for raw, item, unit in zip(raws, items, units, strict=True)
         ]
 
-    async def score(self, spec: str, query: dict[str, Any], items: list[dict[str, Any]],
-                    instruction: Any = None, options: dict[str, Any] | None = None,
-                    *, direct: bool = False, priority: str = INTERACTIVE) -> Result:
+    async def score(
+        self,
+        spec: str,
+        query: dict[str, Any],
+        items: list[dict[str, Any]],
+        instruction: Any = None,
+        options: dict[str, Any] | None = None,
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result:
         t0 = time.monotonic()
         resolved = self.catalog.resolve(spec, options if isinstance(options, dict) else None)
         plan = plan_score(resolved, instruction, options)
         if not items:
             raise invalid_input("Field 'items' must not be empty", param="items")
         if len(items) > self.settings.max_score_items:
-            raise invalid_input(f"At most {self.settings.max_score_items} items can be scored at once", param="items")
+            raise invalid_input(
+                f"At most {self.settings.max_score_items} items can be scored at once", param="items"
+            )
         self._check_items(resolved, [query, *items])
         timing = Timing()
         if plan.chunk is not None:
@@ -72,8 +100,9 @@ class Operations(Chunking):
             timing.total_ms = (time.monotonic() - t0) * 1000
             return Result(entries, timing, tokens, query_id=query.get("id"))
         lm = await self._ready_model(resolved)
-        units, scores = await self._infer(lm, plan.ctx, [(query, item) for item in items], direct, timing,
-                                          priority=priority)
+        units, scores = await self._infer(
+            lm, plan.ctx, [(query, item) for item in items], direct, timing, priority=priority
+        )
         t = time.monotonic()
         with tracing.span("worker.postprocess"):
             entries = rank_scores(scores, items, units)
@@ -82,8 +111,15 @@ class Operations(Chunking):
         self.metrics.observe_request(lm.model_id, timing)
         return Result(entries, timing, sum(u.input_tokens for u in units), query_id=query.get("id"))
 
-    async def extract(self, spec: str, items: list[dict[str, Any]], params: dict[str, Any] | None = None,
-                      *, direct: bool = False, priority: str = INTERACTIVE) -> Result:
+    async def extract(
+        self,
+        spec: str,
+        items: list[dict[str, Any]],
+        params: dict[str, Any] | None = None,
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result:
         t0 = time.monotonic()
         params = params or {}
         options = params.get("options") or {}
@@ -93,14 +129,24 @@ class Operations(Chunking):
         lm = await self._ready_model(resolved)
         timing = Timing()
         units, raws = await self._infer(lm, plan.ctx, items, direct, timing, priority=priority)
-        out = [extract_item(raw, item, i, unit)
-               for i, (raw, item, unit) in enumerate(zip(raws, items, units, strict=True))]
+        out = [
+            extract_item(raw, item, i, unit)
+            for i, (raw, item, unit) in enumerate(zip(raws, items, units, strict=True))
+        ]
         timing.total_ms = (time.monotonic() - t0) * 1000
         self.metrics.observe_request(lm.model_id, timing)
-        return Result(out, timing, sum(u.input_tokens for u in units), item_tokens=[u.input_tokens for u in units])
+        return Result(
+            out, timing, sum(u.input_tokens for u in units), item_tokens=[u.input_tokens for u in units]
+        )
 
-    async def tokenize(self, spec: str, items: list[dict[str, Any]], options: dict[str, Any] | None = None,
-                       *, direct: bool = False) -> Result:
+    async def tokenize(
+        self,
+        spec: str,
+        items: list[dict[str, Any]],
+        options: dict[str, Any] | None = None,
+        *,
+        direct: bool = False,
+    ) -> Result:
         """The model's own tokenizer over each item's text: tokens, ids, character offsets, count.
 
         No forward pass, so nothing is batched (``direct`` is accepted for symmetry)."""
@@ -117,9 +163,10 @@ class Operations(Chunking):
         adapter = lm.adapter
         texts = [item.get("text") or "" for item in items]
         spans = await self._postprocess(adapter.token_spans, texts, special)
-        out = [{**({"id": item["id"]} if item.get("id") is not None else {}), **s}
-               for item, s in zip(items, spans, strict=True)]
+        out = [
+            {**({"id": item["id"]} if item.get("id") is not None else {}), **s}
+            for item, s in zip(items, spans, strict=True)
+        ]
         timing = Timing(tokenization_ms=(time.monotonic() - t0) * 1000)
         timing.total_ms = timing.tokenization_ms
         return Result(out, timing, sum(s["count"] for s in spans))
-

@@ -60,8 +60,10 @@ def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
         dims = {**dims, "dense": _output_dim(options["output_dim"], dims.get("dense"))}
     chunk = request_params.chunking(options, "encode")
     if chunk is not None and (requested != ("dense",) or "muvera" in options):
-        raise invalid_input("overflow_policy 'chunk' gives dense vectors only (output_types ['dense'], no MUVERA)",
-                            param="overflow_policy")
+        raise invalid_input(
+            "overflow_policy 'chunk' gives dense vectors only (output_types ['dense'], no MUVERA)",
+            param="overflow_policy",
+        )
     return Plan(resolved, ctx, dtype, dims, options, requested, chunk)
 
 
@@ -72,7 +74,9 @@ def _output_dim(value: Any, native: int | None) -> int:
     if native is None:
         raise invalid_input("output_dim needs a model with dense output", param="output_dim")
     if value > native:
-        raise invalid_input(f"output_dim={value} is larger than the model's dimension {native}", param="output_dim")
+        raise invalid_input(
+            f"output_dim={value} is larger than the model's dimension {native}", param="output_dim"
+        )
     return value
 
 
@@ -113,7 +117,9 @@ def plan_extract(resolved: Resolved, params: dict[str, Any]) -> Plan:
         instruction=request_params.instruction(params.get("instruction"), options),
         lora=_lora(options),
         options_json=RequestContext.canonical_options(
-            {**options, "output_schema": params.get("output_schema")} if params.get("output_schema") else options
+            {**options, "output_schema": params.get("output_schema")}
+            if params.get("output_schema")
+            else options
         ),
         labels=tuple(labels),
         max_length=request_params.max_length(options, False),

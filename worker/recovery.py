@@ -24,8 +24,11 @@ class OomRecovery(ModelStates):
         ``cache_clear``, ``evict_sibling``, ``split``, ``exhausted``.
         """
         if lm.closed:
-            raise SIEError(ErrorCode.MODEL_LOADING, f"Model '{lm.model_id}' was unloaded; retry",
-                           retry_after=self.settings.model_loading_retry_after_s)
+            raise SIEError(
+                ErrorCode.MODEL_LOADING,
+                f"Model '{lm.model_id}' was unloaded; retry",
+                retry_after=self.settings.model_loading_retry_after_s,
+            )
         try:
             return lm.adapter.forward(ctx, units)
         except Exception as exc:

@@ -57,16 +57,25 @@ def truncation(unit: Prepared) -> dict[str, Any]:
     return {"truncated": True, "input_tokens": unit.full_tokens, "used_tokens": unit.input_tokens}
 
 
-def rank_scores(scores: list[float], items: list[dict[str, Any]], units: list[Prepared],
-                extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def rank_scores(
+    scores: list[float],
+    items: list[dict[str, Any]],
+    units: list[Prepared],
+    extra: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Score entries by descending score; ``extra``: more fields per item (in item order)."""
     values = [float(s) for s in scores]
     if not all(math.isfinite(v) for v in values):
         raise SIEError(ErrorCode.INFERENCE_ERROR, "the model produced non-finite scores")
     order = sorted(range(len(values)), key=lambda i: -values[i])
     return [
-        {"item_id": items[i].get("id") or f"item-{i}", "score": values[i], "rank": rank, **truncation(units[i]),
-         **(extra[i] if extra else {})}
+        {
+            "item_id": items[i].get("id") or f"item-{i}",
+            "score": values[i],
+            "rank": rank,
+            **truncation(units[i]),
+            **(extra[i] if extra else {}),
+        }
         for rank, i in enumerate(order)
     ]
 

@@ -23,8 +23,12 @@ class WorkerSettings(BaseSettings):
     # front door
     host: str = "0.0.0.0"  # bind address of sie serve
     port: int = 8080  # port of sie serve
-    serve_processes: int = Field(default=0, ge=0)  # sie serve processes sharing the port (SO_REUSEPORT), each a whole worker on the same device; 0 = 4 on CUDA, 1 on CPU; metrics are per process
-    serve_process_index: int = Field(default=0, ge=0)  # set by sie serve for the sibling processes it starts (0 = the first, which starts the others)
+    serve_processes: int = Field(
+        default=0, ge=0
+    )  # sie serve processes sharing the port (SO_REUSEPORT), each a whole worker on the same device; 0 = 4 on CUDA, 1 on CPU; metrics are per process
+    serve_process_index: int = Field(
+        default=0, ge=0
+    )  # set by sie serve for the sibling processes it starts (0 = the first, which starts the others)
     # catalog
     models_dir: str = str(DEFAULT_MODELS_DIR)  # directory of model YAML files
     bundles_dir: str = str(DEFAULT_BUNDLES_DIR)  # directory of bundle YAML files
@@ -34,41 +38,73 @@ class WorkerSettings(BaseSettings):
     pool: str = "default"  # the pool this worker serves; scopes its bundle_config_hash (models of other pools do not count)
     # queue mode (python -m worker.ipc_server)
     ipc_socket_path: str = "/tmp/sie-ipc.sock"  # Unix socket of the IPC front door the sidecar connects to
-    worker_id: str = Field(default_factory=socket.gethostname)  # worker identity in Ping answers and results (default: hostname)
+    worker_id: str = Field(
+        default_factory=socket.gethostname
+    )  # worker identity in Ping answers and results (default: hostname)
     # execution
     device: str = "auto"  # auto | cpu | cuda
     torch_threads: int = 0  # intra-op threads of all inference together; 0 = torch default (the cores)
-    forward_lanes: int = Field(default=1, ge=1)  # CPU: forwards of one model that run at once, each on its own thread with torch_threads/lanes intra-op threads (worker/lanes.py; CUDA: always 1)
+    forward_lanes: int = Field(
+        default=1, ge=1
+    )  # CPU: forwards of one model that run at once, each on its own thread with torch_threads/lanes intra-op threads (worker/lanes.py; CUDA: always 1)
     cpu_workers: int = Field(default_factory=_default_cpu_pool)  # tokenisation / postprocessing pool
     max_batch_cost: int = 16384  # tokens per forward pass (capped by the profile's max_batch_tokens)
     max_batch_requests: int = 64  # items per forward pass
     max_batch_wait_ms: float = 10.0  # longest wait for a batch to fill
     batch_coalesce_ms: float = 2.0  # flush early when nothing new arrived for this long
-    max_padding_share: float = 0.2  # cut a batch where pad positions would pass this share (padded forwards; packed ones have none)
-    forwards_in_flight: int = Field(default=0, ge=0)  # batches handed to a model's inference lanes at once; 0 = 2 on CUDA (the next queued behind the running one), one per lane on CPU
-    gil_switch_interval_ms: float = Field(default=0.0, ge=0)  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
+    max_padding_share: float = (
+        0.2  # cut a batch where pad positions would pass this share (padded forwards; packed ones have none)
+    )
+    forwards_in_flight: int = Field(
+        default=0, ge=0
+    )  # batches handed to a model's inference lanes at once; 0 = 2 on CUDA (the next queued behind the running one), one per lane on CPU
+    gil_switch_interval_ms: float = Field(
+        default=0.0, ge=0
+    )  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
     # priority classes of sie serve (X-SIE-Priority: interactive | bulk), as the sidecar's SIE_BULK_*
-    serve_default_priority: str = "interactive"  # sie serve: priority class of requests without X-SIE-Priority (interactive or bulk)
-    serve_bulk_mixed_batch_requests: int = Field(default=8, gt=0)  # sie serve: most items per bulk batch while interactive work of the model is arriving (at most one bulk batch runs at a time)
-    serve_bulk_mixed_window_s: float = Field(default=2.0, ge=0)  # sie serve: interactive work seen this recently makes bulk batches the mixed size
-    serve_bulk_max_wait_ms: float = Field(default=2000.0, gt=0)  # sie serve: a bulk batch waiting this long is scheduled like an interactive one
+    serve_default_priority: str = (
+        "interactive"  # sie serve: priority class of requests without X-SIE-Priority (interactive or bulk)
+    )
+    serve_bulk_mixed_batch_requests: int = Field(
+        default=8, gt=0
+    )  # sie serve: most items per bulk batch while interactive work of the model is arriving (at most one bulk batch runs at a time)
+    serve_bulk_mixed_window_s: float = Field(
+        default=2.0, ge=0
+    )  # sie serve: interactive work seen this recently makes bulk batches the mixed size
+    serve_bulk_max_wait_ms: float = Field(
+        default=2000.0, gt=0
+    )  # sie serve: a bulk batch waiting this long is scheduled like an interactive one
     # limits
     max_request_body_bytes: int = 34 * 1024 * 1024  # largest request body (413 INPUT_TOO_LONG above)
-    request_body_timeout_s: float = Field(default=30.0, gt=0)  # the whole request body must arrive within this (408 after)
+    request_body_timeout_s: float = Field(
+        default=30.0, gt=0
+    )  # the whole request body must arrive within this (408 after)
     max_items_per_request: int = 4096  # most items in one encode/extract request (400 above)
-    serve_result_cache_items: int = Field(default=0, ge=0)  # sie serve: encoded items kept in an in-process LRU result cache (0 = off; X-SIE-Cache: off opts a request out)
-    serve_result_cache_ttl_s: float = Field(default=3600.0, gt=0)  # sie serve: a cached encode result expires this long after it was stored
+    serve_result_cache_items: int = Field(
+        default=0, ge=0
+    )  # sie serve: encoded items kept in an in-process LRU result cache (0 = off; X-SIE-Cache: off opts a request out)
+    serve_result_cache_ttl_s: float = Field(
+        default=3600.0, gt=0
+    )  # sie serve: a cached encode result expires this long after it was stored
     max_score_items: int = 1000  # most items in one score request (400 above)
     max_item_text_bytes: int = 2 * 1024 * 1024  # largest UTF-8 text of one item (400 above)
-    max_chunks_per_item: int = Field(default=64, ge=1)  # most chunks one item may split into with overflow_policy chunk (400 INPUT_TOO_LONG above)
+    max_chunks_per_item: int = Field(
+        default=64, ge=1
+    )  # most chunks one item may split into with overflow_policy chunk (400 INPUT_TOO_LONG above)
     # lifecycle
     model_loading_retry_after_s: float = 5.0  # Retry-After of 503 MODEL_LOADING
     load_failure_cooldown_s: float = 30.0  # a transient load failure is answered 502 this long
     resource_exhausted_retry_after_s: float = 5.0  # Retry-After of 503 RESOURCE_EXHAUSTED
-    disable_oom_recovery: bool = False  # answer OOM at once instead of clearing caches, evicting and splitting
+    disable_oom_recovery: bool = (
+        False  # answer OOM at once instead of clearing caches, evicting and splitting
+    )
     # memory manager (worker/memory.py)
-    memory_pressure_threshold_percent: float = Field(default=85.0, gt=0, le=100)  # evict LRU models above this
-    memory_budget_bytes: int = Field(default=0, ge=0)  # >0: synthetic device, usage = loaded models' memory_bytes()
+    memory_pressure_threshold_percent: float = Field(
+        default=85.0, gt=0, le=100
+    )  # evict LRU models above this
+    memory_budget_bytes: int = Field(
+        default=0, ge=0
+    )  # >0: synthetic device, usage = loaded models' memory_bytes()
     memory_monitor_interval_s: float = Field(default=1.0, ge=0)  # background pressure check; 0 = off
     # LoRA (worker/lora.py)
     max_loras_per_model: int = Field(default=10, ge=1)  # LRU of loaded LoRA adapters per model
@@ -81,7 +117,9 @@ class WorkerSettings(BaseSettings):
     cluster_cache_url: str = ""  # shared directory, file://, s3:// or gs:// (fsspec); "" = none
     download_progress_interval_s: float = Field(default=10.0, gt=0)  # progress log period while downloading
     log_level: str = "INFO"  # logging level
-    log_format: Literal["text", "json"] = "text"  # log lines: text, or json (one object per line with request_id and trace_id)
+    log_format: Literal["text", "json"] = (
+        "text"  # log lines: text, or json (one object per line with request_id and trace_id)
+    )
 
     @field_validator("serve_default_priority")
     @classmethod

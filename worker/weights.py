@@ -96,8 +96,14 @@ def weight_bytes(path: Path | None) -> int:
 class Progress:
     """Logs how many bytes have arrived under a directory while a download runs."""
 
-    def __init__(self, label: str, path: Path, interval_s: float, total: int | None = None,
-                 measure: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        path: Path,
+        interval_s: float,
+        total: int | None = None,
+        measure: Callable[[], int] | None = None,
+    ) -> None:
         self.label = label
         self.path = path
         self.interval_s = interval_s
@@ -127,7 +133,9 @@ class Progress:
     def report(self) -> None:
         done = self.measure()
         self.reports.append(done)
-        log.info("downloading %s: %s", self.label, progress_line(done, self.total, time.monotonic() - self.started))
+        log.info(
+            "downloading %s: %s", self.label, progress_line(done, self.total, time.monotonic() - self.started)
+        )
 
 
 def _mb(n: int | None) -> str:
@@ -195,7 +203,11 @@ class ClusterCache:
         files = {}
         for path in sorted(source.rglob("*")):
             rel = path.relative_to(source).as_posix()
-            if not path.is_file() or rel.startswith(".cache/") or Path(rel).name.startswith((LAST_USED, MANIFEST)):
+            if (
+                not path.is_file()
+                or rel.startswith(".cache/")
+                or Path(rel).name.startswith((LAST_USED, MANIFEST))
+            ):
                 continue
             remote = self._path(key, rel)
             self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
@@ -322,8 +334,13 @@ class WeightCache:
                 break
             if key in keep:
                 continue
-            log.warning("disk cache above %.0f%% (%s of %s): evicting %s", self.disk_threshold_percent,
-                        _mb(used), _mb(total), key)
+            log.warning(
+                "disk cache above %.0f%% (%s of %s): evicting %s",
+                self.disk_threshold_percent,
+                _mb(used),
+                _mb(total),
+                key,
+            )
             shutil.rmtree(self.disk_dir / key, ignore_errors=True)
             evicted.append(key)
         self.evicted.extend(evicted)
@@ -367,8 +384,12 @@ class WeightCache:
         if source.local_path:
             errors.insert(0, WeightsError(f"weights_path {source.local_path} does not exist"))
         if errors:
-            raise errors[0] if len(errors) == 1 else WeightsError(
-                "; ".join(str(e) for e in errors), errors[0].error_class, errors[0].permanent
+            raise (
+                errors[0]
+                if len(errors) == 1
+                else WeightsError(
+                    "; ".join(str(e) for e in errors), errors[0].error_class, errors[0].permanent
+                )
             )
         where = " or the cluster cache" if self.cluster else ""
         raise WeightsError(

@@ -28,10 +28,14 @@ class WorkItemRunner(Operations):
         for i, wi in enumerate(items):
             groups.setdefault(wi.group_key, []).append(i)
         results: list[WorkResult | None] = [None] * len(items)
-        await asyncio.gather(*(self._run_group([items[i] for i in idx], idx, results) for idx in groups.values()))
+        await asyncio.gather(
+            *(self._run_group([items[i] for i in idx], idx, results) for idx in groups.values())
+        )
         return [r for r in results if r is not None]
 
-    async def _run_group(self, group: list[WorkItem], idx: list[int], results: list[WorkResult | None]) -> None:
+    async def _run_group(
+        self, group: list[WorkItem], idx: list[int], results: list[WorkResult | None]
+    ) -> None:
         first = group[0]
         spec = first.model_spec
         options = dict(first.options or {})
@@ -41,25 +45,35 @@ class WorkItemRunner(Operations):
         tokens: list[int | None]
         try:
             if first.operation == "encode":
-                params = {"output_types": first.output_types, "output_dtype": first.output_dtype,
-                          "instruction": first.instruction, "options": options}
+                params = {
+                    "output_types": first.output_types,
+                    "output_dtype": first.output_dtype,
+                    "instruction": first.instruction,
+                    "options": options,
+                }
                 res = await self.encode(spec, [wi.item or {} for wi in group], params, direct=True)
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
             elif first.operation == "score":
                 # one work item carries a whole score request; run each on its own
                 for wi, i in zip(group, idx, strict=True):
-                    res = await self.score(spec, wi.query_item or {}, wi.score_items or [], wi.instruction,
-                                           options, direct=True)
+                    res = await self.score(
+                        spec, wi.query_item or {}, wi.score_items or [], wi.instruction, options, direct=True
+                    )
                     body: dict[str, Any] = {"scores": res.items}
                     if res.query_id is not None:
                         body["query_id"] = res.query_id
-                    results[i] = self._work_result(wi, True, packb(body), res.timing, started, res.input_tokens,
-                                                   res.items)
+                    results[i] = self._work_result(
+                        wi, True, packb(body), res.timing, started, res.input_tokens, res.items
+                    )
                 return
             elif first.operation == "extract":
-                params = {"labels": first.labels, "output_schema": first.output_schema,
-                          "instruction": first.instruction, "options": options}
+                params = {
+                    "labels": first.labels,
+                    "output_schema": first.output_schema,
+                    "instruction": first.instruction,
+                    "options": options,
+                }
                 res = await self.extract(spec, [wi.item or {} for wi in group], params, direct=True)
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
@@ -82,8 +96,16 @@ class WorkItemRunner(Operations):
         for wi, i, payload, tok, entry in zip(group, idx, payloads, tokens, res.items, strict=True):
             results[i] = self._work_result(wi, True, payload, res.timing, started, tok, [entry])
 
-    def _work_result(self, wi: WorkItem, ok: bool, payload: bytes, timing: Timing, started: float,
-                     tokens: int | None, entries: list[Any]) -> WorkResult:
+    def _work_result(
+        self,
+        wi: WorkItem,
+        ok: bool,
+        payload: bytes,
+        timing: Timing,
+        started: float,
+        tokens: int | None,
+        entries: list[Any],
+    ) -> WorkResult:
         truncated_items, dropped_tokens = truncation_totals(entries)
         return WorkResult(
             work_item_id=wi.work_item_id,
@@ -104,4 +126,3 @@ class WorkItemRunner(Operations):
     @staticmethod
     def _error_result(wi: WorkItem, exc: SIEError) -> WorkResult:
         return WorkResult.failure(wi, exc.code, exc.message, retry_after_s=exc.retry_after, extra=exc.extra)
-

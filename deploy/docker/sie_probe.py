@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sie-probe: {args.socket}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if args.require_ready and not resp.ready:
-        print(f"sie-probe: worker {resp.worker_id} not ready (loading {resp.loading_models})", file=sys.stderr)
+        print(
+            f"sie-probe: worker {resp.worker_id} not ready (loading {resp.loading_models})", file=sys.stderr
+        )
         return 1
     return 0
 

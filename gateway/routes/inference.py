@@ -39,8 +39,15 @@ async def _itemised_request(
     return gw, model, data, params, options, route
 
 
-def _items_answer(request: web.Request, model: str, rid: str, results: list[WorkResult], wait_ms: float, *,
-                  allow_item_errors: bool = False) -> web.Response:
+def _items_answer(
+    request: web.Request,
+    model: str,
+    rid: str,
+    results: list[WorkResult],
+    wait_ms: float,
+    *,
+    allow_item_errors: bool = False,
+) -> web.Response:
     """The answer of a per-item operation (encode, extract, tokenize), in the format the client
     asked for; ``allow_item_errors`` (extract): failed items answer in place, the rest succeed."""
     item_errors = responses.check_failures(results, allow_item_errors=allow_item_errors)
@@ -59,7 +66,9 @@ async def handle_encode(request: web.Request) -> web.Response:
     request_params.truncates(merged)
     request_params.chunking(merged, "encode")
     request_params.pooling(merged)
-    output_types = request_params.output_types(route.resolved, merged, params.output_types if params else None)
+    output_types = request_params.output_types(
+        route.resolved, merged, params.output_types if params else None
+    )
     output_dtype = request_params.output_dtype(params.output_dtype if params else None, options)
     instruction = request_params.instruction(params.instruction if params else None, options)
     is_query = bool(options.get("is_query", False))

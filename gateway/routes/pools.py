@@ -24,7 +24,9 @@ def _pools(request: web.Request) -> PoolStore:
 
 async def _json_body(request: web.Request) -> Any:
     settings = gateway_of(request).settings
-    raw = await http.read_body(request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s)
+    raw = await http.read_body(
+        request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s
+    )
     try:
         return http.loads_json(raw) if raw else None
     except CodecError:

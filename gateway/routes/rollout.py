@@ -20,7 +20,8 @@ from protocol import http
 
 def _in_state(w: WorkerRecord, model_id: str, state: str) -> bool:
     return any(
-        s == state and (spec == model_id or spec.startswith(model_id + ":")) for spec, s in w.profile_states().items()
+        s == state and (spec == model_id or spec.startswith(model_id + ":"))
+        for spec, s in w.profile_states().items()
     )
 
 

@@ -18,9 +18,19 @@ from protocol.http import READY_PID_HEADER, index_body, stream_status
 
 #: the open ``/ws/cluster-status`` sockets (closed at shutdown)
 STATUS_SOCKETS = web.AppKey("status_sockets", set)
-INDEX_ROUTES = ["/v1/encode/{model}", "/v1/score/{model}", "/v1/extract/{model}", "/v1/tokenize/{model}",
-                "/v1/embeddings", "/v1/models",
-                "/v1/pools", "/v1/configs/models", "/health", "/ws/cluster-status", "/metrics"]
+INDEX_ROUTES = [
+    "/v1/encode/{model}",
+    "/v1/score/{model}",
+    "/v1/extract/{model}",
+    "/v1/tokenize/{model}",
+    "/v1/embeddings",
+    "/v1/models",
+    "/v1/pools",
+    "/v1/configs/models",
+    "/health",
+    "/ws/cluster-status",
+    "/metrics",
+]
 
 
 def model_view(gw: Gateway, spec: str) -> dict[str, Any]:
@@ -62,7 +72,9 @@ async def handle_model(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    return web.json_response(health_body(gateway_of(request)), headers={"X-SIE-Server-Version": SERVER_VERSION})
+    return web.json_response(
+        health_body(gateway_of(request)), headers={"X-SIE-Server-Version": SERVER_VERSION}
+    )
 
 
 async def handle_ws_cluster_status(request: web.Request) -> web.WebSocketResponse:
@@ -152,8 +164,10 @@ async def handle_readyz(request: web.Request) -> web.Response:
     if since is None or time.monotonic() - since < gw.settings.gateway_worker_warmup_s:
         return web.json_response({"status": "not ready", "reason": "worker registry warming up"}, status=503)
     # the answering process: replicas sharing a port (sie up --gateways N) are told apart by it
-    return web.json_response({"status": "ready", "healthy_workers": len(gw.workers.healthy())},
-                             headers={READY_PID_HEADER: str(os.getpid())})
+    return web.json_response(
+        {"status": "ready", "healthy_workers": len(gw.workers.healthy())},
+        headers={READY_PID_HEADER: str(os.getpid())},
+    )
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

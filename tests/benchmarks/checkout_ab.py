@@ -52,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of every worker")
     args = ap.parse_args(argv)
     roots = {"base": Path(args.base).resolve(), "this": HERE}
-    env = {**os.environ, "SIE_TORCH_THREADS": str(args.threads), "OMP_NUM_THREADS": str(args.threads),
-           "SIE_HF_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "SIE_TORCH_THREADS": str(args.threads),
+        "OMP_NUM_THREADS": str(args.threads),
+        "SIE_HF_OFFLINE": "1",
+    }
     procs: dict[str, subprocess.Popen] = {}
     urls: dict[str, str] = {}
     texts = sentences(512, 32, seed=1)
@@ -81,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(1)
             for url in urls.values():  # warm-up
                 load(url, 3.0)
-            print(f"base = {roots['base']}, this = {roots['this']}; {args.model}, {args.per}/req x {args.clients} "
-                  f"clients, {args.rounds} rounds x {args.slices} slices of {args.slice_s:g} s each (requests/s)",
-                  flush=True)
+            print(
+                f"base = {roots['base']}, this = {roots['this']}; {args.model}, {args.per}/req x {args.clients} "
+                f"clients, {args.rounds} rounds x {args.slices} slices of {args.slice_s:g} s each (requests/s)",
+                flush=True,
+            )
             ratios = []
             for rnd in range(args.rounds):
                 rates: dict[str, list[float]] = {"base": [], "this": []}
@@ -95,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                 b, t = statistics.mean(rates["base"]), statistics.mean(rates["this"])
                 ratios.append(t / b)
                 print(f"round {rnd + 1}: base {b:8.1f}  this {t:8.1f}  this/base {t / b:.3f}", flush=True)
-            print(f"this/base: mean {statistics.mean(ratios):.3f}, lowest {min(ratios):.3f}, "
-                  f"highest {max(ratios):.3f}")
+            print(
+                f"this/base: mean {statistics.mean(ratios):.3f}, lowest {min(ratios):.3f}, "
+                f"highest {max(ratios):.3f}"
+            )
         finally:
             for p in procs.values():
                 p.send_signal(2)

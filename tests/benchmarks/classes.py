@@ -26,7 +26,9 @@ HEADERS = {"Content-Type": "application/msgpack", "Accept": "application/msgpack
 OFF = {"X-SIE-Cache": "off"}
 
 
-async def _post(session: aiohttp.ClientSession, url: str, model: str, texts: list[str], headers: dict) -> None:
+async def _post(
+    session: aiohttp.ClientSession, url: str, model: str, texts: list[str], headers: dict
+) -> None:
     body = packb({"items": [{"text": t} for t in texts]})
     async with session.post(f"{url}/v1/encode/{model}", data=body, headers={**HEADERS, **headers}) as r:
         data = await r.read()
@@ -39,8 +41,9 @@ def _pct(lat: list[float], q: float) -> float:
     return lat[min(len(lat) - 1, int(len(lat) * q))] * 1000 if lat else float("nan")
 
 
-async def _load(url: str, model: str, per_req: int, clients: int, seconds: float, headers: dict,
-                unique: bool) -> tuple[float, float, float]:
+async def _load(
+    url: str, model: str, per_req: int, clients: int, seconds: float, headers: dict, unique: bool
+) -> tuple[float, float, float]:
     """(items/s, p50 ms, p99 ms) of ``clients`` closed-loop clients."""
     lat: list[float] = []
     done = 0
@@ -65,14 +68,18 @@ async def _load(url: str, model: str, per_req: int, clients: int, seconds: float
 
 
 def bench_cache_hits(url: str, seconds: float) -> list[str]:
-    lines = [f"result cache hit path (gateway only) vs the full path with X-SIE-Cache: off, sie-fake, {seconds:.0f} s",
-             f"{'workload':26} {'hit items/s':>11} {'hit p50/p99 ms':>15} {'off items/s':>11} {'off p50/p99 ms':>15}"]
+    lines = [
+        f"result cache hit path (gateway only) vs the full path with X-SIE-Cache: off, sie-fake, {seconds:.0f} s",
+        f"{'workload':26} {'hit items/s':>11} {'hit p50/p99 ms':>15} {'off items/s':>11} {'off p50/p99 ms':>15}",
+    ]
     for per_req, clients in ((1, 1), (1, 16), (32, 4)):
         asyncio.run(_load(url, "sie-fake", per_req, clients, 1.0, {}, unique=False))  # fill the cache
         h_rate, h50, h99 = asyncio.run(_load(url, "sie-fake", per_req, clients, seconds, {}, unique=False))
         o_rate, o50, o99 = asyncio.run(_load(url, "sie-fake", per_req, clients, seconds, OFF, unique=False))
-        lines.append(f"{f'{per_req}/req x {clients} clients':26} {h_rate:11.1f} {h50:7.2f}/{h99:7.2f} "
-                     f"{o_rate:11.1f} {o50:7.2f}/{o99:7.2f}")
+        lines.append(
+            f"{f'{per_req}/req x {clients} clients':26} {h_rate:11.1f} {h50:7.2f}/{h99:7.2f} "
+            f"{o_rate:11.1f} {o50:7.2f}/{o99:7.2f}"
+        )
     return lines
 
 
@@ -140,8 +147,13 @@ def bench_classes(seconds: float, threads: int, bulk_items: int) -> list[str]:
         "SIE_RESULT_CACHE_ENABLED": "true",  # the cache rows measure it; the priority rows send X-SIE-Cache: off
     })  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="sie-bench-classes-") as tmp:
-        cluster = Cluster(state_dir=Path(tmp), gateway_port=free_port(), config_port=free_port(),
-                          nats_port=free_port(), preload=f"{D},sie-fake")
+        cluster = Cluster(
+            state_dir=Path(tmp),
+            gateway_port=free_port(),
+            config_port=free_port(),
+            nats_port=free_port(),
+            preload=f"{D},sie-fake",
+        )
         try:
             cluster.start(say=lambda line: None)
             lines = bench_cache_hits(cluster.gateway_url, seconds)

@@ -65,37 +65,57 @@ def main(argv: list[str] | None = None) -> int:
         return run_load(url, texts, args.per, args.clients, seconds, model=args.model, extra_headers=OFF)
 
     results: dict[str, list[tuple[float, float, float]]] = {"serve": [], "A": [], "B": []}
-    with tempfile.TemporaryDirectory(prefix="sie-bench-ab-") as tmp, \
-            ServeProcess(env={"SIE_TORCH_THREADS": threads, "SIE_PRELOAD_MODELS": args.model}) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="sie-bench-ab-") as tmp,
+        ServeProcess(env={"SIE_TORCH_THREADS": threads, "SIE_PRELOAD_MODELS": args.model}) as server,
+    ):
         clusters: dict[str, VariantCluster] = {}
         try:
             for name, extra in variants.items():
-                clusters[name] = VariantCluster(state_dir=Path(tmp) / name, gateway_port=free_port(),
-                                                config_port=free_port(), nats_port=free_port(), preload=args.model,
-                                                extra=extra)
+                clusters[name] = VariantCluster(
+                    state_dir=Path(tmp) / name,
+                    gateway_port=free_port(),
+                    config_port=free_port(),
+                    nats_port=free_port(),
+                    preload=args.model,
+                    extra=extra,
+                )
                 clusters[name].start(say=lambda line: None)
             urls = {"serve": server.url, **{name: c.gateway_url for name, c in clusters.items()}}
             for url in urls.values():  # warm-up: shapes, connections, lanes
                 load(url, 2.0)
-            print(f"A = {variants['A'] or 'defaults'}, B = {variants['B'] or 'defaults'}; {args.model}, "
-                  f"{args.per}/req x {args.clients} clients, {args.rounds} rounds x {args.seconds:.0f} s "
-                  "(items/s, p50/p99 ms, ratio to sie serve in the same round)", flush=True)
+            print(
+                f"A = {variants['A'] or 'defaults'}, B = {variants['B'] or 'defaults'}; {args.model}, "
+                f"{args.per}/req x {args.clients} clients, {args.rounds} rounds x {args.seconds:.0f} s "
+                "(items/s, p50/p99 ms, ratio to sie serve in the same round)",
+                flush=True,
+            )
             for rnd in range(args.rounds):
                 order = ["serve", "A", "B"] if rnd % 2 == 0 else ["serve", "B", "A"]
                 got = {name: load(urls[name], args.seconds) for name in order}
                 for name, r in got.items():
                     results[name].append(r)
                 s = got["serve"]
-                cells = [f"{k} {got[k][0]:7.1f} ({got[k][0] / s[0]:.2f}x) {got[k][1]:6.1f}/{got[k][2]:6.1f}" for k in "AB"]
-                print(f"round {rnd + 1}: serve {s[0]:7.1f} {s[1]:6.1f}/{s[2]:6.1f} | " + " | ".join(cells), flush=True)
+                cells = [
+                    f"{k} {got[k][0]:7.1f} ({got[k][0] / s[0]:.2f}x) {got[k][1]:6.1f}/{got[k][2]:6.1f}"
+                    for k in "AB"
+                ]
+                print(
+                    f"round {rnd + 1}: serve {s[0]:7.1f} {s[1]:6.1f}/{s[2]:6.1f} | " + " | ".join(cells),
+                    flush=True,
+                )
         finally:
             for c in clusters.values():
                 c.stop()
     for name in "AB":
         ratios = [r[0] / s[0] for r, s in zip(results[name], results["serve"], strict=True)]
-        wins = sum(1 for a, b in zip(results[name], results["B" if name == "A" else "A"], strict=True) if a[0] > b[0])
-        print(f"{name}: ratio mean {statistics.mean(ratios):.3f}, lowest {min(ratios):.3f}; "
-              f"ahead of the other in {wins} of {len(ratios)} rounds")
+        wins = sum(
+            1 for a, b in zip(results[name], results["B" if name == "A" else "A"], strict=True) if a[0] > b[0]
+        )
+        print(
+            f"{name}: ratio mean {statistics.mean(ratios):.3f}, lowest {min(ratios):.3f}; "
+            f"ahead of the other in {wins} of {len(ratios)} rounds"
+        )
     return 0
 
 

@@ -80,26 +80,42 @@ def build_models(root: Path) -> Path:
     for name, (layers, hidden, heads, inter) in SHAPES.items():
         dest = root / name
         torch.manual_seed(0)
-        cfg = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, intermediate_size=inter, max_position_embeddings=512)
+        cfg = BertConfig(
+            vocab_size=len(vocab),
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=inter,
+            max_position_embeddings=512,
+        )
         BertModel(cfg).save_pretrained(str(dest))
         tok.save_pretrained(str(dest))
-        (models / f"{name}.yaml").write_text(json.dumps({
-            "sie_id": f"bench/{name}", "weights_path": str(dest), "inputs": {"text": True},
-            "tasks": {"encode": {"dense": {"dim": hidden}}}, "max_sequence_length": 512,
-            "profiles": {
-                "default": {"adapter_path": "worker.adapters.dense:DenseAdapter", "max_batch_tokens": 32768,
+        (models / f"{name}.yaml").write_text(
+            json.dumps(
+                {
+                    "sie_id": f"bench/{name}",
+                    "weights_path": str(dest),
+                    "inputs": {"text": True},
+                    "tasks": {"encode": {"dense": {"dim": hidden}}},
+                    "max_sequence_length": 512,
+                    "profiles": {
+                        "default": {
+                            "adapter_path": "worker.adapters.dense:DenseAdapter",
+                            "max_batch_tokens": 32768,
                             "compute_precision": "bfloat16",
-                            "adapter_options": {"runtime": {"pooling": "mean", "normalize": True}}},
-                "fp32": {"extends": "default", "compute_precision": "float32"},
-            },
-        }))
+                            "adapter_options": {"runtime": {"pooling": "mean", "normalize": True}},
+                        },
+                        "fp32": {"extends": "default", "compute_precision": "float32"},
+                    },
+                }
+            )
+        )
     return models
 
 
 def texts_of(lengths: list[int], seed: int) -> list[str]:
     """Texts of exactly ``length`` tokens each ([CLS] and [SEP] included)."""
-    words = vocabulary()[len(SPECIALS):]
+    words = vocabulary()[len(SPECIALS) :]
     rng = random.Random(seed)
     return [" ".join(rng.choice(words) for _ in range(n - 2)) for n in lengths]
 
@@ -143,8 +159,16 @@ def workloads() -> list[Workload]:
 
 
 # ---- load generation (separate processes: one Python client cannot drive thousands of req/s) ---
-def _client_proc(url: str, model: str, texts: list[str], per_request: int, clients: int, seconds: float,
-                 use_json: bool, offset: int) -> list[float]:
+def _client_proc(
+    url: str,
+    model: str,
+    texts: list[str],
+    per_request: int,
+    clients: int,
+    seconds: float,
+    use_json: bool,
+    offset: int,
+) -> list[float]:
     import aiohttp
 
     async def run() -> list[float]:
@@ -154,7 +178,9 @@ def _client_proc(url: str, model: str, texts: list[str], per_request: int, clien
             headers = {"Content-Type": "application/json", "Accept": "application/json"}
         else:
             headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
-        headers["X-SIE-Cache"] = "off"  # the gateway's result cache (off by default) must not answer repeated texts
+        headers["X-SIE-Cache"] = (
+            "off"  # the gateway's result cache (off by default) must not answer repeated texts
+        )
 
         async def one(session: aiohttp.ClientSession, cid: int) -> None:
             i = offset + cid * 7919
@@ -188,8 +214,10 @@ class Load:
         per = [w.clients // procs + (1 if i < w.clients % procs else 0) for i in range(procs)]
         start = time.perf_counter()
         jobs = [
-            self.pool.apply_async(_client_proc, (url, f"bench/{w.model}", w.texts, w.per_request, n, seconds,
-                                                 w.json, i * 104729))
+            self.pool.apply_async(
+                _client_proc,
+                (url, f"bench/{w.model}", w.texts, w.per_request, n, seconds, w.json, i * 104729),
+            )
             for i, n in enumerate(per)
         ]
         lat = sorted(x for j in jobs for x in j.get(seconds + 180))
@@ -215,8 +243,9 @@ class GpuBusy:
 
         pynvml.nvmlInit()
         self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-                                                        or 0))
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(
+            int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
+        )
 
     def __enter__(self) -> GpuBusy:
         self.samples, self._stop = [], threading.Event()
@@ -281,7 +310,9 @@ class CpuMeter:
 
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self._start
-        self.cores = {g: (sum(map(cpu_seconds, pids)) - self._before[g]) / wall for g, pids in self.groups.items()}
+        self.cores = {
+            g: (sum(map(cpu_seconds, pids)) - self._before[g]) / wall for g, pids in self.groups.items()
+        }
 
     def line(self) -> str:
         return "CPU cores: " + ", ".join(f"{g} {c:.2f}" for g, c in self.cores.items())
@@ -355,7 +386,9 @@ def inprocess(root: Path, w: Workload, seconds: float) -> dict[str, float]:
     path = str(root / w.model)
     tok = AutoTokenizer.from_pretrained(path)
     ids = tok(w.texts, truncation=True, max_length=512)["input_ids"]
-    model = AutoModel.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa").to(DEVICE).eval()
+    model = (
+        AutoModel.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa").to(DEVICE).eval()
+    )
     batch = max(w.per_request, 64 if w.per_request > 1 else 1)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     batches = [[ids[i] for i in order[s : s + batch]] for s in range(0, len(order), batch)]
@@ -404,10 +437,16 @@ def served_min_cosine(url: str, root: Path, model: str) -> float:
 
     lengths = [8, 17, 64, 128, 255, 300, 511, 512] * 4
     texts = texts_of(lengths, seed=99)
-    r = httpx.post(f"{url}/v1/encode/bench/{model}", content=packb({"items": [{"text": t} for t in texts]}),
-                   headers={"Content-Type": "application/msgpack"}, timeout=120)
+    r = httpx.post(
+        f"{url}/v1/encode/bench/{model}",
+        content=packb({"items": [{"text": t} for t in texts]}),
+        headers={"Content-Type": "application/msgpack"},
+        timeout=120,
+    )
     r.raise_for_status()
-    got = np.stack([np.asarray(item["dense"]["values"], dtype=np.float32) for item in unpackb(r.content)["items"]])
+    got = np.stack(
+        [np.asarray(item["dense"]["values"], dtype=np.float32) for item in unpackb(r.content)["items"]]
+    )
     path = str(root / model)
     tok = AutoTokenizer.from_pretrained(path)
     ref_model = AutoModel.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
@@ -443,8 +482,15 @@ class Target:
     pod_metrics: list[str] = field(default_factory=list)
 
 
-def measure(targets: list[Target], ws: list[Workload], load: Load, rounds: int, seconds: float,
-            rows: dict[tuple[str, str], Row], peak: float) -> None:
+def measure(
+    targets: list[Target],
+    ws: list[Workload],
+    load: Load,
+    rounds: int,
+    seconds: float,
+    rows: dict[tuple[str, str], Row],
+    peak: float,
+) -> None:
     """``rounds`` of every workload against every target; with several targets (variants of the
     cluster) each workload runs on each in turn, in an order that flips every round, so they share
     the host's moments alike. Each measurement's line, then where the CPU went and, for a cluster,
@@ -456,13 +502,20 @@ def measure(targets: list[Target], ws: list[Workload], load: Load, rounds: int, 
         for w in ws:
             for t in targets if rnd % 2 == 0 else targets[::-1]:
                 groups = {"clients": load.pids(), **t.groups}
-                with GpuBusy() as busy, CpuMeter(groups) as cpu, PodForwards(t.pod_metrics, f"bench/{w.model}") as pods:
+                with (
+                    GpuBusy() as busy,
+                    CpuMeter(groups) as cpu,
+                    PodForwards(t.pod_metrics, f"bench/{w.model}") as pods,
+                ):
                     rate, p50, p99 = load.run(t.url, w, seconds)
                 row = rows.setdefault((t.name, w.name), Row(t.name, w))
                 row.rates.append(rate), row.p50.append(p50), row.p99.append(p99), row.busy.append(busy.mean)
                 mfu = rate * w.flops() / (peak * 1e12)
-                print(f"round {rnd + 1} {t.name:16} {w.name:40} {rate:9.1f}/s  MFU {mfu:6.1%}  p50 {p50:8.1f} ms  "
-                      f"p99 {p99:8.1f} ms  GPU busy {busy.mean:5.1f}%", flush=True)
+                print(
+                    f"round {rnd + 1} {t.name:16} {w.name:40} {rate:9.1f}/s  MFU {mfu:6.1%}  p50 {p50:8.1f} ms  "
+                    f"p99 {p99:8.1f} ms  GPU busy {busy.mean:5.1f}%",
+                    flush=True,
+                )
                 print(f"        {cpu.line()}{pods.line()}", flush=True)
 
 
@@ -470,8 +523,15 @@ def measure(targets: list[Target], ws: list[Workload], load: Load, rounds: int, 
 ENV = {"SIE_DEVICE": "cuda", "SIE_TORCH_THREADS": "0", "SIE_HF_OFFLINE": "1", "SIE_MAX_BATCH_COST": "32768"}
 
 
-def measure_clusters(args: argparse.Namespace, root: Path, models_dir: Path, ws: list[Workload], load: Load,
-                     rows: dict[tuple[str, str], Row], peak: float) -> None:
+def measure_clusters(
+    args: argparse.Namespace,
+    root: Path,
+    models_dir: Path,
+    ws: list[Workload],
+    load: Load,
+    rows: dict[tuple[str, str], Row],
+    peak: float,
+) -> None:
     """The cluster rows: one cluster per (gateway count, variables variant), all up at once and
     measured in turn (``measure``), so variants compare within one run."""
     from deploy.launcher import default_gateways
@@ -486,13 +546,27 @@ def measure_clusters(args: argparse.Namespace, root: Path, models_dir: Path, ws:
         counts = str(args.cluster_gateways or default_gateways(ENV))
         for gateways in (int(g) for g in counts.split(",")):
             for i, extra in enumerate(variants):
-                name = (f"cluster x{pods}" + (f" g{gateways}" if gateways > 1 else "")
-                        + (f" v{i + 1}" if len(variants) > 1 else ""))
-                print(f"{name}: {pods} worker pod(s), {gateways} gateway(s), {extra or 'default settings'}", flush=True)
-                cluster = VariantCluster(state_dir=root / f"state-{len(clusters)}", gateway_port=free_port(),
-                                         config_port=free_port(), nats_port=free_port(), models_dir=str(models_dir),
-                                         preload="bench/bge-base,bench/minilm", workers=pods, gateways=gateways,
-                                         metrics_port=free_ports(pods), extra=extra)
+                name = (
+                    f"cluster x{pods}"
+                    + (f" g{gateways}" if gateways > 1 else "")
+                    + (f" v{i + 1}" if len(variants) > 1 else "")
+                )
+                print(
+                    f"{name}: {pods} worker pod(s), {gateways} gateway(s), {extra or 'default settings'}",
+                    flush=True,
+                )
+                cluster = VariantCluster(
+                    state_dir=root / f"state-{len(clusters)}",
+                    gateway_port=free_port(),
+                    config_port=free_port(),
+                    nats_port=free_port(),
+                    models_dir=str(models_dir),
+                    preload="bench/bge-base,bench/minilm",
+                    workers=pods,
+                    gateways=gateways,
+                    metrics_port=free_ports(pods),
+                    extra=extra,
+                )
                 clusters.append((name, cluster))
                 cluster.start(say=lambda line: print("cluster:", line, flush=True))
         targets = []
@@ -501,13 +575,21 @@ def measure_clusters(args: argparse.Namespace, root: Path, models_dir: Path, ws:
             for child_name, child in cluster.supervisor.children.items():
                 if child.proc is not None and child_name != "config":
                     groups.setdefault(child_name.split("-")[0], []).append(child.proc.pid)
-            targets.append(Target(name, cluster.gateway_url, groups,
-                                  [f"http://127.0.0.1:{pod.metrics_port}/metrics" for pod in cluster.pods]))
+            targets.append(
+                Target(
+                    name,
+                    cluster.gateway_url,
+                    groups,
+                    [f"http://127.0.0.1:{pod.metrics_port}/metrics" for pod in cluster.pods],
+                )
+            )
         measure(targets, ws, load, args.rounds, args.seconds, rows, peak)
     except Exception as exc:
         print(f"cluster path failed: {exc!r}", flush=True)
         for _, cluster in clusters:
-            for name in [n for pod in cluster.pods for n in (pod.worker, pod.sidecar)] + cluster.gateway_names:
+            for name in [
+                n for pod in cluster.pods for n in (pod.worker, pod.sidecar)
+            ] + cluster.gateway_names:
                 log = cluster.state_dir / "logs" / f"{name}.log"
                 if log.exists():
                     print(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:], flush=True)
@@ -534,8 +616,14 @@ def free_ports(n: int) -> int:
 def start_serve(models_dir: Path, processes: int) -> ServeProcess:
     import httpx
 
-    server = ServeProcess(env={**ENV, "SIE_MODELS_DIR": str(models_dir), "SIE_SERVE_PROCESSES": str(processes),
-                               "SIE_PRELOAD_MODELS": "bench/bge-base,bench/minilm"})
+    server = ServeProcess(
+        env={
+            **ENV,
+            "SIE_MODELS_DIR": str(models_dir),
+            "SIE_SERVE_PROCESSES": str(processes),
+            "SIE_PRELOAD_MODELS": "bench/bge-base,bench/minilm",
+        }
+    )
     server.start(timeout=300)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # every sibling preloads on its own: wait until all answer ready
@@ -550,25 +638,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="measuring time per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--client-procs", type=int, default=6, help="client processes generating load")
-    ap.add_argument("--serve-processes", default="4",
-                    help="SIE_SERVE_PROCESSES of sie serve; a comma-separated list measures each")
-    ap.add_argument("--only", default="",
-                    help="workloads to run, |-separated: a whole name picks that one, any other text every "
-                         "name holding it")
+    ap.add_argument(
+        "--serve-processes",
+        default="4",
+        help="SIE_SERVE_PROCESSES of sie serve; a comma-separated list measures each",
+    )
+    ap.add_argument(
+        "--only",
+        default="",
+        help="workloads to run, |-separated: a whole name picks that one, any other text every "
+        "name holding it",
+    )
     ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-path rows")
-    ap.add_argument("--cluster-workers", type=int, default=0,
-                    help="worker pods of the cluster on the GPU (sie up --workers); 0 = as many as the most "
-                         "sie serve processes measured, so both front doors run as many model processes")
-    ap.add_argument("--cluster-gateways", default="",
-                    help="gateways of the cluster (sie up --gateways; default: sie up's on this host); a "
-                         "comma-separated list measures each")
-    ap.add_argument("--cluster-env", default="",
-                    help="'|'-separated variants of extra variables for every cluster process, each K=V[,K=V...] "
-                         "('' = default settings), e.g. '|SIE_BATCHER_MAX_BATCH_WAIT_MS=5': each variant is a cluster "
-                         "of its own, measured in turn with the others")
+    ap.add_argument(
+        "--cluster-workers",
+        type=int,
+        default=0,
+        help="worker pods of the cluster on the GPU (sie up --workers); 0 = as many as the most "
+        "sie serve processes measured, so both front doors run as many model processes",
+    )
+    ap.add_argument(
+        "--cluster-gateways",
+        default="",
+        help="gateways of the cluster (sie up --gateways; default: sie up's on this host); a "
+        "comma-separated list measures each",
+    )
+    ap.add_argument(
+        "--cluster-env",
+        default="",
+        help="'|'-separated variants of extra variables for every cluster process, each K=V[,K=V...] "
+        "('' = default settings), e.g. '|SIE_BATCHER_MAX_BATCH_WAIT_MS=5': each variant is a cluster "
+        "of its own, measured in turn with the others",
+    )
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process baselines")
-    ap.add_argument("--smoke", action="store_true",
-                    help="check the script end to end on the CPU: tiny models, one short round, few clients")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the script end to end on the CPU: tiny models, one short round, few clients",
+    )
     args = ap.parse_args(argv)
     try:
         import torch
@@ -591,7 +698,9 @@ def main(argv: list[str] | None = None) -> int:
     # an entry that is a whole workload's name picks that one only ("512 tok, 32/req x 16 clients" is
     # also part of the JSON and MiniLM names); any other entry picks every name it is part of
     wanted = [s for s in args.only.split("|") if s]
-    ws = [w for w in every if not wanted or any(s == w.name or (s not in names and s in w.name) for s in wanted)]
+    ws = [
+        w for w in every if not wanted or any(s == w.name or (s not in names and s in w.name) for s in wanted)
+    ]
     if args.smoke:
         for w in ws:
             w.clients = min(w.clients, 4)
@@ -606,8 +715,11 @@ def main(argv: list[str] | None = None) -> int:
             for w in ws:
                 if not w.json:
                     base[w.name] = inprocess(root, w, args.seconds)
-                    print(f"in-process {w.name:40} transformers {base[w.name]['transformers']:9.1f}/s  "
-                          f"packed {base[w.name]['packed']:9.1f}/s", flush=True)
+                    print(
+                        f"in-process {w.name:40} transformers {base[w.name]['transformers']:9.1f}/s  "
+                        f"packed {base[w.name]['packed']:9.1f}/s",
+                        flush=True,
+                    )
         cosines = {}
         for procs in (int(p) for p in str(args.serve_processes).split(",")):
             server = None
@@ -615,8 +727,15 @@ def main(argv: list[str] | None = None) -> int:
                 server = start_serve(models_dir, procs)
                 cosines = cosines or {m: served_min_cosine(server.url, root, m) for m in SHAPES}
                 assert server.proc is not None
-                measure([Target(f"serve x{procs}", server.url, {"sie serve": descendants(server.proc.pid)})],
-                        ws, load, args.rounds, args.seconds, rows, peak)
+                measure(
+                    [Target(f"serve x{procs}", server.url, {"sie serve": descendants(server.proc.pid)})],
+                    ws,
+                    load,
+                    args.rounds,
+                    args.seconds,
+                    rows,
+                    peak,
+                )
             except Exception as exc:  # the cluster rows still run: one failure should not cost the lease
                 print(f"sie serve x{procs} failed: {exc!r}", flush=True)
                 if server is not None:
@@ -628,25 +747,38 @@ def main(argv: list[str] | None = None) -> int:
             measure_clusters(args, root, models_dir, [w for w in ws if not w.json], load, rows, peak)
     load.close()
     print()
-    print(f"GPU benchmark: {device_name}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
-          f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s; 'serve xN' = sie serve with "
-          f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N (gK: --gateways K; vK: --cluster-env's Kth "
-          f"variant); 'vs serve' = cluster / the best serve row")
-    head = (f"{'target':16} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "
-            f"{'HF in-proc':>10} {'packed in-proc':>14} {'vs serve':>8}")
+    print(
+        f"GPU benchmark: {device_name}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
+        f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s; 'serve xN' = sie serve with "
+        f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N (gK: --gateways K; vK: --cluster-env's Kth "
+        f"variant); 'vs serve' = cluster / the best serve row"
+    )
+    head = (
+        f"{'target':16} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "
+        f"{'HF in-proc':>10} {'packed in-proc':>14} {'vs serve':>8}"
+    )
     print(head)
     print("-" * len(head))
     for (target, name), r in rows.items():
         rate = statistics.median(r.rates)
         mfu = rate * r.w.flops() / (peak * 1e12)
         b = base.get(name, {})
-        serve = max((r2 for (t2, n2), r2 in rows.items() if n2 == name and t2.startswith("serve")),
-                    key=lambda r2: statistics.median(r2.rates), default=None)
-        ratio = f"{rate / statistics.median(serve.rates):7.2f}x" if target.startswith("cluster") and serve else "       -"
+        serve = max(
+            (r2 for (t2, n2), r2 in rows.items() if n2 == name and t2.startswith("serve")),
+            key=lambda r2: statistics.median(r2.rates),
+            default=None,
+        )
+        ratio = (
+            f"{rate / statistics.median(serve.rates):7.2f}x"
+            if target.startswith("cluster") and serve
+            else "       -"
+        )
         hf = f"{b['transformers']:10.1f}" if b else f"{'-':>10}"
         pk = f"{b['packed']:14.1f}" if b else f"{'-':>14}"
-        print(f"{target:16} {name:40} {rate:9.1f} {mfu:6.1%} {statistics.median(r.p50):8.1f} "
-              f"{statistics.median(r.p99):8.1f} {statistics.median(r.busy):6.1f} {hf} {pk} {ratio}")
+        print(
+            f"{target:16} {name:40} {rate:9.1f} {mfu:6.1%} {statistics.median(r.p50):8.1f} "
+            f"{statistics.median(r.p99):8.1f} {statistics.median(r.busy):6.1f} {hf} {pk} {ratio}"
+        )
     print()
     for m, c in cosines.items():
         print(f"correctness: bench/{m} served bf16 vs fp32 transformers, min cosine {c:.5f}")

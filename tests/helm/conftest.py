@@ -9,8 +9,12 @@ import yaml
 from tests.helm.helm_binary import find_helm
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "sie-cluster"
-CRD_APIS = ["keda.sh/v1alpha1/ScaledObject", "monitoring.coreos.com/v1/ServiceMonitor",
-            "monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/PrometheusRule"]
+CRD_APIS = [
+    "keda.sh/v1alpha1/ScaledObject",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PodMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+]
 
 
 @pytest.fixture(scope="session")
@@ -28,14 +32,26 @@ class Renderer:
     def run(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([self.helm, *args], capture_output=True, text=True, timeout=120)
 
-    def template(self, *values_files: str, crds: bool = False, sets: dict[str, str] | None = None,
-                 release: str = "sie", namespace: str = "sie") -> list[dict]:
+    def template(
+        self,
+        *values_files: str,
+        crds: bool = False,
+        sets: dict[str, str] | None = None,
+        release: str = "sie",
+        namespace: str = "sie",
+    ) -> list[dict]:
         res = self.template_raw(*values_files, crds=crds, sets=sets, release=release, namespace=namespace)
         assert res.returncode == 0, res.stderr
         return [d for d in yaml.safe_load_all(res.stdout) if d]
 
-    def template_raw(self, *values_files: str, crds: bool = False, sets: dict[str, str] | None = None,
-                     release: str = "sie", namespace: str = "sie") -> subprocess.CompletedProcess:
+    def template_raw(
+        self,
+        *values_files: str,
+        crds: bool = False,
+        sets: dict[str, str] | None = None,
+        release: str = "sie",
+        namespace: str = "sie",
+    ) -> subprocess.CompletedProcess:
         args = ["template", release, str(CHART), "--namespace", namespace]
         for f in values_files:
             args += ["-f", str(CHART / f)]

@@ -48,7 +48,9 @@ class RecordedApi:
                 raw = self.rfile.read(length) if length else b""
                 body = json.loads(raw) if raw else None
                 path = self.path.split("?", 1)[0]
-                api.requests.append(Recorded(self.command, path, {k.lower(): v for k, v in self.headers.items()}, body))
+                api.requests.append(
+                    Recorded(self.command, path, {k.lower(): v for k, v in self.headers.items()}, body)
+                )
                 status, fixture = api.routes.get((self.command, path), (404, "not-found.json"))
                 data = (FIXTURES / fixture).read_bytes()
                 self.send_response(status)

@@ -73,13 +73,19 @@ def probe_env_reads() -> set[str]:
 NON_SIE = {"HF_HOME", "HF_TOKEN", "HOME", "GOMP_SPINCOUNT"}  # read by huggingface_hub / libgomp / the OS
 
 CONTAINER_ENV = {
-    "gateway": lambda: settings_env_names(GatewaySettings) | settings_env_names(K8sScalerSettings) | environ_reads("gateway"),
+    "gateway": lambda: (
+        settings_env_names(GatewaySettings) | settings_env_names(K8sScalerSettings) | environ_reads("gateway")
+    ),
     "sidecar": lambda: settings_env_names(SidecarSettings) | environ_reads("sidecar"),
     "worker": lambda: settings_env_names(WorkerSettings) | environ_reads("worker") | probe_env_reads(),
     "config": lambda: settings_env_names(ConfigServiceSettings) | environ_reads("config_service"),
 }
-SETTINGS_FOR = {"gateway": GatewaySettings, "sidecar": SidecarSettings, "worker": WorkerSettings,
-                "config": ConfigServiceSettings}
+SETTINGS_FOR = {
+    "gateway": GatewaySettings,
+    "sidecar": SidecarSettings,
+    "worker": WorkerSettings,
+    "config": ConfigServiceSettings,
+}
 
 
 # ---------------------------------------------------------------------- helpers
@@ -144,46 +150,97 @@ def test_lint_strict(render, values):
 
 CRD_SCHEMAS = {
     "ScaledObject": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {"spec": {
-            "type": "object", "required": ["scaleTargetRef", "triggers"],
-            "additionalProperties": False,
-            "properties": {
-                "scaleTargetRef": {"type": "object", "required": ["name"], "additionalProperties": False,
-                                   "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                                                  "name": {"type": "string"}}},
-                "minReplicaCount": {"type": "integer", "minimum": 0},
-                "maxReplicaCount": {"type": "integer", "minimum": 1},
-                "pollingInterval": {"type": "integer"}, "cooldownPeriod": {"type": "integer"},
-                "idleReplicaCount": {"type": "integer"},
-                "fallback": {"type": "object", "required": ["failureThreshold", "replicas"]},
-                "advanced": {"type": "object"},
-                "triggers": {"type": "array", "minItems": 1, "items": {
-                    "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
-                    "properties": {"type": {"type": "string"}, "name": {"type": "string"},
-                                   "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
-                                   "useCachedMetrics": {"type": "boolean"},
-                                   "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-                                   "authenticationRef": {"type": "object"}}}},
-            }}},
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["scaleTargetRef", "triggers"],
+                "additionalProperties": False,
+                "properties": {
+                    "scaleTargetRef": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "apiVersion": {"type": "string"},
+                            "kind": {"type": "string"},
+                            "name": {"type": "string"},
+                        },
+                    },
+                    "minReplicaCount": {"type": "integer", "minimum": 0},
+                    "maxReplicaCount": {"type": "integer", "minimum": 1},
+                    "pollingInterval": {"type": "integer"},
+                    "cooldownPeriod": {"type": "integer"},
+                    "idleReplicaCount": {"type": "integer"},
+                    "fallback": {"type": "object", "required": ["failureThreshold", "replicas"]},
+                    "advanced": {"type": "object"},
+                    "triggers": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["type", "metadata"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "type": {"type": "string"},
+                                "name": {"type": "string"},
+                                "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                                "useCachedMetrics": {"type": "boolean"},
+                                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                                "authenticationRef": {"type": "object"},
+                            },
+                        },
+                    },
+                },
+            }
+        },
     },
     "ServiceMonitor": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {"spec": {"type": "object", "required": ["selector", "endpoints"]}},
     },
     "PodMonitor": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {"spec": {"type": "object", "required": ["selector", "podMetricsEndpoints"]}},
     },
     "PrometheusRule": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {"spec": {"type": "object", "required": ["groups"], "properties": {"groups": {
-            "type": "array", "items": {"type": "object", "required": ["name", "rules"], "properties": {
-                "rules": {"type": "array", "items": {
-                    "type": "object", "required": ["alert", "expr"], "additionalProperties": False,
-                    "properties": {"alert": {"type": "string"}, "expr": {"type": "string"},
-                                   "for": {"type": "string"}, "labels": {"type": "object"},
-                                   "annotations": {"type": "object"}}}}}}}}}},
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["groups"],
+                "properties": {
+                    "groups": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "rules"],
+                            "properties": {
+                                "rules": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["alert", "expr"],
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "alert": {"type": "string"},
+                                            "expr": {"type": "string"},
+                                            "for": {"type": "string"},
+                                            "labels": {"type": "object"},
+                                            "annotations": {"type": "object"},
+                                        },
+                                    },
+                                }
+                            },
+                        },
+                    }
+                },
+            }
+        },
     },
 }
 
@@ -207,15 +264,21 @@ def test_kubernetes_validate_cli_strict(render, tmp_path):
     """The same check through the kubernetes-validate command, as an operator would run it."""
     import shutil
 
-    exe = shutil.which("kubernetes-validate") or str(Path(__import__("sys").executable).parent / "kubernetes-validate")
+    exe = shutil.which("kubernetes-validate") or str(
+        Path(__import__("sys").executable).parent / "kubernetes-validate"
+    )
     if not Path(exe).exists():
         pytest.skip("kubernetes-validate command not installed")
     res = render.template_raw("values-gke.yaml")  # no CRD kinds: the command knows only built-in schemas
     assert res.returncode == 0, res.stderr
     manifest = tmp_path / "gke.yaml"
     manifest.write_text(res.stdout)
-    out = subprocess.run([exe, "--strict", "-k", K8S_VERSION, "--quiet", str(manifest)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [exe, "--strict", "-k", K8S_VERSION, "--quiet", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -231,9 +294,13 @@ def test_every_env_var_is_one_the_code_reads(variant):
         seen.add(c["name"])
         for env in env_of(c):
             if env.startswith("SIE_") or env == "POD_NAME":
-                assert env in known, f"{name}: {workload['metadata']['name']}/{c['name']} sets {env}, which no code reads"
+                assert env in known, (
+                    f"{name}: {workload['metadata']['name']}/{c['name']} sets {env}, which no code reads"
+                )
             else:
-                assert env in NON_SIE | environ_reads("protocol"), f"{name}: {c['name']} sets unexpected {env}"
+                assert env in NON_SIE | environ_reads("protocol"), (
+                    f"{name}: {c['name']} sets unexpected {env}"
+                )
     assert seen == set(CONTAINER_ENV)
 
 
@@ -263,14 +330,21 @@ def test_rendered_env_parses_in_the_settings_classes(variant, monkeypatch):
 def test_gateway_and_sidecar_agree_on_stream_knobs(variant):
     name, docs = variant
     knobs = ("SIE_STREAM_STORAGE", "SIE_STREAM_REPLICAS", "SIE_STREAM_MAX_AGE_S")
-    values = {tuple((k, env_of(c)[k]["value"]) for k in knobs) for _, c in containers(docs)
-              if c["name"] in ("gateway", "sidecar")}
+    values = {
+        tuple((k, env_of(c)[k]["value"]) for k in knobs)
+        for _, c in containers(docs)
+        if c["name"] in ("gateway", "sidecar")
+    }
     assert len(values) == 1, values
 
 
 def test_sidecar_and_worker_share_the_socket(variant):
     name, docs = variant
-    workers = [d for d in by_kind(docs, "StatefulSet") if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
+    workers = [
+        d
+        for d in by_kind(docs, "StatefulSet")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    ]
     assert workers
     for sts in workers:
         spec = pod_spec(sts)
@@ -281,7 +355,10 @@ def test_sidecar_and_worker_share_the_socket(variant):
         assert work["SIE_IPC_SOCKET_PATH"]["value"] == path
         sock_dir = str(Path(path).parent)
         vols = {v["name"]: v for v in spec["volumes"]}
-        mounts = [{m["name"] for m in cs[n]["volumeMounts"] if m["mountPath"] == sock_dir} for n in ("sidecar", "worker")]
+        mounts = [
+            {m["name"] for m in cs[n]["volumeMounts"] if m["mountPath"] == sock_dir}
+            for n in ("sidecar", "worker")
+        ]
         assert mounts[0] == mounts[1] and len(mounts[0]) == 1
         (vol,) = mounts[0]
         assert vols[vol]["emptyDir"]["medium"] == "Memory"
@@ -319,8 +396,11 @@ def test_security_context_and_probe_budget(variant):
 
 # ---------------------------------------------------------------------- autoscaling
 def worker_sets(docs):
-    return {d["metadata"]["name"]: d for d in by_kind(docs, "StatefulSet")
-            if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"}
+    return {
+        d["metadata"]["name"]: d
+        for d in by_kind(docs, "StatefulSet")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    }
 
 
 def test_keda_targets_the_worker_statefulsets(render):
@@ -336,10 +416,14 @@ def test_keda_targets_the_worker_statefulsets(render):
             sts = sets[ref["name"]]
             assert "replicas" not in sts["spec"], "KEDA owns replicas"
             side = env_of(next(c for c in pod_spec(sts)["containers"] if c["name"] == "sidecar"))
-            pool, profile, bundle = (side[k]["value"] for k in ("SIE_POOL", "SIE_MACHINE_PROFILE", "SIE_BUNDLE"))
+            pool, profile, bundle = (
+                side[k]["value"] for k in ("SIE_POOL", "SIE_MACHINE_PROFILE", "SIE_BUNDLE")
+            )
             trig = {t["name"]: t for t in so["spec"]["triggers"]}
             demand = trig["pending-demand"]["metadata"]
-            assert f'machine_profile="{profile}"' in demand["query"] and f'bundle="{bundle}"' in demand["query"]
+            assert (
+                f'machine_profile="{profile}"' in demand["query"] and f'bundle="{bundle}"' in demand["query"]
+            )
             assert demand["activationThreshold"] == "0"
             depth = trig["lane-queue-depth"]
             if depth["type"] == "nats-jetstream":
@@ -350,7 +434,9 @@ def test_keda_targets_the_worker_statefulsets(render):
             assert so["spec"]["cooldownPeriod"] >= 300
             assert so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
     gke = render.template("values-gke.yaml", crds=True)
-    l4 = next(s for s in by_kind(gke, "ScaledObject") if s["spec"]["scaleTargetRef"]["name"] == "sie-w-default-l4")
+    l4 = next(
+        s for s in by_kind(gke, "ScaledObject") if s["spec"]["scaleTargetRef"]["name"] == "sie-w-default-l4"
+    )
     assert (l4["spec"]["minReplicaCount"], l4["spec"]["maxReplicaCount"]) == (0, 10)
 
 
@@ -405,7 +491,11 @@ def test_external_nats(render):
     docs = render.template(sets={"nats.install": "false", "nats.externalUrl": "nats://nats.messaging:4222"})
     assert not [d for d in docs if d["metadata"]["name"].endswith("-nats")]
     for _, c in containers(docs):
-        assert env_of(c)["SIE_NATS_URL"]["value"] == "nats://nats.messaging:4222" if c["name"] != "worker" else True
+        assert (
+            env_of(c)["SIE_NATS_URL"]["value"] == "nats://nats.messaging:4222"
+            if c["name"] != "worker"
+            else True
+        )
 
 
 def test_gke_and_eks_specifics(render):
@@ -438,18 +528,26 @@ def test_dashboard_configmap_is_json(render):
 
 
 # ---------------------------------------------------------------------- wrong values fail at install
-@pytest.mark.parametrize("sets, message", [
-    ({"queue.streamStorage": "disk"}, "streamStorage"),
-    ({"workers.pools.Bad_Pool.enabled": "true"}, "Bad_Pool"),
-    ({"workers.pools.default.profiles.tpu.minReplicas": "0", "workers.pools.default.profiles.tpu.maxReplicas": "1"},
-     "no such machine profile"),
-    ({"workers.pools.default.profiles.cpu.minReplicas": "5"}, "minReplicas > maxReplicas"),
-    ({"nats.replicas": "2"}, "nats/replicas"),
-    ({"auth.mode": "token"}, "inferenceTokens"),
-    ({"workers.modelReadyTimeoutSec": "5000"}, "startup probe budget"),
-    ({"autoscaling.mode": "hpa"}, "autoscaling/mode"),
-    ({"gateway.replicas": "0"}, "gateway/replicas"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        ({"queue.streamStorage": "disk"}, "streamStorage"),
+        ({"workers.pools.Bad_Pool.enabled": "true"}, "Bad_Pool"),
+        (
+            {
+                "workers.pools.default.profiles.tpu.minReplicas": "0",
+                "workers.pools.default.profiles.tpu.maxReplicas": "1",
+            },
+            "no such machine profile",
+        ),
+        ({"workers.pools.default.profiles.cpu.minReplicas": "5"}, "minReplicas > maxReplicas"),
+        ({"nats.replicas": "2"}, "nats/replicas"),
+        ({"auth.mode": "token"}, "inferenceTokens"),
+        ({"workers.modelReadyTimeoutSec": "5000"}, "startup probe budget"),
+        ({"autoscaling.mode": "hpa"}, "autoscaling/mode"),
+        ({"gateway.replicas": "0"}, "gateway/replicas"),
+    ],
+)
 def test_wrong_values_fail(render, sets, message):
     res = render.template_raw(sets=sets)
     assert res.returncode != 0
@@ -473,13 +571,24 @@ def test_rendered_nats_config_runs_with_role_permissions(render, tmp_path):
     (tmp_path / "auth").mkdir()
     (tmp_path / "auth" / "auth.conf").write_text(sec["stringData"]["auth.conf"])
     (tmp_path / "nats.conf").write_text(conf)
-    check = subprocess.run([nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
-                           capture_output=True, text=True, timeout=30)
+    check = subprocess.run(
+        [nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    proc = subprocess.Popen([nats_server_binary(), "-c", str(tmp_path / "nats.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    urls = {role: sec["stringData"][f"{role}-url"].replace(re.search(r"@(.+)$", sec["stringData"][f"{role}-url"]).group(1),
-                                                          f"127.0.0.1:{port}") for role in ("gateway", "sidecar", "config")}
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-c", str(tmp_path / "nats.conf")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    urls = {
+        role: sec["stringData"][f"{role}-url"].replace(
+            re.search(r"@(.+)$", sec["stringData"][f"{role}-url"]).group(1), f"127.0.0.1:{port}"
+        )
+        for role in ("gateway", "sidecar", "config")
+    }
 
     async def scenario():
         errors: list[Exception] = []

@@ -27,7 +27,12 @@ def test_compose_env_is_what_the_code_reads(monkeypatch):
             assert key in known or key in NON_SIE, f"compose {name} sets {key}, which no code reads"
         with monkeypatch.context() as m:
             for k, v in env.items():
-                m.setenv(k, v.replace("${SIE_ADMIN_TOKEN:-change-me-admin-token}", "t").replace("${SIE_PRELOAD_MODELS:-}", ""))
+                m.setenv(
+                    k,
+                    v.replace("${SIE_ADMIN_TOKEN:-change-me-admin-token}", "t").replace(
+                        "${SIE_PRELOAD_MODELS:-}", ""
+                    ),
+                )
             SETTINGS_FOR[name]()
 
 
@@ -71,10 +76,15 @@ def test_images_carry_every_deploy_module_the_sie_command_imports():
         for node in ast.walk(ast.parse((root / path).read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("deploy."):
                 todo.append(node.module.replace(".", "/") + ".py")
-    assert {"deploy/state.py", "deploy/commands.py"} <= needed  # `sie serve` checks its port with deploy.state
+    assert {
+        "deploy/state.py",
+        "deploy/commands.py",
+    } <= needed  # `sie serve` checks its port with deploy.state
     for name in ("Dockerfile.worker", "Dockerfile.service"):
         sources = [
-            src for line in (DOCKER / name).read_text().splitlines() if line.startswith("COPY deploy")
+            src
+            for line in (DOCKER / name).read_text().splitlines()
+            if line.startswith("COPY deploy")
             for src in line.split()[1:-1]
         ]
         missing = [p for p in sorted(needed) if not any(fnmatch.fnmatch(p, s) for s in sources)]

@@ -72,8 +72,10 @@ def test_every_pod_lands_on_a_pool_the_guide_creates(render, case):
     workloads = [d for d in docs if d["kind"] in WORKLOADS]
     assert any("-w-" in d["metadata"]["name"] for d in workloads)
     homeless = {
-        d["metadata"]["name"]: (d["spec"]["template"]["spec"].get("nodeSelector"),
-                                d["spec"]["template"]["spec"].get("tolerations"))
+        d["metadata"]["name"]: (
+            d["spec"]["template"]["spec"].get("nodeSelector"),
+            d["spec"]["template"]["spec"].get("tolerations"),
+        )
         for d in workloads
         if not pools_for(cloud, d["spec"]["template"]["spec"], optional)
     }
@@ -82,8 +84,11 @@ def test_every_pod_lands_on_a_pool_the_guide_creates(render, case):
 
 def test_each_gpu_profile_has_its_own_pool_and_spot_stays_on_spot(render):
     docs = render.template("values-gke.yaml", crds=True, sets={"workers.pools.large.enabled": "true"})
-    where = {d["metadata"]["name"]: pools_for("gke", d["spec"]["template"]["spec"], True)
-             for d in docs if d["kind"] == "StatefulSet" and "-w-" in d["metadata"]["name"]}
+    where = {
+        d["metadata"]["name"]: pools_for("gke", d["spec"]["template"]["spec"], True)
+        for d in docs
+        if d["kind"] == "StatefulSet" and "-w-" in d["metadata"]["name"]
+    }
     assert where == {
         "sie-w-default-cpu": ["default-pool"],
         "sie-w-default-l4": ["l4"],
@@ -94,7 +99,9 @@ def test_each_gpu_profile_has_its_own_pool_and_spot_stays_on_spot(render):
 
 def test_eks_guide_creates_the_storage_class_the_chart_uses(render):
     docs = render.template("values-eks.yaml", crds=True)
-    classes = {c["spec"]["storageClassName"] for c in (d for d in docs if d["kind"] == "PersistentVolumeClaim")}
+    classes = {
+        c["spec"]["storageClassName"] for c in (d for d in docs if d["kind"] == "PersistentVolumeClaim")
+    }
     for d in docs:
         if d["kind"] == "StatefulSet":
             classes |= {t["spec"].get("storageClassName") for t in d["spec"].get("volumeClaimTemplates", [])}
@@ -116,10 +123,13 @@ def _worker_env(docs: list[dict]) -> list[dict[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("guide,values,annotation", [
-    ("install-gke.md", "values-gke.yaml", "iam.gke.io/gcp-service-account"),
-    ("install-eks.md", "values-eks.yaml", "eks.amazonaws.com/role-arn"),
-])
+@pytest.mark.parametrize(
+    "guide,values,annotation",
+    [
+        ("install-gke.md", "values-gke.yaml", "iam.gke.io/gcp-service-account"),
+        ("install-eks.md", "values-eks.yaml", "eks.amazonaws.com/role-arn"),
+    ],
+)
 def test_the_guides_cluster_cache_reaches_the_workers_with_their_identity(render, guide, values, annotation):
     text = (DOCS / guide).read_text()
     (url,) = re.findall(r"--set workers\.clusterCache\.url=(\S+)", text)
@@ -132,7 +142,11 @@ def test_the_guides_cluster_cache_reaches_the_workers_with_their_identity(render
     (sa,) = [d for d in docs if d["kind"] == "ServiceAccount"]
     assert annotation in sa["metadata"]["annotations"]
     # the identity the guide binds is the ServiceAccount the pods run as, in the namespace installed to
-    bound = f"[sie/{sa['metadata']['name']}]" if "gke" in guide else f"--namespace sie --name {sa['metadata']['name']}"
+    bound = (
+        f"[sie/{sa['metadata']['name']}]"
+        if "gke" in guide
+        else f"--namespace sie --name {sa['metadata']['name']}"
+    )
     assert bound in text
     workers = [d for d in docs if d["kind"] == "StatefulSet" and "-w-" in d["metadata"]["name"]]
     assert all(d["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"] for d in workers)
@@ -161,7 +175,7 @@ def test_install_notes_warn_about_the_placeholder_registry(render):
             args += ["--set", s]
         res = render.run(*args)
         assert res.returncode == 0, res.stderr
-        return res.stdout[res.stdout.index("NOTES:"):]
+        return res.stdout[res.stdout.index("NOTES:") :]
 
     assert "WARNING: global.imageRegistry is the placeholder" in notes()
     assert "WARNING" not in notes("global.imageRegistry=registry.example.com/sie")

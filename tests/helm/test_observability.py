@@ -86,16 +86,25 @@ def test_the_checker_sees_every_selector_and_refuses_bad_promql():
 
 def test_the_registries_are_the_real_ones(exported):
     # spot checks, so an empty or partial set cannot pass the tests below
-    for name in ("sie_gateway_requests_total", "sie_config_epoch", "sie_worker_stage_seconds_bucket",
-                 "sie_worker_evictions_total", "sie_sidecar_lane_pending", "sie_sidecar_deliveries_total",
-                 "sie_worker_process_cpu_seconds_total", "sie_sidecar_process_resident_memory_bytes"):
+    for name in (
+        "sie_gateway_requests_total",
+        "sie_config_epoch",
+        "sie_worker_stage_seconds_bucket",
+        "sie_worker_evictions_total",
+        "sie_sidecar_lane_pending",
+        "sie_sidecar_deliveries_total",
+        "sie_worker_process_cpu_seconds_total",
+        "sie_sidecar_process_resident_memory_bytes",
+    ):
         assert name in exported
 
 
 @pytest.fixture(scope="module")
 def observed(render) -> list[dict]:
-    return render.template(crds=True, sets={"dashboards.enabled": "true", "alerts.enabled": "true",
-                                            "serviceMonitor.enabled": "true"})
+    return render.template(
+        crds=True,
+        sets={"dashboards.enabled": "true", "alerts.enabled": "true", "serviceMonitor.enabled": "true"},
+    )
 
 
 def kinds(docs: list[dict], kind: str) -> list[dict]:
@@ -126,8 +135,15 @@ def test_every_dashboard_query_names_an_exported_metric(observed, exported):
 def test_every_alert_expression_names_an_exported_metric(observed, exported):
     (rule,) = kinds(observed, "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert {"SIELaneBacklogGrowing", "SIEWorkerHeartbeatsMissing", "SIEDeadLetters", "SIEErrorRatioHigh",
-            "SIELatencyP99OverObjective", "SIEModelLoadFailures", "SIEEvictionLoop"} <= set(alerts)
+    assert {
+        "SIELaneBacklogGrowing",
+        "SIEWorkerHeartbeatsMissing",
+        "SIEDeadLetters",
+        "SIEErrorRatioHigh",
+        "SIELatencyP99OverObjective",
+        "SIEModelLoadFailures",
+        "SIEEvictionLoop",
+    } <= set(alerts)
     for name, r in alerts.items():
         names = selected_metrics(r["expr"])
         assert names and not names - exported, f"{name}: {sorted(names - exported)}"
@@ -136,7 +152,9 @@ def test_every_alert_expression_names_an_exported_metric(observed, exported):
 
 def test_alert_thresholds_come_from_values(render, tmp_path):
     values = tmp_path / "alerts.yaml"  # a file: --set would pass the numbers as strings
-    values.write_text("alerts: {enabled: true, p99LatencySeconds: 0.75, errorRatio: 0.2, alertLabels: {team: search}}")
+    values.write_text(
+        "alerts: {enabled: true, p99LatencySeconds: 0.75, errorRatio: 0.2, alertLabels: {team: search}}"
+    )
     docs = render.template(str(values), crds=True)
     (rule,) = kinds(docs, "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
@@ -155,8 +173,11 @@ def test_worker_pods_are_scraped_on_the_sidecar_metrics_port(observed):
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     targets = {r["targetLabel"] for r in endpoint["relabelings"]}
     assert targets == {"pool", "machine_profile", "bundle"}
-    workers = [d for d in kinds(observed, "StatefulSet") if d["metadata"]["labels"].get(
-        "app.kubernetes.io/component") == "worker"]
+    workers = [
+        d
+        for d in kinds(observed, "StatefulSet")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    ]
     assert workers
     for sts in workers:
         pod = sts["spec"]["template"]
@@ -171,8 +192,13 @@ def test_worker_pods_are_scraped_on_the_sidecar_metrics_port(observed):
 
 def test_log_format_reaches_every_container(render):
     docs = render.template(sets={"logFormat": "json"})
-    containers = [c for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                  for c in d["spec"]["template"]["spec"]["containers"] if c["name"] != "nats"]
+    containers = [
+        c
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] != "nats"
+    ]
     assert {c["name"] for c in containers} >= {"gateway", "sidecar", "worker", "config"}
     for c in containers:
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
@@ -180,11 +206,23 @@ def test_log_format_reaches_every_container(render):
 
 
 def test_tracing_values_point_the_request_path_at_the_collector(render):
-    assert not any(e["name"].startswith("OTEL_") for d in render.template() if d["kind"] in ("Deployment", "StatefulSet")
-                   for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env", []))
-    docs = render.template(sets={"tracing.enabled": "true", "tracing.otlpEndpoint": "http://otel.monitoring:4318"})
-    containers = [c for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                  for c in d["spec"]["template"]["spec"]["containers"] if c["name"] != "nats"]
+    assert not any(
+        e["name"].startswith("OTEL_")
+        for d in render.template()
+        if d["kind"] in ("Deployment", "StatefulSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        for e in c.get("env", [])
+    )
+    docs = render.template(
+        sets={"tracing.enabled": "true", "tracing.otlpEndpoint": "http://otel.monitoring:4318"}
+    )
+    containers = [
+        c
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] != "nats"
+    ]
     for c in containers:
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
         if c["name"] == "config":  # not on the request path: no spans

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import httpx
 
 
-def wait_for_worker(url: str, timeout: float = 90.0, headers: dict[str, str] | None = None,
-                    profile: str = "cpu") -> dict:
+def wait_for_worker(
+    url: str, timeout: float = 90.0, headers: dict[str, str] | None = None, profile: str = "cpu"
+) -> dict:
     """Until the gateway at ``url`` sees a live worker of ``profile`` (other profiles do not count)."""
     deadline = time.monotonic() + timeout
     body: dict = {}

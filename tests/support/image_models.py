@@ -54,18 +54,35 @@ def build_image_checkpoints(root: Path) -> dict:
     tok = AutoTokenizer.from_pretrained(str(MINILM))
     torch.manual_seed(0)
     clip = root / "clip"
-    cfg = CLIPConfig(text_config={**TOWER, "vocab_size": tok.vocab_size, "max_position_embeddings": 64,
-                                  "eos_token_id": tok.sep_token_id, "bos_token_id": tok.cls_token_id,
-                                  "pad_token_id": tok.pad_token_id},
-                     vision_config={**TOWER, "image_size": 32, "patch_size": 8}, projection_dim=16)
+    cfg = CLIPConfig(
+        text_config={
+            **TOWER,
+            "vocab_size": tok.vocab_size,
+            "max_position_embeddings": 64,
+            "eos_token_id": tok.sep_token_id,
+            "bos_token_id": tok.cls_token_id,
+            "pad_token_id": tok.pad_token_id,
+        },
+        vision_config={**TOWER, "image_size": 32, "patch_size": 8},
+        projection_dim=16,
+    )
     CLIPModel(cfg).save_pretrained(str(clip))
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(str(clip))
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
+        str(clip)
+    )
     tok.save_pretrained(str(clip))
     siglip = root / "siglip"
-    scfg = SiglipConfig(text_config={**TOWER, "vocab_size": tok.vocab_size, "max_position_embeddings": 16,
-                                     "eos_token_id": tok.sep_token_id, "bos_token_id": tok.cls_token_id,
-                                     "pad_token_id": tok.pad_token_id},
-                        vision_config={**TOWER, "image_size": 32, "patch_size": 8})
+    scfg = SiglipConfig(
+        text_config={
+            **TOWER,
+            "vocab_size": tok.vocab_size,
+            "max_position_embeddings": 16,
+            "eos_token_id": tok.sep_token_id,
+            "bos_token_id": tok.cls_token_id,
+            "pad_token_id": tok.pad_token_id,
+        },
+        vision_config={**TOWER, "image_size": 32, "patch_size": 8},
+    )
     SiglipModel(scfg).save_pretrained(str(siglip))
     SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(str(siglip))
     tok.save_pretrained(str(siglip))

@@ -47,8 +47,9 @@ def sdk_unavailable() -> str | None:
         if not py.exists():
             shutil.rmtree(VENV, ignore_errors=True)
             subprocess.run([base, "-m", "venv", str(VENV)], check=True, capture_output=True, timeout=120)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", SDK], check=True, capture_output=True,
-                       timeout=600)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", SDK], check=True, capture_output=True, timeout=600
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         out = getattr(exc, "stderr", b"") or b""
         return f"could not install {SDK} into {VENV}: {out.decode(errors='replace')[-500:]}"
@@ -67,6 +68,8 @@ def run_sdk(script: str, url: str, timeout: float = 240.0, env: dict[str, str] |
         env={**os.environ, "SIE_TEST_URL": url, **(env or {})},
     )
     if proc.returncode != 0:
-        raise AssertionError(f"sdk script failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"sdk script failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
     return json.loads(lines[-1])

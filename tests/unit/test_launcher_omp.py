@@ -40,8 +40,13 @@ def test_the_operators_values_win(tmp_path, monkeypatch):
     monkeypatch.setenv("SIE_DEVICE", "cpu")
     monkeypatch.setenv("OMP_PROC_BIND", "false")
     monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
-    assert Cluster(state_dir=tmp_path).worker_omp_env() == {"GOMP_SPINCOUNT": "300000", "OMP_PROC_BIND": "false"}
-    monkeypatch.setenv("SIE_DEVICE", "cuda")  # set explicitly, it is passed on even where it would not be chosen
+    assert Cluster(state_dir=tmp_path).worker_omp_env() == {
+        "GOMP_SPINCOUNT": "300000",
+        "OMP_PROC_BIND": "false",
+    }
+    monkeypatch.setenv(
+        "SIE_DEVICE", "cuda"
+    )  # set explicitly, it is passed on even where it would not be chosen
     assert Cluster(state_dir=tmp_path, workers=3).worker_omp_env()["OMP_PROC_BIND"] == "false"
 
 

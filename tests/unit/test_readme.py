@@ -11,7 +11,9 @@ def test_settings_table_is_current():
     text = README.read_text()
     start = text.index("<!-- settings:start -->") + len("<!-- settings:start -->")
     end = text.index("<!-- settings:end -->")
-    assert text[start:end].strip() == table().strip(), "run: python -m deploy.settings_doc and paste into README.md"
+    assert text[start:end].strip() == table().strip(), (
+        "run: python -m deploy.settings_doc and paste into README.md"
+    )
 
 
 def test_every_setting_says_what_it_does():
@@ -38,8 +40,13 @@ def test_make_up_passes_sie_args_as_the_readme_says():
     text = README.read_text()
     example = re.search(r'make up SIE_ARGS="([^"]+)"', text)
     assert example, "the README shows how to pass options through make"
-    out = subprocess.run(["make", "-n", "up", f"SIE_ARGS={example.group(1)}"], cwd=README.parent,
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["make", "-n", "up", f"SIE_ARGS={example.group(1)}"],
+        cwd=README.parent,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     assert f".venv/bin/sie up {example.group(1)}" in out.stdout.splitlines()
 
@@ -59,11 +66,14 @@ def test_integration_extras_are_installable_as_said():
     extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     named = set(re.findall(r"-e '\.\[([a-z-]+)\]'", README.read_text()))
     assert {"langchain", "llamaindex"} <= named and named <= set(extras)
-    for module, blocked, extra in [("langchain", "langchain_core", "langchain"),
-                                   ("llamaindex", "llama_index", "llamaindex")]:
+    for module, blocked, extra in [
+        ("langchain", "langchain_core", "langchain"),
+        ("llamaindex", "llama_index", "llamaindex"),
+    ]:
         code = f"import sys; sys.modules[{blocked!r}] = None\nimport sdk.integrations.{module}"
-        out = subprocess.run([sys.executable, "-c", code], cwd=README.parent, capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=README.parent, capture_output=True, text=True, timeout=60
+        )
         hint = out.stderr.strip().splitlines()[-1]
         requirement = extras[extra][0].split(">")[0]  # e.g. langchain-core
         assert f"pip install {requirement} " in hint and f"-e '.[{extra}]'" in hint, hint

@@ -18,16 +18,39 @@ def _state(tmp_path, names):
 
 
 def test_all_logs_come_in_start_order_with_replicas_after_their_first(tmp_path):
-    names = ["gateway-2", "sidecar-2", "worker-10", "worker", "nats", "gateway", "worker-2", "sidecar", "config",
-             "sie-up", "notes"]
+    names = [
+        "gateway-2",
+        "sidecar-2",
+        "worker-10",
+        "worker",
+        "nats",
+        "gateway",
+        "worker-2",
+        "sidecar",
+        "config",
+        "sie-up",
+        "notes",
+    ]
     state = _state(tmp_path, names)
     out = io.StringIO()
     assert logs(str(state), None, follow=False, out=out) == 0
     shown = [line.split("|")[0].strip() for line in out.getvalue().splitlines()]
     # sie up's own log and strangers are not processes of the cluster
-    assert shown == ["nats", "config", "worker", "worker-2", "worker-10", "sidecar", "sidecar-2", "gateway",
-                     "gateway-2"]
-    assert all(line.split("|")[1] == f" {line.split('|')[0].strip()} says hello" for line in out.getvalue().splitlines())
+    assert shown == [
+        "nats",
+        "config",
+        "worker",
+        "worker-2",
+        "worker-10",
+        "sidecar",
+        "sidecar-2",
+        "gateway",
+        "gateway-2",
+    ]
+    assert all(
+        line.split("|")[1] == f" {line.split('|')[0].strip()} says hello"
+        for line in out.getvalue().splitlines()
+    )
 
 
 def test_one_replica_by_name_and_unknown_names_refused(tmp_path, capsys):

@@ -126,14 +126,19 @@ def test_log_echo_prints_the_progress_lines_appended_after_it_starts(tmp_path):
     from deploy.launcher import PROGRESS_MARKS, LogEcho, log_message
 
     log = tmp_path / "worker.log"
-    log.write_text("2026-11-23 04:00:00,000 INFO worker.runtime: loading old-model (profile default, attempt 1)\n")
+    log.write_text(
+        "2026-11-23 04:00:00,000 INFO worker.runtime: loading old-model (profile default, attempt 1)\n"
+    )
     seen: list[str] = []
     echo = LogEcho(log, PROGRESS_MARKS, seen.append, interval_s=0.02)
     try:
         with log.open("a") as f:
             f.write("2026-11-23 04:00:01,000 INFO sie.worker.ipc: IPC server listening on /tmp/x.sock\n")
             f.write("2026-11-23 04:00:02,000 INFO worker.runtime: loading m… done in 4.0 s\n")
-            f.write(_json.dumps({"ts": 1, "level": "INFO", "msg": "downloading m: 10 MB of 90 MB, 5.0 MB/s"}) + "\n")
+            f.write(
+                _json.dumps({"ts": 1, "level": "INFO", "msg": "downloading m: 10 MB of 90 MB, 5.0 MB/s"})
+                + "\n"
+            )
             f.write("2026-11-23 04:00:03,000 INFO worker.runtime: loading half a li")  # no newline yet
         deadline = _time.monotonic() + 30
         while len(seen) < 2 and _time.monotonic() < deadline:

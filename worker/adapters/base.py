@@ -16,8 +16,21 @@ from protocol.model_config import ModelConfig
 
 # per-request option keys that change only postprocessing or routing, never the forward pass
 POSTPROCESS_OPTION_KEYS = frozenset(
-    {"profile", "output_dtype", "overflow_policy", "is_query", "instruction", "output_types", "lora", "lora_id",
-     "output_dim", "chunk_size", "chunk_overlap", "chunk_pooling", "chunking"}
+    {
+        "profile",
+        "output_dtype",
+        "overflow_policy",
+        "is_query",
+        "instruction",
+        "output_types",
+        "lora",
+        "lora_id",
+        "output_dim",
+        "chunk_size",
+        "chunk_overlap",
+        "chunk_pooling",
+        "chunking",
+    }
 )
 
 
@@ -60,7 +73,15 @@ class RequestContext:
         return json.dumps(relevant, sort_keys=True, separators=(",", ":"), default=str)
 
     def batch_key(self) -> tuple:
-        return (self.op, self.output_types, self.is_query, self.instruction, self.lora, self.options_json, self.labels)
+        return (
+            self.op,
+            self.output_types,
+            self.is_query,
+            self.instruction,
+            self.lora,
+            self.options_json,
+            self.labels,
+        )
 
 
 @dataclass

@@ -46,7 +46,14 @@ class BGEM3Adapter(HFTextAdapter):
         self.sparse = _linear(root / "sparse_linear.pt", dtype, self.spec.device)
         tok = self.tokenizer
         self.special = {
-            i for i in (tok.cls_token_id, tok.eos_token_id, tok.sep_token_id, tok.pad_token_id, tok.unk_token_id)
+            i
+            for i in (
+                tok.cls_token_id,
+                tok.eos_token_id,
+                tok.sep_token_id,
+                tok.pad_token_id,
+                tok.unk_token_id,
+            )
             if i is not None
         }
 
@@ -79,9 +86,14 @@ class BGEM3Adapter(HFTextAdapter):
                     if w > best.get(tok_id, 0.0):
                         best[tok_id] = w
                 order = sorted(best)
-                out["sparse"] = (np.array(order, dtype=np.int32), np.array([best[k] for k in order], dtype=np.float32))
+                out["sparse"] = (
+                    np.array(order, dtype=np.int32),
+                    np.array([best[k] for k in order], dtype=np.float32),
+                )
         if "multivector" in wanted:
-            vecs = torch.nn.functional.normalize(self.colbert(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
+            vecs = (
+                torch.nn.functional.normalize(self.colbert(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
+            )
             for i, (out, p) in enumerate(zip(outs, batch, strict=True)):
                 out["multivector"] = vecs[i, : p.cost - 1]
         return outs

@@ -26,7 +26,9 @@ class SequenceClassifierAdapter(HFTextAdapter):
         from transformers import AutoModelForSequenceClassification
 
         self.load_tokenizer()
-        self.model = AutoModelForSequenceClassification.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            self.spec.weights_dir, **self.model_kwargs()
+        )
         self.model.to(self.spec.device).eval()
         cfg = self.model.config
         self.labels = [str(cfg.id2label[i]) for i in range(cfg.num_labels)]
@@ -41,7 +43,9 @@ class SequenceClassifierAdapter(HFTextAdapter):
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         unknown = [x for x in ctx.labels if x not in self.labels]
         if unknown:
-            raise invalid_input(f"unknown labels {unknown}; this classifier knows {self.labels}", param="labels")
+            raise invalid_input(
+                f"unknown labels {unknown}; this classifier knows {self.labels}", param="labels"
+            )
         return self.tokenize(ctx, [item.get("text") or "" for item in inputs])
 
     @torch.inference_mode()
@@ -55,8 +59,11 @@ class SequenceClassifierAdapter(HFTextAdapter):
         top_k = opts.get("top_k")
         out = []
         for row in probs:
-            pairs = [(label, float(p)) for label, p in zip(self.labels, row, strict=True)
-                     if wanted is None or label in wanted]
+            pairs = [
+                (label, float(p))
+                for label, p in zip(self.labels, row, strict=True)
+                if wanted is None or label in wanted
+            ]
             pairs.sort(key=lambda lp: -lp[1])
             if isinstance(top_k, int) and top_k > 0:
                 pairs = pairs[:top_k]

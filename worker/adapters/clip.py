@@ -42,13 +42,16 @@ def image_bytes(item: dict[str, Any], index: int, limit: int) -> bytes:
         try:
             data = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
-            raise invalid_input(f"Item {index}: image data is not valid base64",
-                                param=f"items.{index}.images") from None
+            raise invalid_input(
+                f"Item {index}: image data is not valid base64", param=f"items.{index}.images"
+            ) from None
     if not isinstance(data, (bytes, bytearray)) or not data:
         raise invalid_input(f"Item {index}: image data must be bytes", param=f"items.{index}.images")
     if len(data) > limit:
-        raise invalid_input(f"Item {index}: image of {len(data)} bytes exceeds the limit of {limit}",
-                            param=f"items.{index}.images")
+        raise invalid_input(
+            f"Item {index}: image of {len(data)} bytes exceeds the limit of {limit}",
+            param=f"items.{index}.images",
+        )
     return bytes(data)
 
 
@@ -59,11 +62,15 @@ def decode_image(data: bytes, index: int, max_pixels: int) -> Any:
     try:
         img = Image.open(io.BytesIO(data))
         if img.width * img.height > max_pixels:  # from the header, before the pixels are decoded
-            raise invalid_input(f"Item {index}: image of {img.width}x{img.height} pixels exceeds the limit of "
-                                f"{max_pixels}", param=f"items.{index}.images")
+            raise invalid_input(
+                f"Item {index}: image of {img.width}x{img.height} pixels exceeds the limit of {max_pixels}",
+                param=f"items.{index}.images",
+            )
         return img.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise invalid_input(f"Item {index}: image cannot be decoded ({exc})", param=f"items.{index}.images") from None
+        raise invalid_input(
+            f"Item {index}: image cannot be decoded ({exc})", param=f"items.{index}.images"
+        ) from None
 
 
 def image_limits(loadtime: dict[str, Any]) -> tuple[int, int]:

@@ -80,17 +80,28 @@ class ColBERTAdapter(HFTextAdapter):
 
         self.query_marker = tok.convert_tokens_to_ids(marker("query_token_id", "query_prefix", "[unused0]"))
         self.doc_marker = tok.convert_tokens_to_ids(marker("doc_token_id", "document_prefix", "[unused1]"))
-        self.query_length = int(opts.get("query_maxlen") or meta.get("query_maxlen") or st.get("query_length") or 32)
-        self.doc_length = int(opts.get("doc_maxlen") or meta.get("doc_maxlen") or st.get("document_length")
-                              or self.max_length)
+        self.query_length = int(
+            opts.get("query_maxlen") or meta.get("query_maxlen") or st.get("query_length") or 32
+        )
+        self.doc_length = int(
+            opts.get("doc_maxlen") or meta.get("doc_maxlen") or st.get("document_length") or self.max_length
+        )
         self.doc_length = min(self.doc_length, self.max_length)
         self.query_length = min(self.query_length, self.max_length)
-        self.attend_to_expansion = bool(opts.get("attend_to_mask_tokens", meta.get(
-            "attend_to_mask_tokens", st.get("attend_to_expansion_tokens", False))))
+        self.attend_to_expansion = bool(
+            opts.get(
+                "attend_to_mask_tokens",
+                meta.get("attend_to_mask_tokens", st.get("attend_to_expansion_tokens", False)),
+            )
+        )
         self.query_expansion = bool(opts.get("query_expansion", st.get("do_query_expansion", True)))
         self.mask_id = tok.mask_token_id if tok.mask_token_id is not None else self.pad_id
         skip_punct = bool(opts.get("mask_punctuation", meta.get("mask_punctuation", True)))
-        words = st.get("skiplist_words") if isinstance(st.get("skiplist_words"), list) else list(string.punctuation)
+        words = (
+            st.get("skiplist_words")
+            if isinstance(st.get("skiplist_words"), list)
+            else list(string.punctuation)
+        )
         self.skiplist = frozenset(
             ids[0] for w in (words if skip_punct else []) if (ids := tok.encode(w, add_special_tokens=False))
         )
@@ -132,16 +143,22 @@ class ColBERTAdapter(HFTextAdapter):
             queries = self._units(qctx, self.texts_of(qctx, [q for q, _ in inputs]))
             docs = self._units(dctx, self.texts_of(dctx, [d for _, d in inputs]))
             return [
-                Prepared(cost=q.cost + d.cost, data=(q.data, d.data), input_tokens=q.input_tokens + d.input_tokens,
-                         full_tokens=(q.full_tokens or q.input_tokens) + (d.full_tokens or d.input_tokens)
-                         if q.truncated or d.truncated else 0)
+                Prepared(
+                    cost=q.cost + d.cost,
+                    data=(q.data, d.data),
+                    input_tokens=q.input_tokens + d.input_tokens,
+                    full_tokens=(q.full_tokens or q.input_tokens) + (d.full_tokens or d.input_tokens)
+                    if q.truncated or d.truncated
+                    else 0,
+                )
                 for q, d in zip(queries, docs, strict=True)
             ]
         return self._units(ctx, self.texts_of(ctx, inputs))
 
     # ---- forward ---------------------------------------------------------------------------
-    def _embed(self, seqs: list[tuple[list[int], int]], is_query: bool, normalize: bool,
-               lora: str | None = None) -> list[torch.Tensor]:
+    def _embed(
+        self, seqs: list[tuple[list[int], int]], is_query: bool, normalize: bool, lora: str | None = None
+    ) -> list[torch.Tensor]:
         """Token vectors (float32, on the model device) per sequence."""
         width = max(len(ids) for ids, _ in seqs)
         ids_np = np.full((len(seqs), width), self.pad_id, dtype=np.int64)
@@ -174,11 +191,11 @@ class ColBERTAdapter(HFTextAdapter):
             for p in batch:
                 queries.setdefault(tuple(p.data[0][0]), p.data[0])
             qkeys = list(queries)
-            qvecs = dict(zip(qkeys, self._embed(list(queries.values()), True, normalize, ctx.lora), strict=True))
+            qvecs = dict(
+                zip(qkeys, self._embed(list(queries.values()), True, normalize, ctx.lora), strict=True)
+            )
             dvecs = self._embed([p.data[1] for p in batch], False, normalize, ctx.lora)
-            return [
-                float(maxsim(qvecs[tuple(p.data[0][0])], d)) for p, d in zip(batch, dvecs, strict=True)
-            ]
+            return [float(maxsim(qvecs[tuple(p.data[0][0])], d)) for p, d in zip(batch, dvecs, strict=True)]
         vecs = self._embed([p.data for p in batch], ctx.is_query, normalize, ctx.lora)
         return [{"multivector": v.cpu().numpy()} for v in vecs]
 

@@ -69,8 +69,10 @@ class CrossEncoderAdapter(HFTextAdapter):
             for _, d in inputs
         ]
         encs = self.encode_checked(ctx, queries, docs, "longest_first")
-        return [Prepared(cost=len(e.ids), data=(e.ids, e.type_ids), input_tokens=len(e.ids), full_tokens=n)
-                for e, n in zip(encs, self.full_counts(encs, queries, docs), strict=True)]
+        return [
+            Prepared(cost=len(e.ids), data=(e.ids, e.type_ids), input_tokens=len(e.ids), full_tokens=n)
+            for e, n in zip(encs, self.full_counts(encs, queries, docs), strict=True)
+        ]
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[float]:

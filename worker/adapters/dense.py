@@ -83,7 +83,9 @@ def load_projection(root: Path, sub: str, device: str) -> Projection:
     try:
         state = read_state_dict(folder)
     except FileNotFoundError:
-        raise ValueError(f"projection {sub!r}: no model.safetensors or pytorch_model.bin in {folder}") from None
+        raise ValueError(
+            f"projection {sub!r}: no model.safetensors or pytorch_model.bin in {folder}"
+        ) from None
     weight = state.get("linear.weight")
     bias = state.get("linear.bias") if cfg.get("bias", True) else None
     shape = (int(cfg["out_features"]), int(cfg["in_features"]))

@@ -56,8 +56,14 @@ class GLiNERAdapter(Adapter):
                 raise InputTooLong(i, words, limit)
             n = min(words, limit)
             # the prompt carries two tokens per label ([ENT] + label words) ahead of the text
-            out.append(Prepared(cost=n + 2 * len(ctx.labels) + 2, data=text, input_tokens=n,
-                                full_tokens=words if words > n else 0))
+            out.append(
+                Prepared(
+                    cost=n + 2 * len(ctx.labels) + 2,
+                    data=text,
+                    input_tokens=n,
+                    full_tokens=words if words > n else 0,
+                )
+            )
         return out
 
     def _predict(self, ctx: RequestContext, texts: list[str]) -> list[list[dict[str, Any]]]:
@@ -75,8 +81,14 @@ class GLiNERAdapter(Adapter):
     def _entities(found: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "entities": [
-                {"text": e["text"], "label": e["label"], "score": float(e["score"]),
-                 "start": int(e["start"]), "end": int(e["end"]), "bbox": None}
+                {
+                    "text": e["text"],
+                    "label": e["label"],
+                    "score": float(e["score"]),
+                    "start": int(e["start"]),
+                    "end": int(e["end"]),
+                    "bbox": None,
+                }
                 for e in found
             ]
         }

@@ -64,7 +64,9 @@ class HFTextAdapter(Adapter):
         device = self.spec.device
         bare = getattr(auto_cls, "__name__", "") == "AutoModel"
         if bare and is_new_model(checkpoint_config(self.spec.weights_dir)):
-            self.model = load_new_model(str(self.spec.weights_dir), device, torch_dtype(self.spec.precision, device))
+            self.model = load_new_model(
+                str(self.spec.weights_dir), device, torch_dtype(self.spec.precision, device)
+            )
             return
         self.model = auto_cls.from_pretrained(self.spec.weights_dir, **self.model_kwargs())
         self.model.to(device).eval()
@@ -113,7 +115,11 @@ class HFTextAdapter(Adapter):
         return tok
 
     def encode(
-        self, texts: list[str], pairs: list[str] | None, limit: int, strategy: str = "longest_first",
+        self,
+        texts: list[str],
+        pairs: list[str] | None,
+        limit: int,
+        strategy: str = "longest_first",
         special: bool = True,
     ) -> tuple[list[Any], list[bool]]:
         """Encodings (ids, type ids) truncated to ``limit`` tokens, and which were truncated.
@@ -123,8 +129,9 @@ class HFTextAdapter(Adapter):
         """
         tok = self._thread_tokenizer()
         tok.enable_truncation(limit, strategy=strategy)
-        encs = tok.encode_batch(texts if pairs is None else list(zip(texts, pairs, strict=True)),
-                                add_special_tokens=special)
+        encs = tok.encode_batch(
+            texts if pairs is None else list(zip(texts, pairs, strict=True)), add_special_tokens=special
+        )
         return encs, [bool(e.overflowing) for e in encs]
 
     def full_length(self, text: str, pair: str | None = None, special: bool = True) -> int:
@@ -138,12 +145,21 @@ class HFTextAdapter(Adapter):
         tok = self._thread_tokenizer()
         tok.no_truncation()
         return [
-            {"tokens": list(e.tokens), "ids": list(e.ids), "offsets": [list(o) for o in e.offsets], "count": len(e.ids)}
+            {
+                "tokens": list(e.tokens),
+                "ids": list(e.ids),
+                "offsets": [list(o) for o in e.offsets],
+                "count": len(e.ids),
+            }
             for e in tok.encode_batch(texts, add_special_tokens=special)
         ]
 
     def encode_checked(
-        self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None, strategy: str = "longest_first"
+        self,
+        ctx: RequestContext,
+        texts: list[str],
+        pairs: list[str] | None = None,
+        strategy: str = "longest_first",
     ) -> list[Any]:
         """Encodings within the limit; over-long inputs truncated, or refused per overflow policy."""
         limit = self.limit(ctx)
@@ -158,13 +174,19 @@ class HFTextAdapter(Adapter):
         count from the overflow; a pair's overflow repeats one side, so a cut pair is re-counted."""
         if pairs is None:
             return [full_tokens(e) for e in encs]
-        return [self.full_length(t, p) if e.overflowing else 0 for e, t, p in zip(encs, texts, pairs, strict=True)]
+        return [
+            self.full_length(t, p) if e.overflowing else 0 for e, t, p in zip(encs, texts, pairs, strict=True)
+        ]
 
-    def tokenize(self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None) -> list[Prepared]:
+    def tokenize(
+        self, ctx: RequestContext, texts: list[str], pairs: list[str] | None = None
+    ) -> list[Prepared]:
         """Token ids per text (or text pair), truncated to the limit or refused per overflow policy."""
         encs = self.encode_checked(ctx, texts, pairs, "longest_first" if pairs is None else "only_second")
-        return [Prepared(cost=len(e.ids), data=e.ids, input_tokens=len(e.ids), full_tokens=n)
-                for e, n in zip(encs, self.full_counts(encs, texts, pairs), strict=True)]
+        return [
+            Prepared(cost=len(e.ids), data=e.ids, input_tokens=len(e.ids), full_tokens=n)
+            for e, n in zip(encs, self.full_counts(encs, texts, pairs), strict=True)
+        ]
 
     def texts_of(self, ctx: RequestContext, items: list[dict[str, Any]]) -> list[str]:
         return [apply_template(item.get("text") or "", ctx) for item in items]
@@ -181,7 +203,10 @@ class HFTextAdapter(Adapter):
             types[row, : len(typ)] = typ
             mask[row, : len(seq)] = 1
         device = self.spec.device
-        out = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
+        out = {
+            "input_ids": torch.from_numpy(ids).to(device),
+            "attention_mask": torch.from_numpy(mask).to(device),
+        }
         if "token_type_ids" in getattr(self.tokenizer, "model_input_names", []):
             out["token_type_ids"] = torch.from_numpy(types).to(device)
         return out
@@ -206,7 +231,9 @@ class HFTextAdapter(Adapter):
                 self.model, path, adapter_name=name, is_trainable=False, torch_device=self.spec.device
             )
         else:
-            self.peft_model.load_adapter(path, adapter_name=name, is_trainable=False, torch_device=self.spec.device)
+            self.peft_model.load_adapter(
+                path, adapter_name=name, is_trainable=False, torch_device=self.spec.device
+            )
         self.peft_model.eval()
 
     def unload_lora(self, name: str) -> None:

@@ -50,24 +50,36 @@ class LLMRerankerAdapter(HFTextAdapter):
     def _single_token(self, text: str) -> int:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) != 1:
-            raise SIEError(ErrorCode.MODEL_LOAD_FAILED, f"answer token {text!r} is {len(ids)} tokens, not one",
-                           status=502)
+            raise SIEError(
+                ErrorCode.MODEL_LOAD_FAILED,
+                f"answer token {text!r} is {len(ids)} tokens, not one",
+                status=502,
+            )
         return int(ids[0])
 
     def _body(self, ctx: RequestContext, query: str, document: str) -> str:
         instruction = ctx.instruction or self.default_instruction
-        return (self.body_template.replace("{instruction}", instruction).replace("{query}", query)
-                .replace("{document}", document))
+        return (
+            self.body_template.replace("{instruction}", instruction)
+            .replace("{query}", query)
+            .replace("{document}", document)
+        )
 
     def document_room(self, ctx: RequestContext, query: str) -> int | None:
-        around = len(self.prefix_ids) + len(self.suffix_ids) + self.full_length(self._body(ctx, query, ""), special=False)
+        around = (
+            len(self.prefix_ids)
+            + len(self.suffix_ids)
+            + self.full_length(self._body(ctx, query, ""), special=False)
+        )
         return self.limit(ctx) - around - 2  # two spare: BPE may merge across the document's edges
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         fixed = len(self.prefix_ids) + len(self.suffix_ids)
         room = self.limit(ctx) - fixed
         if room < 8:
-            raise SIEError(ErrorCode.INVALID_INPUT, f"the prompt of this model needs more than {self.limit(ctx)} tokens")
+            raise SIEError(
+                ErrorCode.INVALID_INPUT, f"the prompt of this model needs more than {self.limit(ctx)} tokens"
+            )
         bodies = [self._body(ctx, q.get("text") or "", d.get("text") or "") for q, d in inputs]
         encs, truncated = self.encode(bodies, None, room, special=False)
         if not ctx.truncate and any(truncated):
@@ -77,7 +89,11 @@ class LLMRerankerAdapter(HFTextAdapter):
         for e in encs:
             ids = [*self.prefix_ids, *e.ids, *self.suffix_ids]
             cut = full_tokens(e)  # the body's tokens before truncation (0: nothing cut)
-            units.append(Prepared(cost=len(ids), data=ids, input_tokens=len(ids), full_tokens=fixed + cut if cut else 0))
+            units.append(
+                Prepared(
+                    cost=len(ids), data=ids, input_tokens=len(ids), full_tokens=fixed + cut if cut else 0
+                )
+            )
         return units
 
     @torch.inference_mode()

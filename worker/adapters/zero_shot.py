@@ -66,8 +66,14 @@ class ZeroShotAdapter(HFTextAdapter):
             full = self.full_counts(encs, [text] * len(labels), hypotheses)
             pairs = [(list(e.ids), list(e.type_ids)) for e in encs]
             cost = sum(len(ids) for ids, _ in pairs)
-            out.append(Prepared(cost=cost, data=(labels, pairs), input_tokens=cost,
-                                full_tokens=sum(full) if any(full) else 0))
+            out.append(
+                Prepared(
+                    cost=cost,
+                    data=(labels, pairs),
+                    input_tokens=cost,
+                    full_tokens=sum(full) if any(full) else 0,
+                )
+            )
         return out
 
     @torch.inference_mode()

@@ -62,9 +62,18 @@ METRICS = web.AppKey("metrics", ServeMetrics)
 REQUEST_ID = web.RequestKey("request_id", str)
 STATUS_SOCKETS = web.AppKey("status_sockets", set)
 RESULT_CACHE: web.AppKey[ResultLRU | None] = web.AppKey("result_cache")
-INDEX_ROUTES = ["/v1/encode/{model}", "/v1/score/{model}", "/v1/extract/{model}", "/v1/tokenize/{model}",
-                "/v1/embeddings", "/v1/models",
-                "/health", "/ws/status", "/metrics", "/readyz"]
+INDEX_ROUTES = [
+    "/v1/encode/{model}",
+    "/v1/score/{model}",
+    "/v1/extract/{model}",
+    "/v1/tokenize/{model}",
+    "/v1/embeddings",
+    "/v1/models",
+    "/health",
+    "/ws/status",
+    "/metrics",
+    "/readyz",
+]
 
 
 def _timing_headers(result: Result) -> dict[str, str]:
@@ -104,14 +113,18 @@ def _check_machine_profile(request: web.Request, settings: WorkerSettings) -> No
 
 async def _decoded(request: web.Request) -> Any:
     settings = request.app[SETTINGS]
-    body = await read_body(request, settings.max_request_body_bytes, timeout_s=settings.request_body_timeout_s)
+    body = await read_body(
+        request, settings.max_request_body_bytes, timeout_s=settings.request_body_timeout_s
+    )
     return decode_body(body, request.headers.get("Content-Type"))
 
 
 def _priority(request: web.Request) -> str:
     """The request's priority class: ``X-SIE-Priority``, else ``SIE_SERVE_DEFAULT_PRIORITY`` (serve
     has no tokens, so no token default); a bad header value is a 400 INVALID_INPUT, as on the gateway."""
-    return request_priority(request.headers.get(PRIORITY_HEADER), None, request.app[SETTINGS].serve_default_priority)
+    return request_priority(
+        request.headers.get(PRIORITY_HEADER), None, request.app[SETTINGS].serve_default_priority
+    )
 
 
 def _check_count(items: list, settings: WorkerSettings) -> None:
@@ -135,14 +148,14 @@ async def encode(request: web.Request) -> web.Response:
     cache = request.app[RESULT_CACHE]
     hits = 0
     if cache is not None and _cache_wanted(request):
-        result, hits = await encode_cached(request.app[RUNTIME], cache, model, data["items"], params,
-                                           priority=priority)
+        result, hits = await encode_cached(
+            request.app[RUNTIME], cache, model, data["items"], params, priority=priority
+        )
         request.app[METRICS].cache_lookups.labels("hit").inc(hits)
         request.app[METRICS].cache_lookups.labels("miss").inc(len(data["items"]) - hits)
     else:
         result = await request.app[RUNTIME].encode(model, data["items"], params, priority=priority)
-    body = {"model": model, "items": result.items, "timing": _timing_body(result),
-            "usage": _usage(result)}
+    body = {"model": model, "items": result.items, "timing": _timing_body(result), "usage": _usage(result)}
     headers = {**base_headers(request[REQUEST_ID]), **_timing_headers(result), "X-SIE-Cache-Hits": str(hits)}
     return respond(request, body, headers)
 
@@ -161,11 +174,20 @@ async def score(request: web.Request) -> web.Response:
     data = await _decoded(request)
     parse_request(ScoreRequest, data)
     result = await request.app[RUNTIME].score(
-        model, data["query"], data["items"], data.get("instruction"), data.get("options"),
+        model,
+        data["query"],
+        data["items"],
+        data.get("instruction"),
+        data.get("options"),
         priority=_priority(request),
     )
-    body = {"model": model, "query_id": result.query_id, "scores": result.items,
-            "timing": _timing_body(result), "usage": _usage(result)}
+    body = {
+        "model": model,
+        "query_id": result.query_id,
+        "scores": result.items,
+        "timing": _timing_body(result),
+        "usage": _usage(result),
+    }
     return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
 
 
@@ -176,10 +198,10 @@ async def extract(request: web.Request) -> web.Response:
     data = await _decoded(request)
     parse_request(ExtractRequest, data)
     _check_count(data["items"], settings)
-    result = await request.app[RUNTIME].extract(model, data["items"], data.get("params") or {},
-                                                priority=_priority(request))
-    body = {"model": model, "items": result.items, "timing": _timing_body(result),
-            "usage": _usage(result)}
+    result = await request.app[RUNTIME].extract(
+        model, data["items"], data.get("params") or {}, priority=_priority(request)
+    )
+    body = {"model": model, "items": result.items, "timing": _timing_body(result), "usage": _usage(result)}
     return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
 
 
@@ -193,8 +215,12 @@ async def tokenize(request: web.Request) -> web.Response:
     _priority(request)  # checked as on the gateway; tokenizing runs no forward pass, so nothing waits
     options = (data.get("params") or {}).get("options")
     result = await request.app[RUNTIME].tokenize(model, data["items"], options)
-    body = {"model": model, "items": result.items, "timing": _timing_body(result),
-            "usage": {"input_tokens": result.input_tokens}}
+    body = {
+        "model": model,
+        "items": result.items,
+        "timing": _timing_body(result),
+        "usage": {"input_tokens": result.input_tokens},
+    }
     return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
 
 
@@ -202,8 +228,11 @@ def _entries(runtime: Runtime) -> list[dict[str, Any]]:
     out = []
     for config, profile in runtime.catalog.routable_names():
         state, err = runtime.model_state(config.sie_id, profile)
-        out.append(runtime.catalog.model_entry(config, profile, loaded=state == "loaded", state=state,
-                                               last_error=err))
+        out.append(
+            runtime.catalog.model_entry(
+                config, profile, loaded=state == "loaded", state=state, last_error=err
+            )
+        )
     return out
 
 
@@ -216,26 +245,30 @@ async def get_model(request: web.Request) -> web.Response:
     spec = request.match_info["model"]
     config, profile = runtime.catalog.split_spec(spec)
     state, err = runtime.model_state(config.sie_id, profile or "default")
-    entry = runtime.catalog.model_entry(config, profile, loaded=state == "loaded", state=state, last_error=err)
+    entry = runtime.catalog.model_entry(
+        config, profile, loaded=state == "loaded", state=state, last_error=err
+    )
     return json_response(entry, headers=base_headers())
 
 
 async def health(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     settings = request.app[SETTINGS]
-    return json_response({
-        "type": "worker",
-        "status": "healthy" if runtime.ready else "starting",
-        "version": SERVER_VERSION,
-        "machine_profile": settings.machine_profile or None,
-        "bundle": settings.bundle,
-        "device": runtime.device,
-        "loaded_models": runtime.loaded_models(),
-        "loading_models": runtime.loading_models(),
-        "queue_depth": runtime.queue_depth(),
-        "uptime_seconds": round(time.time() - runtime.started_at, 1),
-        "pid": os.getpid(),
-    })
+    return json_response(
+        {
+            "type": "worker",
+            "status": "healthy" if runtime.ready else "starting",
+            "version": SERVER_VERSION,
+            "machine_profile": settings.machine_profile or None,
+            "bundle": settings.bundle,
+            "device": runtime.device,
+            "loaded_models": runtime.loaded_models(),
+            "loading_models": runtime.loading_models(),
+            "queue_depth": runtime.queue_depth(),
+            "uptime_seconds": round(time.time() - runtime.started_at, 1),
+            "pid": os.getpid(),
+        }
+    )
 
 
 def status_frame(runtime: Runtime, settings: WorkerSettings) -> dict[str, Any]:
@@ -263,14 +296,18 @@ def status_frame(runtime: Runtime, settings: WorkerSettings) -> dict[str, Any]:
             "working_dir": os.getcwd(),
             "pid": os.getpid(),
         },
-        "gpus": [{"device": runtime.device, "memory_used_bytes": used, "memory_total_bytes": total}] if on_cuda else [],
+        "gpus": [{"device": runtime.device, "memory_used_bytes": used, "memory_total_bytes": total}]
+        if on_cuda
+        else [],
         "models": [{"name": name, "state": "loaded"} for name in loaded],
     }
 
 
 async def ws_status(request: web.Request) -> web.WebSocketResponse:
     runtime, settings = request.app[RUNTIME], request.app[SETTINGS]
-    return await stream_status(request, lambda: status_frame(runtime, settings), 0.2, request.app[STATUS_SOCKETS])
+    return await stream_status(
+        request, lambda: status_frame(runtime, settings), 0.2, request.app[STATUS_SOCKETS]
+    )
 
 
 async def index(request: web.Request) -> web.Response:
@@ -301,12 +338,17 @@ async def openai_embeddings(request: web.Request) -> web.Response:
         )
         resolved = resolve_model(runtime.catalog.resolve, req.model)
         options = dimension_options(req.dimensions, dense_dimension(resolved, req.model))
-        result = await runtime.encode(req.model, [{"text": t} for t in req.inputs],
-                                      {"output_types": ["dense"], "output_dtype": "float32", "options": options},
-                                      priority=_priority(request))
+        result = await runtime.encode(
+            req.model,
+            [{"text": t} for t in req.inputs],
+            {"output_types": ["dense"], "output_dtype": "float32", "options": options},
+            priority=_priority(request),
+        )
     except SIEError as exc:
         return openai_error_response(exc)
-    rows = [embedding_row(item["dense"]["values"], i, req.encoding_format) for i, item in enumerate(result.items)]
+    rows = [
+        embedding_row(item["dense"]["values"], i, req.encoding_format) for i, item in enumerate(result.items)
+    ]
     body = embeddings_response(req.model, rows, req.inputs, int(result.input_tokens))
     return json_response(body, headers=base_headers(request[REQUEST_ID]))
 
@@ -318,9 +360,18 @@ async def error_middleware(request: web.Request, handler):
     metrics_ = request.app[METRICS]
     started = time.monotonic()
     try:
-        with bind(request_id=request[REQUEST_ID], trace_id=tracing.trace_id_of(request.headers.get("traceparent"))), \
-                tracing.span("serve.request", parent=request.headers.get("traceparent"),
-                             parent_state=request.headers.get("tracestate"), attributes={"endpoint": endpoint}):
+        with (
+            bind(
+                request_id=request[REQUEST_ID],
+                trace_id=tracing.trace_id_of(request.headers.get("traceparent")),
+            ),
+            tracing.span(
+                "serve.request",
+                parent=request.headers.get("traceparent"),
+                parent_state=request.headers.get("tracestate"),
+                attributes={"endpoint": endpoint},
+            ),
+        ):
             response = await handler(request)
     except SIEError as exc:
         response = error_response(exc, request[REQUEST_ID])

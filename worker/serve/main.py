@@ -54,8 +54,11 @@ def _die_with_parent() -> None:
 
 def start_siblings(settings: WorkerSettings) -> list[subprocess.Popen]:
     return [
-        subprocess.Popen([sys.executable, "-m", "worker.serve.main"], env=sibling_env(settings, i),
-                         preexec_fn=_die_with_parent)
+        subprocess.Popen(
+            [sys.executable, "-m", "worker.serve.main"],
+            env=sibling_env(settings, i),
+            preexec_fn=_die_with_parent,
+        )
         for i in range(1, settings.serve_processes)
     ]
 
@@ -95,9 +98,15 @@ def main(settings: WorkerSettings | None = None) -> None:
     try:
         runtime = build_runtime(settings)
         app = create_app(runtime, settings)
-        web.run_app(app, host=settings.host, port=settings.port, access_log=None, reuse_port=shared,
-                    loop=eventloop.new_event_loop(),
-                    print=_say_listening(settings) if settings.serve_process_index == 0 else None)
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            access_log=None,
+            reuse_port=shared,
+            loop=eventloop.new_event_loop(),
+            print=_say_listening(settings) if settings.serve_process_index == 0 else None,
+        )
     finally:
         stop_siblings(siblings)
         tracing.shutdown()

@@ -48,8 +48,15 @@ class ResultLRU:
             self._entries.popitem(last=False)
 
 
-async def encode_cached(runtime: Runtime, cache: ResultLRU, model: str, items: list[Any],
-                        params: dict[str, Any], *, priority: str = INTERACTIVE) -> tuple[Result, int]:
+async def encode_cached(
+    runtime: Runtime,
+    cache: ResultLRU,
+    model: str,
+    items: list[Any],
+    params: dict[str, Any],
+    *,
+    priority: str = INTERACTIVE,
+) -> tuple[Result, int]:
     """``runtime.encode`` of the items the cache does not hold; ``(result in request order, hits)``.
     Usage counts the tokens encoded now (hits cost none)."""
     t0 = time.monotonic()

@@ -17,9 +17,21 @@ pytestmark = pytest.mark.slow
 
 def test_the_gpu_benchmark_runs_through_on_the_cpu():
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.benchmarks.gpu", "--smoke", "--only", "MiniLM 32", "--no-inprocess",
-         "--cluster-env", "|SIE_BATCHER_MAX_BATCH_WAIT_MS=5"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "tests.benchmarks.gpu",
+            "--smoke",
+            "--only",
+            "MiniLM 32",
+            "--no-inprocess",
+            "--cluster-env",
+            "|SIE_BATCHER_MAX_BATCH_WAIT_MS=5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]

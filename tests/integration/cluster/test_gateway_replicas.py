@@ -15,8 +15,14 @@ from tests.support.nats_server import free_port
 def test_every_gateway_replica_is_ready_when_the_cluster_says_it_is_up(tmp_path, monkeypatch):
     monkeypatch.setenv("SIE_HEALTH_PUBLISH_INTERVAL_MS", "1000")
     monkeypatch.setenv("SIE_TORCH_THREADS", "1")
-    cluster = Cluster(state_dir=tmp_path / "state", gateway_port=free_port(), config_port=free_port(),
-                      nats_port=free_port(), preload="sie-fake", gateways=2)
+    cluster = Cluster(
+        state_dir=tmp_path / "state",
+        gateway_port=free_port(),
+        config_port=free_port(),
+        nats_port=free_port(),
+        preload="sie-fake",
+        gateways=2,
+    )
     try:
         cluster.start(say=lambda line: None)
         pids = {proc.pid for name, proc in cluster.procs if name.startswith("gateway")}

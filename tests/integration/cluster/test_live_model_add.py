@@ -89,9 +89,7 @@ class LiveCluster(Cluster):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = Path(tmp_path_factory.mktemp("live-add"))
-    c = LiveCluster(
-        state_dir=state, gateway_port=free_port(), config_port=free_port(), nats_port=free_port()
-    )
+    c = LiveCluster(state_dir=state, gateway_port=free_port(), config_port=free_port(), nats_port=free_port())
     try:
         with running(c):
             yield c
@@ -127,7 +125,9 @@ def encode_until_ok(url: str, model: str, deadline: float) -> tuple[httpx.Respon
             if last.status_code == 200:
                 return last, time.monotonic()
         time.sleep(0.25)
-    raise AssertionError(f"{model} not served in time: {last.status_code if last else None} {last.text if last else ''}")
+    raise AssertionError(
+        f"{model} not served in time: {last.status_code if last else None} {last.text if last else ''}"
+    )
 
 
 def epoch(c: Cluster) -> int:
@@ -275,7 +275,9 @@ def rollout(c: Cluster, model: str) -> httpx.Response:
 
 def test_rollout_status_load_errors_replace_and_delete(cluster):
     gw, cfg = cluster.gateway_url, cluster.config_url
-    r = httpx.post(cfg + "/v1/configs/models", content=LIFE_YAML.format(dim=8, mbt=4096), headers=admin(), timeout=30)
+    r = httpx.post(
+        cfg + "/v1/configs/models", content=LIFE_YAML.format(dim=8, mbt=4096), headers=admin(), timeout=30
+    )
     assert r.status_code == 201, r.text
     resp, _ = encode_until_ok(gw, LIFE, time.monotonic() + 35)
     assert dense(resp).shape == (8,)
@@ -321,7 +323,10 @@ def test_rollout_status_load_errors_replace_and_delete(cluster):
     # profiles, so max_batch_tokens changes it) and the model answers with the new config
     before = status["bundles"][0]["expected_bundle_config_hash"]
     r = httpx.put(
-        cfg + f"/v1/configs/models/{LIFE}", content=LIFE_YAML.format(dim=16, mbt=2048), headers=admin(), timeout=30
+        cfg + f"/v1/configs/models/{LIFE}",
+        content=LIFE_YAML.format(dim=16, mbt=2048),
+        headers=admin(),
+        timeout=30,
     )
     assert r.status_code == 200 and r.json()["replaced"] is True, r.text
 
@@ -382,7 +387,9 @@ def test_sie_models_list_show_delete_cli(cluster, tmp_path):
     assert "acme/fake-to-delete" not in sie("list").stdout
 
     def not_found():
-        r = httpx.post(cluster.gateway_url + "/v1/encode/acme/fake-to-delete", json={"items": [{"text": TEXT}]})
+        r = httpx.post(
+            cluster.gateway_url + "/v1/encode/acme/fake-to-delete", json={"items": [{"text": TEXT}]}
+        )
         return r if r.status_code == 404 else None
 
     poll(not_found, "the gateway answering 404 after sie models delete")

@@ -33,8 +33,10 @@ JSON = {"Accept": "application/json"}
 def models_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("long-inputs")
     paths = {}
-    for name, build in (("cross_encoder", lambda d: ck.build_cross_encoder(d, steps=2)),
-                        ("classifier", ck.build_classifier)):
+    for name, build in (
+        ("cross_encoder", lambda d: ck.build_cross_encoder(d, steps=2)),
+        ("classifier", ck.build_classifier),
+    ):
         (root / name).mkdir()
         paths[name] = build(root / name)
     models = ck.write_models_dir(root / "models", paths)
@@ -46,8 +48,13 @@ def models_dir(tmp_path_factory) -> Path:
 def url(request, models_dir, tmp_path_factory):
     """The URL of one front door serving MiniLM, the reranker and the classifier."""
     if request.param == "serve":
-        srv = ServeProcess(env={"SIE_MODELS_DIR": str(models_dir), "SIE_PRELOAD_MODELS": PRELOAD,
-                                "SIE_MAX_CHUNKS_PER_ITEM": "8"})
+        srv = ServeProcess(
+            env={
+                "SIE_MODELS_DIR": str(models_dir),
+                "SIE_PRELOAD_MODELS": PRELOAD,
+                "SIE_MAX_CHUNKS_PER_ITEM": "8",
+            }
+        )
         srv.start(timeout=240)
         try:
             yield srv.url
@@ -55,11 +62,23 @@ def url(request, models_dir, tmp_path_factory):
             srv.stop()
         return
     state = Path(tmp_path_factory.mktemp("cluster"))
-    c = Cluster(state_dir=state, gateway_port=free_port(), config_port=free_port(), nats_port=free_port(),
-                models_dir=str(models_dir), preload=PRELOAD)
+    c = Cluster(
+        state_dir=state,
+        gateway_port=free_port(),
+        config_port=free_port(),
+        nats_port=free_port(),
+        models_dir=str(models_dir),
+        preload=PRELOAD,
+    )
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SIE_")}
-    os.environ.update({"SIE_STREAM_STORAGE": "memory", "SIE_TORCH_THREADS": "1", "SIE_HF_OFFLINE": "1",
-                       "SIE_MAX_CHUNKS_PER_ITEM": "8"})
+    os.environ.update(
+        {
+            "SIE_STREAM_STORAGE": "memory",
+            "SIE_TORCH_THREADS": "1",
+            "SIE_HF_OFFLINE": "1",
+            "SIE_MAX_CHUNKS_PER_ITEM": "8",
+        }
+    )
     try:
         c.start(say=lambda *_: None)
         wait_for_worker(c.gateway_url)
@@ -92,8 +111,9 @@ LONG = "word " * 300  # 300 word tokens + [CLS]/[SEP]
 
 # ---- truncation reported per item, and totalled -----------------------------------------------
 def test_encode_reports_truncation_per_item_and_in_usage(url):
-    body = _post(url, f"/v1/encode/{MINILM}",
-                 {"items": [{"text": "short"}, {"text": LONG}, {"text": LONG + "more"}]}).json()
+    body = _post(
+        url, f"/v1/encode/{MINILM}", {"items": [{"text": "short"}, {"text": LONG}, {"text": LONG + "more"}]}
+    ).json()
     short, cut, cut2 = body["items"]
     assert "truncated" not in short
     assert cut["truncated"] is True and cut["input_tokens"] == 302 and cut["used_tokens"] == 256
@@ -105,11 +125,15 @@ def test_encode_reports_truncation_per_item_and_in_usage(url):
 
 
 def test_score_reports_truncation_per_entry_and_in_usage(url):
-    body = _post(url, f"/v1/score/{RERANKER}", {
-        "query": {"text": "what is a fox"},
-        "items": [{"id": "s", "text": "a fox"}, {"id": "l", "text": LONG}],
-        "options": {"max_seq_length": 32},
-    }).json()
+    body = _post(
+        url,
+        f"/v1/score/{RERANKER}",
+        {
+            "query": {"text": "what is a fox"},
+            "items": [{"id": "s", "text": "a fox"}, {"id": "l", "text": LONG}],
+            "options": {"max_seq_length": 32},
+        },
+    ).json()
     by_id = {e["item_id"]: e for e in body["scores"]}
     assert "truncated" not in by_id["s"]
     # [CLS] what is a fox [SEP] word×300 [SEP]: 4 + 300 + 3 tokens, cut to 32
@@ -128,7 +152,9 @@ def test_extract_reports_truncation_per_item_and_in_usage(url):
 
 def test_our_sdk_passes_truncation_on(url):
     with SIEClient(url, timeout_s=120) as client:
-        scored = client.score(RERANKER, {"text": "q"}, [{"id": "l", "text": LONG}], options={"max_seq_length": 16})
+        scored = client.score(
+            RERANKER, {"text": "q"}, [{"id": "l", "text": LONG}], options={"max_seq_length": 16}
+        )
         (entry,) = scored["scores"]
         assert entry["truncated"] is True and entry["used_tokens"] == 16
         assert scored["usage"]["truncated_items"] == 1
@@ -137,7 +163,9 @@ def test_our_sdk_passes_truncation_on(url):
         assert cut["request"]["usage"]["truncated_items"] == 1
         encoded = client.encode(MINILM, [{"text": LONG}, {"text": LONG}, {"text": "short"}])
         assert encoded[2]["request"]["usage"]["dropped_tokens"] == 2 * (302 - 256)
-        assert "truncated_items" not in (client.encode(MINILM, {"text": "x"}).get("request") or {}).get("usage", {})
+        assert "truncated_items" not in (client.encode(MINILM, {"text": "x"}).get("request") or {}).get(
+            "usage", {}
+        )
 
 
 async def test_tokenize_through_our_async_sdk(url):
@@ -151,15 +179,20 @@ async def test_tokenize_through_our_async_sdk(url):
 def test_public_sdk_gets_truncation_totals_through_options(url):
     if sdk_unavailable():
         pytest.skip(sdk_unavailable())
-    out = run_sdk(f"""
+    out = run_sdk(
+        f"""
         from sie_sdk import SIEClient
         c = SIEClient(URL)
         r = c.score("{RERANKER}", {{"text": "q"}}, [{{"id": "l", "text": "word " * 300}}, {{"text": "x"}}],
                     options={{"max_seq_length": 16}})
         print(json.dumps({{"n": len(r["scores"]), "usage": r["usage"]}}))
-    """, url)
+    """,
+        url,
+    )
     assert out["n"] == 2
-    assert out["usage"]["truncated_items"] == 1 and out["usage"]["dropped_tokens"] == 304 - 16  # [CLS] q [SEP] word×300 [SEP]
+    assert (
+        out["usage"]["truncated_items"] == 1 and out["usage"]["dropped_tokens"] == 304 - 16
+    )  # [CLS] q [SEP] word×300 [SEP]
 
 
 # ---- the tokenize route --------------------------------------------------------------------------
@@ -180,8 +213,11 @@ def test_tokenize_gives_the_models_own_tokens_ids_and_offsets(url):
     for tok_text, (start, end) in zip(first["tokens"][1:-1], first["offsets"][1:-1], strict=True):
         assert text[start:end].lower() == tok_text.removeprefix("##")
     assert long["count"] == 302  # the route never truncates: clients plan their own chunks
-    plain = _post(url, f"/v1/tokenize/{MINILM}",
-                  {"items": [{"text": text}], "params": {"options": {"add_special_tokens": False}}}).json()
+    plain = _post(
+        url,
+        f"/v1/tokenize/{MINILM}",
+        {"items": [{"text": text}], "params": {"options": {"add_special_tokens": False}}},
+    ).json()
     assert plain["items"][0]["ids"] == expected["input_ids"][1:-1]
     assert body["usage"]["input_tokens"] == first["count"] + 302
 
@@ -190,16 +226,25 @@ def test_tokenize_through_our_sdk(url):
     with SIEClient(url, timeout_s=120) as client:
         one = client.tokenize(MINILM, {"text": "hello world"})
         assert one["tokens"] == ["[CLS]", "hello", "world", "[SEP]"] and one["offsets"][1] == (0, 5)
-        many = client.tokenize(MINILM, [{"text": "a"}, {"text": "b c"}], options={"add_special_tokens": False})
+        many = client.tokenize(
+            MINILM, [{"text": "a"}, {"text": "b c"}], options={"add_special_tokens": False}
+        )
         assert [m["count"] for m in many] == [1, 2]
 
 
-@pytest.mark.parametrize(("body", "status", "code"), [
-    ({"items": []}, 400, "INVALID_INPUT"),
-    ({"items": [{"text": 5}]}, 400, "INVALID_INPUT"),
-    ({"items": [{"text": "x"}], "params": {"options": {"add_special_tokens": "yes"}}}, 400, "INVALID_INPUT"),
-    ({"nothing": 1}, 400, "INVALID_INPUT"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"items": []}, 400, "INVALID_INPUT"),
+        ({"items": [{"text": 5}]}, 400, "INVALID_INPUT"),
+        (
+            {"items": [{"text": "x"}], "params": {"options": {"add_special_tokens": "yes"}}},
+            400,
+            "INVALID_INPUT",
+        ),
+        ({"nothing": 1}, 400, "INVALID_INPUT"),
+    ],
+)
 def test_tokenize_refuses_bad_input_with_a_4xx(url, body, status, code):
     r = _post(url, f"/v1/tokenize/{MINILM}", body)
     assert r.status_code == status, r.text
@@ -209,8 +254,12 @@ def test_tokenize_refuses_bad_input_with_a_4xx(url, body, status, code):
 def test_tokenize_limits_item_count_and_body_size(url):
     r = _post(url, f"/v1/tokenize/{MINILM}", {"items": [{"text": "x"}] * 5000})
     assert r.status_code == 400 and "items" in r.text.lower()
-    big = httpx.post(f"{url}/v1/tokenize/{MINILM}", content=b"{" + b" " * (40 * 1024 * 1024) + b"}",
-                     headers={**JSON, "Content-Type": "application/json"}, timeout=120)
+    big = httpx.post(
+        f"{url}/v1/tokenize/{MINILM}",
+        content=b"{" + b" " * (40 * 1024 * 1024) + b"}",
+        headers={**JSON, "Content-Type": "application/json"},
+        timeout=120,
+    )
     assert big.status_code == 413
     assert _post(url, "/v1/tokenize/no/such-model", {"items": [{"text": "x"}]}).status_code == 404
 
@@ -256,8 +305,11 @@ def test_chunk_vectors_equal_encoding_each_chunk_alone_and_offsets_map_back(url)
     for a, b in zip(chunks, chunks[1:], strict=False):
         assert a["start"] < b["start"] < a["end"] <= b["end"]  # windows overlap and advance
     texts = [DOC[c["start"] : c["end"]] for c in chunks]
-    counts = _post(url, f"/v1/tokenize/{MINILM}", {"items": [{"text": t} for t in texts],
-                                                     "params": {"options": {"add_special_tokens": False}}}).json()
+    counts = _post(
+        url,
+        f"/v1/tokenize/{MINILM}",
+        {"items": [{"text": t} for t in texts], "params": {"options": {"add_special_tokens": False}}},
+    ).json()
     assert all(item["count"] <= 64 for item in counts["items"])
     alone = _encode(url, texts)["items"]
     for c, a in zip(chunks, alone, strict=True):
@@ -311,53 +363,99 @@ def test_score_chunk_returns_the_best_window_and_its_span(url):
     from worker.chunking import windows, word_starts
 
     query = "how do quantum computers factor numbers"
-    doc = " ".join(s for s in SENTENCES if "quantum" not in s) * 3 + " " + SENTENCES[2] + " " + SENTENCES[0] * 3
+    doc = (
+        " ".join(s for s in SENTENCES if "quantum" not in s) * 3 + " " + SENTENCES[2] + " " + SENTENCES[0] * 3
+    )
     opts = {"overflow_policy": "chunk", "chunk_size": 32, "chunk_overlap": 4}
-    r = _post(url, f"/v1/score/{RERANKER}", {"query": {"text": query},
-                                               "items": [{"id": "d", "text": doc}, {"id": "s", "text": "fine"}],
-                                               "options": opts})
+    r = _post(
+        url,
+        f"/v1/score/{RERANKER}",
+        {
+            "query": {"text": query},
+            "items": [{"id": "d", "text": doc}, {"id": "s", "text": "fine"}],
+            "options": opts,
+        },
+    )
     assert r.status_code == 200, r.text
     entry = {e["item_id"]: e for e in r.json()["scores"]}["d"]
-    toks = _post(url, f"/v1/tokenize/{RERANKER}", {"items": [{"text": doc}],
-                                                     "params": {"options": {"add_special_tokens": False}}}).json()
+    toks = _post(
+        url,
+        f"/v1/tokenize/{RERANKER}",
+        {"items": [{"text": doc}], "params": {"options": {"add_special_tokens": False}}},
+    ).json()
     offsets = toks["items"][0]["offsets"]
-    spans = [(offsets[a][0], offsets[b - 1][1]) for a, b in windows(len(offsets), 32, 4, word_starts(offsets))]
+    spans = [
+        (offsets[a][0], offsets[b - 1][1]) for a, b in windows(len(offsets), 32, 4, word_starts(offsets))
+    ]
     assert entry["chunks"] == len(spans)
-    alone = _post(url, f"/v1/score/{RERANKER}", {"query": {"text": query},
-                                                   "items": [{"id": str(i), "text": doc[s:e]}
-                                                             for i, (s, e) in enumerate(spans)]}).json()
+    alone = _post(
+        url,
+        f"/v1/score/{RERANKER}",
+        {
+            "query": {"text": query},
+            "items": [{"id": str(i), "text": doc[s:e]} for i, (s, e) in enumerate(spans)],
+        },
+    ).json()
     best = max(alone["scores"], key=lambda e: e["score"])
     assert abs(entry["score"] - best["score"]) < 1e-5
     assert (entry["span"]["start"], entry["span"]["end"]) == spans[int(best["item_id"])]
 
 
 def test_chunk_count_is_bounded_and_bad_chunk_options_are_refused(url):
-    r = _post(url, f"/v1/encode/{MINILM}", {"items": [{"text": DOC}],
-                                             "params": {"options": {"overflow_policy": "chunk", "chunk_size": 16,
-                                                                    "chunk_overlap": 0}}})
+    r = _post(
+        url,
+        f"/v1/encode/{MINILM}",
+        {
+            "items": [{"text": DOC}],
+            "params": {"options": {"overflow_policy": "chunk", "chunk_size": 16, "chunk_overlap": 0}},
+        },
+    )
     assert r.status_code == 400 and r.headers["X-SIE-Error-Code"] == "INPUT_TOO_LONG", r.text
     assert "chunks" in r.text
-    for bad in ({"chunk_pooling": "median"}, {"chunk_size": 16, "chunk_overlap": 16}, {"chunking": "early"},
-                {"chunk_size": 0}, {"chunk_overlap": -1}):
-        r = _post(url, f"/v1/encode/{MINILM}", {"items": [{"text": "x"}],
-                                                 "params": {"options": {"overflow_policy": "chunk", **bad}}})
+    for bad in (
+        {"chunk_pooling": "median"},
+        {"chunk_size": 16, "chunk_overlap": 16},
+        {"chunking": "early"},
+        {"chunk_size": 0},
+        {"chunk_overlap": -1},
+    ):
+        r = _post(
+            url,
+            f"/v1/encode/{MINILM}",
+            {"items": [{"text": "x"}], "params": {"options": {"overflow_policy": "chunk", **bad}}},
+        )
         assert r.status_code == 400 and r.headers["X-SIE-Error-Code"] == "INVALID_INPUT", (bad, r.text)
-    r = _post(url, f"/v1/extract/{CLASSIFIER}", {"items": [{"text": "x"}],
-                                                  "params": {"options": {"overflow_policy": "chunk"}}})
+    r = _post(
+        url,
+        f"/v1/extract/{CLASSIFIER}",
+        {"items": [{"text": "x"}], "params": {"options": {"overflow_policy": "chunk"}}},
+    )
     assert r.status_code == 400 and r.headers["X-SIE-Error-Code"] == "INVALID_INPUT"
-    r = _post(url, f"/v1/score/{RERANKER}", {"query": {"text": "q"}, "items": [{"text": "x"}],
-                                              "options": {"overflow_policy": "chunk", "chunking": "late"}})
+    r = _post(
+        url,
+        f"/v1/score/{RERANKER}",
+        {
+            "query": {"text": "q"},
+            "items": [{"text": "x"}],
+            "options": {"overflow_policy": "chunk", "chunking": "late"},
+        },
+    )
     assert r.status_code == 400 and r.headers["X-SIE-Error-Code"] == "INVALID_INPUT"
 
 
 def test_chunking_through_our_sdk(url):
     with SIEClient(url, timeout_s=120) as client:
-        got = client.encode(MINILM, {"text": DOC},
-                            options={"overflow_policy": "chunk", "chunk_size": 64, "chunk_overlap": 16})
+        got = client.encode(
+            MINILM, {"text": DOC}, options={"overflow_policy": "chunk", "chunk_size": 64, "chunk_overlap": 16}
+        )
         assert len(got["chunks"]) >= 5 and got["chunks"][0]["dense"].shape == (384,)
         assert got["dense"].shape == (384,)
-        scored = client.score(RERANKER, {"text": "quantum"}, [{"id": "d", "text": DOC}],
-                              options={"overflow_policy": "chunk", "chunk_size": 64, "chunk_overlap": 8})
+        scored = client.score(
+            RERANKER,
+            {"text": "quantum"},
+            [{"id": "d", "text": DOC}],
+            options={"overflow_policy": "chunk", "chunk_size": 64, "chunk_overlap": 8},
+        )
         (entry,) = scored["scores"]
         assert entry["chunks"] > 1 and 0 <= entry["span"]["start"] < entry["span"]["end"] <= len(DOC)
 
@@ -365,7 +463,8 @@ def test_chunking_through_our_sdk(url):
 def test_chunking_options_pass_through_the_public_sdk(url):
     if sdk_unavailable():
         pytest.skip(sdk_unavailable())
-    out = run_sdk(f"""
+    out = run_sdk(
+        f"""
         from sie_sdk import SIEClient
         c = SIEClient(URL)
         opts = {{"overflow_policy": "chunk", "chunk_size": 64, "chunk_overlap": 16}}
@@ -373,7 +472,11 @@ def test_chunking_options_pass_through_the_public_sdk(url):
         s = c.score("{RERANKER}", {{"text": "quantum"}}, [{{"text": {DOC!r}}}],
                     options={{"overflow_policy": "chunk", "chunk_size": 64, "chunk_overlap": 8}})
         print(json.dumps({{"dense": e["dense"].tolist(), "score": s["scores"][0]["score"]}}))
-    """, url)
-    ours = _encode(url, [DOC], {"overflow_policy": "chunk", "chunk_size": 64, "chunk_overlap": 16})["items"][0]
+    """,
+        url,
+    )
+    ours = _encode(url, [DOC], {"overflow_policy": "chunk", "chunk_size": 64, "chunk_overlap": 16})["items"][
+        0
+    ]
     assert np.allclose(np.asarray(out["dense"]), _vec(ours), atol=1e-6)
     assert isinstance(out["score"], float)

@@ -36,10 +36,13 @@ profiles:
     max_batch_tokens: 4096
 """
 # the same model with one more profile: a config change (new hash) that leaves ``default`` as it was
-CACHED_YAML_V2 = CACHED_YAML + """  second:
+CACHED_YAML_V2 = (
+    CACHED_YAML
+    + """  second:
     adapter_path: worker.adapters.fake:FakeAdapter
     max_batch_tokens: 2048
 """
+)
 
 
 def _nats(cluster, coro_fn):
@@ -126,7 +129,10 @@ def test_the_opt_out_header_bypasses_the_cache(cluster):
     assert r.headers["X-SIE-Cache-Hits"] == "0"
     assert published(cluster) == seq + 1
     bad = httpx.post(
-        url + f"/v1/encode/{FAKE}", json={"items": [{"text": "x"}]}, headers={"X-SIE-Cache": "maybe"}, timeout=30
+        url + f"/v1/encode/{FAKE}",
+        json={"items": [{"text": "x"}]},
+        headers={"X-SIE-Cache": "maybe"},
+        timeout=30,
     )
     assert bad.status_code == 400 and bad.headers["X-SIE-Error-Code"] == "INVALID_INPUT", bad.text
 
@@ -158,7 +164,9 @@ def test_a_model_config_change_never_serves_an_old_result(cluster):
     assert encode(url, ["config bound"], CACHED_MODEL).headers["X-SIE-Cache-Hits"] == "1"
     assert published(cluster) == seq
 
-    r = httpx.post(cluster.config_url + "/v1/configs/models", content=CACHED_YAML_V2, headers=admin, timeout=30)
+    r = httpx.post(
+        cluster.config_url + "/v1/configs/models", content=CACHED_YAML_V2, headers=admin, timeout=30
+    )
     assert r.status_code == 201 and r.json()["created_profiles"] == ["second"], r.text
     while "second" not in httpx.get(url + f"/v1/configs/models/{CACHED_MODEL}", timeout=5).text:
         assert time.monotonic() < deadline + 60, "the gateway never saw the new config"
@@ -190,7 +198,9 @@ def test_entries_expire_after_the_ttl(cluster):
 
 def bulk_delivered(cluster) -> int:
     async def delivered(js):
-        info = await js.consumer_info(pool_stream_name("default"), lane_durable("default", "cpu", "default", "bulk"))
+        info = await js.consumer_info(
+            pool_stream_name("default"), lane_durable("default", "cpu", "default", "bulk")
+        )
         return info.delivered.stream_seq if info.delivered else 0
 
     return _nats(cluster, delivered)
@@ -216,7 +226,11 @@ def test_the_bucket_is_bounded_and_drops_its_oldest_entries(cluster):
     for t in texts:
         encode(url, [t])
     used, config = _nats(cluster, state)
-    assert used <= bound and config.max_bytes == bound and getattr(config.discard, "value", config.discard) == "old"
+    assert (
+        used <= bound
+        and config.max_bytes == bound
+        and getattr(config.discard, "value", config.discard) == "old"
+    )
     seq = published(cluster)
     assert encode(url, [texts[-1]]).headers["X-SIE-Cache-Hits"] == "1"  # the newest is kept
     assert encode(url, [texts[0]]).headers["X-SIE-Cache-Hits"] == "0"  # the oldest was dropped
@@ -283,12 +297,15 @@ def test_sdks_choose_the_priority_class(cluster, sdk):
     assert r.status_code in (200, 201), r.text
     for gpu, text in [("sdk-bulk/cpu", "public sdk, bulk by its pool"), ("cpu", "public sdk, interactive")]:
         before = bulk_delivered(cluster)
-        run_sdk(f"""
+        run_sdk(
+            f"""
         from sie_sdk import SIEClient
         with SIEClient(URL) as c:
             c.encode({FAKE!r}, {{"text": {text!r}}}, gpu={gpu!r})
         print("{{}}")
-        """, cluster.gateway_url)
+        """,
+            cluster.gateway_url,
+        )
         assert (bulk_delivered(cluster) > before) is (gpu == "sdk-bulk/cpu"), gpu
 
 

@@ -31,7 +31,9 @@ def warm(url: str, model: str, timeout: float = 60.0) -> None:
         if last.status_code == 200:
             return
         time.sleep(0.5)
-    raise AssertionError(f"{model} never answered 200: {last.status_code if last else None} {last.text if last else ''}")
+    raise AssertionError(
+        f"{model} never answered 200: {last.status_code if last else None} {last.text if last else ''}"
+    )
 
 
 def test_check_19_scale_from_zero(cluster, sdk):
@@ -149,9 +151,9 @@ def test_check_21_queue_backpressure(cluster, sdk):
     statuses = sorted(r.status_code for r in answers)
     full = [r for r in answers if r.status_code == 503]
     assert full, statuses
-    assert all(r.headers.get("X-SIE-Error-Code") == "QUEUE_FULL" and r.headers["Retry-After"] for r in full), [
-        r.text for r in full if r.headers.get("X-SIE-Error-Code") != "QUEUE_FULL"
-    ]
+    assert all(
+        r.headers.get("X-SIE-Error-Code") == "QUEUE_FULL" and r.headers["Retry-After"] for r in full
+    ), [r.text for r in full if r.headers.get("X-SIE-Error-Code") != "QUEUE_FULL"]
     assert set(statuses) <= {200, 503}, statuses
 
     rejected_before = _queue_full_count(url)
@@ -313,7 +315,9 @@ def test_check_24_against_a_non_gateway_raises(cluster, sdk):
 
 
 def test_check_25_auth(cluster, sdk):
-    url = cluster.spawn_gateway("gw-auth", token="tok-1", SIE_AUTH_MODE="token", SIE_AUTH_TOKENS="tok-1,tok-2")
+    url = cluster.spawn_gateway(
+        "gw-auth", token="tok-1", SIE_AUTH_MODE="token", SIE_AUTH_TOKENS="tok-1,tok-2"
+    )
     out = sdk_run(
         """
         from sie_sdk import SIEClient
@@ -415,7 +419,9 @@ def test_watch_cluster_status_and_index_with_public_sdk(cluster, sdk):
         cluster.gateway_url,
     )
     frames = out["frames"]
-    assert len(frames) == 2 and all(f["type"] == "gateway" and f["cluster"]["worker_count"] >= 1 for f in frames)
+    assert len(frames) == 2 and all(
+        f["type"] == "gateway" and f["cluster"]["worker_count"] >= 1 for f in frames
+    )
     assert any(w["loaded_models"] for w in frames[-1]["workers"])
     index = httpx.get(cluster.gateway_url + "/").json()
     assert index["type"] == "gateway" and "/ws/cluster-status" in index["routes"]

@@ -41,22 +41,30 @@ class User:
         self.cwd = root / "elsewhere"
         self.cwd.mkdir()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
-        self.env.update({
-            "PYTHONPATH": str(REPO),
-            "XDG_STATE_HOME": str(root / "xdg"),
-            "SIE_HF_OFFLINE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "SIE_TORCH_THREADS": "1",
-            "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
-            "SIE_GATEWAY_WORKER_WARMUP_S": "1",
-        })
+        self.env.update(
+            {
+                "PYTHONPATH": str(REPO),
+                "XDG_STATE_HOME": str(root / "xdg"),
+                "SIE_HF_OFFLINE": "1",
+                "HF_HUB_OFFLINE": "1",
+                "SIE_TORCH_THREADS": "1",
+                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
+                "SIE_GATEWAY_WORKER_WARMUP_S": "1",
+            }
+        )
 
     def cmd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "deploy.cli", *args]
 
     def run(self, *args: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(self.cmd(*args), cwd=self.cwd, env={**self.env, **env}, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            self.cmd(*args),
+            cwd=self.cwd,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 class Detached:
@@ -68,8 +76,19 @@ class Detached:
         self.config = f"http://127.0.0.1:{self.ports['cfg']}"
 
     def up_args(self, state: Path, ports: dict[str, int]) -> list[str]:
-        return ["up", "--port", str(ports["gw"]), "--config-port", str(ports["cfg"]),
-                "--nats-port", str(ports["nats"]), "--state-dir", str(state), "--preload", "sie-fake"]
+        return [
+            "up",
+            "--port",
+            str(ports["gw"]),
+            "--config-port",
+            str(ports["cfg"]),
+            "--nats-port",
+            str(ports["nats"]),
+            "--state-dir",
+            str(state),
+            "--preload",
+            "sie-fake",
+        ]
 
     def pids(self) -> list[int]:
         doc = json.loads((self.state / "status.json").read_text())
@@ -146,8 +165,13 @@ def test_models_add_from_another_directory_uses_the_running_clusters_token(detac
 
 def test_sie_down_stops_the_cluster_gateway_first(detached):
     pids = detached.pids()
-    follow = subprocess.Popen(detached.user.cmd("logs", "gateway", "-f"), cwd=detached.user.cwd,
-                              env=detached.user.env, stdout=subprocess.PIPE, text=True)
+    follow = subprocess.Popen(
+        detached.user.cmd("logs", "gateway", "-f"),
+        cwd=detached.user.cwd,
+        env=detached.user.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         down = detached.user.run("down")
         assert down.returncode == 0, down.stderr
@@ -165,8 +189,11 @@ def test_sie_down_stops_the_cluster_gateway_first(detached):
     said = (detached.state / "logs" / "sie-up.log").read_text()
     order = [said.index(f"stopping {name} (pid") for name in reversed(ALL)]
     assert order == sorted(order), said
-    gone = [p for p in pids if Path(f"/proc/{p}").exists()
-            and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]
+    gone = [
+        p
+        for p in pids
+        if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()
+    ]
     assert gone == [], f"still running: {gone}"
     st = detached.user.run("status")
     assert st.returncode == 1 and "not running" in st.stdout

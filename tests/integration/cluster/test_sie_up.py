@@ -50,14 +50,40 @@ def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
 
 def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
     ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SIE_") and k not in ("GOMP_SPINCOUNT", "OMP_PROC_BIND")}
-    env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "2",
-                "XDG_STATE_HOME": str(tmp_path / "xdg"),
-                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000", "SIE_GATEWAY_WORKER_WARMUP_S": "1"})
-    cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", str(ports["gw"]), "--config-port", str(ports["cfg"]),
-           "--nats-port", str(ports["nats"]), "--state-dir", str(tmp_path / "state"), "--preload", "sie-fake"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SIE_") and k not in ("GOMP_SPINCOUNT", "OMP_PROC_BIND")
+    }
+    env.update(
+        {
+            "SIE_HF_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "SIE_TORCH_THREADS": "2",
+            "XDG_STATE_HOME": str(tmp_path / "xdg"),
+            "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
+            "SIE_GATEWAY_WORKER_WARMUP_S": "1",
+        }
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "deploy.cli",
+        "up",
+        "--port",
+        str(ports["gw"]),
+        "--config-port",
+        str(ports["cfg"]),
+        "--nats-port",
+        str(ports["nats"]),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--preload",
+        "sie-fake",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     children: list[int] = []
     gateway = f"http://127.0.0.1:{ports['gw']}"
     try:
@@ -82,16 +108,23 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         assert bind == {(True, POD_OMP_PROC_BIND if on_cpu else None), (False, None)}
         health = wait_for_worker(gateway)
         assert health["type"] == "gateway"
-        r = httpx.post(gateway + "/v1/encode/sie-fake", json={"items": [{"text": "up"}]},
-                       headers={"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}, timeout=60)
+        r = httpx.post(
+            gateway + "/v1/encode/sie-fake",
+            json={"items": [{"text": "up"}]},
+            headers={"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"},
+            timeout=60,
+        )
         assert r.status_code == 200 and len(r.json()["items"][0]["dense"]["values"]) == 384
         assert (tmp_path / "state" / "admin-token").exists()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)  # reads while it waits: a full pipe never stalls sie up
         assert proc.returncode == 0, out
         time.sleep(0.5)
-        alive = [p for p in children if Path(f"/proc/{p}").exists()
-                 and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]
+        alive = [
+            p
+            for p in children
+            if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()
+        ]
         assert alive == [], f"processes left running: {alive}"
     finally:
         _kill_all(proc, children)
@@ -120,41 +153,90 @@ def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
     ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
     state = tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
-    env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "1",
-                "XDG_STATE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(REPO),
-                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000", "SIE_GATEWAY_WORKER_WARMUP_S": "1"})
-    cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", str(ports["gw"]), "--config-port", str(ports["cfg"]),
-           "--nats-port", str(ports["nats"]), "--state-dir", str(state), "--preload", "sie-fake"]
+    env.update(
+        {
+            "SIE_HF_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "SIE_TORCH_THREADS": "1",
+            "XDG_STATE_HOME": str(tmp_path / "xdg"),
+            "PYTHONPATH": str(REPO),
+            "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
+            "SIE_GATEWAY_WORKER_WARMUP_S": "1",
+        }
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "deploy.cli",
+        "up",
+        "--port",
+        str(ports["gw"]),
+        "--config-port",
+        str(ports["cfg"]),
+        "--nats-port",
+        str(ports["nats"]),
+        "--state-dir",
+        str(state),
+        "--preload",
+        "sie-fake",
+    ]
     # its own process group, as a shell gives a foreground job: Ctrl-C is SIGINT to that group
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     gateway = f"http://127.0.0.1:{ports['gw']}"
     pids: list[int] = []
     result: dict[str, object] = {}
     try:
         deadline = time.monotonic() + 120  # generous: only guards against a hang
-        while not (state / "status.json").exists() or not json.loads((state / "status.json").read_text())["ready"]:
+        while (
+            not (state / "status.json").exists()
+            or not json.loads((state / "status.json").read_text())["ready"]
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.3)
         pids = _children(proc.pid)
         wait_for_worker(gateway)
         model = tmp_path / "slow.yaml"
         model.write_text(SLOW_YAML)
-        added = subprocess.run([sys.executable, "-m", "deploy.cli", "models", "add", str(model), "--state-dir",
-                                str(state)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        added = subprocess.run(
+            [sys.executable, "-m", "deploy.cli", "models", "add", str(model), "--state-dir", str(state)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert added.returncode == 0, added.stderr
         while True:  # the new model is routable and loaded (default profile, no delay)
             assert time.monotonic() < deadline
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.post(gateway + "/v1/encode/acme/slow", json={"items": [{"text": "w"}]},
-                              headers=SDK, timeout=30).status_code == 200:
+                if (
+                    httpx.post(
+                        gateway + "/v1/encode/acme/slow",
+                        json={"items": [{"text": "w"}]},
+                        headers=SDK,
+                        timeout=30,
+                    ).status_code
+                    == 200
+                ):
                     break
             time.sleep(0.3)
 
         def slow_request() -> None:
             try:
-                r = httpx.post(gateway + "/v1/encode/acme/slow:slow", json={"items": [{"text": "in flight"}]},
-                               headers=SDK, timeout=60)
+                r = httpx.post(
+                    gateway + "/v1/encode/acme/slow:slow",
+                    json={"items": [{"text": "in flight"}]},
+                    headers=SDK,
+                    timeout=60,
+                )
                 result["status"] = r.status_code
             except httpx.HTTPError as exc:
                 result["error"] = repr(exc)
@@ -171,7 +253,9 @@ def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
         assert proc.returncode == 0, out
         assert result.get("status") in (200, 503), result  # answered, not a dropped connection
         print("in-flight request answered with", result["status"])
-        order = [out.index(f"stopping {name} (pid") for name in ("gateway", "sidecar", "worker", "config", "nats")]
+        order = [
+            out.index(f"stopping {name} (pid") for name in ("gateway", "sidecar", "worker", "config", "nats")
+        ]
         assert order == sorted(order), out
         assert "all processes stopped" in out
     finally:
@@ -192,16 +276,46 @@ def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
     ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
     state = tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
-    env.update({"SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "1",
-                "XDG_STATE_HOME": str(tmp_path / "xdg")})
-    cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", str(ports["gw"]), "--config-port", str(ports["cfg"]),
-           "--nats-port", str(ports["nats"]), "--state-dir", str(state), "--preload", "sie-fake"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    env.update(
+        {
+            "SIE_HF_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "SIE_TORCH_THREADS": "1",
+            "XDG_STATE_HOME": str(tmp_path / "xdg"),
+        }
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "deploy.cli",
+        "up",
+        "--port",
+        str(ports["gw"]),
+        "--config-port",
+        str(ports["cfg"]),
+        "--nats-port",
+        str(ports["nats"]),
+        "--state-dir",
+        str(state),
+        "--preload",
+        "sie-fake",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 120  # generous: only guards against a hang
-        while not (state / "status.json").exists() or not json.loads((state / "status.json").read_text())["ready"]:
+        while (
+            not (state / "status.json").exists()
+            or not json.loads((state / "status.json").read_text())["ready"]
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.3)
         pids = _children(proc.pid)
@@ -210,7 +324,9 @@ def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
         out, _ = proc.communicate(timeout=90)  # reads while it waits: a full pipe never stalls sie up
         deadline = time.monotonic() + 60  # generous: only guards against a hang
         if sig == signal.SIGHUP:
-            assert proc.returncode == 0 and "stopping gateway (pid" in out and "all processes stopped" in out, out
+            assert (
+                proc.returncode == 0 and "stopping gateway (pid" in out and "all processes stopped" in out
+            ), out
         while [p for p in pids if _alive(p)]:
             assert time.monotonic() < deadline, f"left running: {[p for p in pids if _alive(p)]}"
             time.sleep(0.1)

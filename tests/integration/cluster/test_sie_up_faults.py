@@ -67,7 +67,12 @@ def sdk():
 
 
 def run_victim(
-    tmp_path, victim: str, *, duration_s: float = 20.0, kill_after_s: float = 6.0, model: str = "sie-fake",
+    tmp_path,
+    victim: str,
+    *,
+    duration_s: float = 20.0,
+    kill_after_s: float = 6.0,
+    model: str = "sie-fake",
     gateways: int = 1,
 ) -> dict:
     up = SieUp(tmp_path / "state", preload=model, gateways=gateways)
@@ -124,7 +129,13 @@ def worker_back_s(log_path, kill_at: float, model: str) -> float | None:
 
     seen: dict[str, float] = {}
     for line in log_path.read_text(errors="replace").splitlines():
-        mark = "ipc" if "IPC server listening" in line else "model" if f"loading {model}… done in" in line else None
+        mark = (
+            "ipc"
+            if "IPC server listening" in line
+            else "model"
+            if f"loading {model}… done in" in line
+            else None
+        )
         if mark is None or mark in seen:
             continue
         stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()

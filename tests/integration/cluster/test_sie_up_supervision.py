@@ -25,8 +25,14 @@ SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
 class SieUp:
     """``python -m deploy.cli up`` as a subprocess on free ports, with ``preload`` (sie-fake) loaded."""
 
-    def __init__(self, state: Path, preload: str = "sie-fake", gateways: int = 1, workers: int = 1,
-                 metrics_port: int = 0) -> None:
+    def __init__(
+        self,
+        state: Path,
+        preload: str = "sie-fake",
+        gateways: int = 1,
+        workers: int = 1,
+        metrics_port: int = 0,
+    ) -> None:
         self.state = state
         self.preload = preload
         self.gateways = gateways
@@ -182,8 +188,11 @@ def _free_port_pair() -> int:
 def _batches(metrics_port: int) -> float:
     """RunBatch calls of one pod's sidecar for sie-fake, from its /metrics."""
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("sie_sidecar_batch_size_count{") and "sie-fake" in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sie_sidecar_batch_size_count{") and "sie-fake" in line
+    )
 
 
 def _live_workers(gateway: str) -> list[str]:
@@ -229,6 +238,8 @@ def test_two_worker_pods_share_the_lane_and_one_serves_while_the_other_restarts(
     finally:
         said = up.stop()
     # stopped in reverse start order: the gateway, the sidecars, then the workers
-    order = [said.index(f"stopping {name} (pid") for name in ("gateway", "sidecar-2", "sidecar", "worker-2",
-                                                               "worker", "config", "nats")]
+    order = [
+        said.index(f"stopping {name} (pid")
+        for name in ("gateway", "sidecar-2", "sidecar", "worker-2", "worker", "config", "nats")
+    ]
     assert order == sorted(order), said

@@ -94,7 +94,10 @@ async def test_put_refusals(nats_server, db_url, catalog_dirs, instances):
         r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=REPLACED + "pool: elsewhere\n")
         assert r.status_code == 422 and "pool" in r.json()["detail"]["message"]
         # a PUT is a whole config: a partial body fails the schema
-        r = await c.put(f"/v1/configs/models/{MODEL_ID}", content="sie_id: acme/dense-small\nprofiles: {x: {extends: default}}\n")
+        r = await c.put(
+            f"/v1/configs/models/{MODEL_ID}",
+            content="sie_id: acme/dense-small\nprofiles: {x: {extends: default}}\n",
+        )
         assert r.status_code == 422 and r.json()["detail"]["error"] == "validation_error"
         r = await c.put(f"/v1/configs/models/{MODEL_ID}", content="[1, 2")
         assert r.status_code == 400 and r.json()["detail"]["error"] == "parse_error"
@@ -190,7 +193,9 @@ async def test_delete_of_an_override_brings_the_filesystem_config_back(
             stored = parse_model_yaml((await c.get("/v1/configs/models/baseline/minilm")).text)
             assert stored.profiles["default"].max_batch_tokens == 8192
             # a PUT of exactly the image's config changes nothing either
-            r = await c.put("/v1/configs/models/baseline/minilm", content=OVERRIDE_BASELINE.replace("2048", "8192"))
+            r = await c.put(
+                "/v1/configs/models/baseline/minilm", content=OVERRIDE_BASELINE.replace("2048", "8192")
+            )
             assert r.json()["unchanged"] is True
             models = {m["model_id"]: m for m in (await c.get("/v1/configs/models")).json()["models"]}
             assert models["baseline/minilm"]["source"] == "filesystem"
@@ -201,8 +206,13 @@ async def test_delete_of_an_override_brings_the_filesystem_config_back(
             e = await _epoch(c)
             r = await c.delete("/v1/configs/models/baseline/minilm")
             assert r.json() | {"epoch": 0} == {
-                "model_id": "baseline/minilm", "deleted": False, "unchanged": True, "fallback": "filesystem",
-                "affected_bundles": [], "epoch": 0, "distribution": "epoch_export",
+                "model_id": "baseline/minilm",
+                "deleted": False,
+                "unchanged": True,
+                "fallback": "filesystem",
+                "affected_bundles": [],
+                "epoch": 0,
+                "distribution": "epoch_export",
             }
             assert await _epoch(c) == e
         await wait_for(lambda: len(default) == 2, what="replace + restore deltas")
@@ -247,7 +257,9 @@ async def test_write_time_checks_weights_path_and_runtime_options(
         assert "output_dtype" in detail["details"][0]["message"]
         bad_pooling = bad_options.replace("max_seq_length: -3, output_dtype: float64", "pooling: median")
         r = await c.post("/v1/configs/models", content=bad_pooling)
-        assert r.status_code == 422 and "pooling must be one of" in r.json()["detail"]["details"][0]["message"]
+        assert (
+            r.status_code == 422 and "pooling must be one of" in r.json()["detail"]["details"][0]["message"]
+        )
         # load-time options: only those the adapter reads, of the type it reads
         bad_loadtime = bad_options.replace(
             "runtime: {max_seq_length: -3, output_dtype: float64}", "loadtime: {pakced: true, packed: 'yes'}"
@@ -260,17 +272,24 @@ async def test_write_time_checks_weights_path_and_runtime_options(
             ("profiles", "default", "adapter_options", "loadtime", "pakced"),
         }
         assert "must be a bool" in details[("profiles", "default", "adapter_options", "loadtime", "packed")]
-        assert "no load-time option 'pakced'" in details[("profiles", "default", "adapter_options", "loadtime", "pakced")]
+        assert (
+            "no load-time option 'pakced'"
+            in details[("profiles", "default", "adapter_options", "loadtime", "pakced")]
+        )
         # a misspelt class of a shipped adapter module
         typo = NEW_MODEL.replace("DenseAdapter", "DenseAdaptor").replace(MODEL_ID, "acme/typo")
         r = await c.post("/v1/configs/models", content=typo)
         assert r.status_code == 422 and "unknown adapter 'worker.adapters.dense:DenseAdaptor'" in r.text
-        good = bad_options.replace("runtime: {max_seq_length: -3, output_dtype: float64}", "loadtime: {packed: false}")
+        good = bad_options.replace(
+            "runtime: {max_seq_length: -3, output_dtype: float64}", "loadtime: {packed: false}"
+        )
         assert (await c.post("/v1/configs/models", content=good)).status_code == 201
 
 
 async def test_put_idempotency_key_and_body_limit(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs, config_max_body_bytes=4096)).start()
+    inst = await instances(
+        make_settings(db_url, nats_server.url, catalog_dirs, config_max_body_bytes=4096)
+    ).start()
     async with inst.client() as c:
         assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
         path = f"/v1/configs/models/{MODEL_ID}"

@@ -28,14 +28,23 @@ def server(tmp_path_factory):
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("families-serve")
     paths = {}
-    for name, build in (("colbert", ck.build_colbert), ("cross_encoder", ck.build_cross_encoder),
-                        ("bge_m3", ck.build_bge_m3), ("gliner", ck.build_gliner)):
+    for name, build in (
+        ("colbert", ck.build_colbert),
+        ("cross_encoder", ck.build_cross_encoder),
+        ("bge_m3", ck.build_bge_m3),
+        ("gliner", ck.build_gliner),
+    ):
         (root / name).mkdir()
         paths[name] = build(root / name)
     models = ck.write_models_dir(root / "models", paths)
     shutil.copy(DEFAULT_MODELS_DIR / "sie-fake.yaml", models / "sie-fake.yaml")
-    srv = ServeProcess(env={"SIE_MODELS_DIR": str(models), "SIE_PRELOAD_MODELS": MODELS,
-                            "SIE_MAX_REQUEST_BODY_BYTES": str(1024 * 1024)})
+    srv = ServeProcess(
+        env={
+            "SIE_MODELS_DIR": str(models),
+            "SIE_PRELOAD_MODELS": MODELS,
+            "SIE_MAX_REQUEST_BODY_BYTES": str(1024 * 1024),
+        }
+    )
     srv.paths = paths
     srv.start(timeout=240)
     try:
@@ -45,7 +54,8 @@ def server(tmp_path_factory):
 
 
 def test_check_3_multi_output(server):
-    out = run_sdk("""
+    out = run_sdk(
+        """
         from sie_sdk import SIEClient
         c = SIEClient(URL)
         r = c.encode("local/bge-m3", {"text": "hi there"}, output_types=["dense", "sparse", "multivector"])
@@ -53,7 +63,9 @@ def test_check_3_multi_output(server):
         print(json.dumps({"dense": [list(r["dense"].shape), str(r["dense"].dtype)],
                           "idx": s["indices"].tolist(), "idx_dtype": str(s["indices"].dtype),
                           "nval": int(s["values"].shape[0]), "mv": list(r["multivector"].shape)}))
-    """, server.url)
+    """,
+        server.url,
+    )
     assert out["dense"] == [[128], "float32"]
     assert out["idx_dtype"] == "int32" and out["idx"] == sorted(out["idx"]) and len(out["idx"]) == out["nval"]
     assert all(0 <= i < 30522 for i in out["idx"])
@@ -61,7 +73,8 @@ def test_check_3_multi_output(server):
 
 
 def test_check_5_query_document_and_instruction(server):
-    out = run_sdk("""
+    out = run_sdk(
+        """
         from sie_sdk import SIEClient
         c = SIEClient(URL)
         item = {"text": "late interaction retrieval"}
@@ -70,13 +83,16 @@ def test_check_5_query_document_and_instruction(server):
         cq = c.encode("local/colbert", item, output_types=["multivector"], is_query=True)["multivector"]
         cd = c.encode("local/colbert", item, output_types=["multivector"])["multivector"]
         print(json.dumps({"fake_differ": bool((q != d).any()), "cq": list(cq.shape), "cd": list(cd.shape)}))
-    """, server.url)
+    """,
+        server.url,
+    )
     assert out["fake_differ"]
     assert out["cq"] == [32, 96] and out["cd"][1] == 96 and out["cd"][0] < 32
 
 
 def test_check_6_profiles(server):
-    out = run_sdk("""
+    out = run_sdk(
+        """
         from sie_sdk import SIEClient
         from sie_sdk.client.errors import RequestError
         c = SIEClient(URL)
@@ -88,12 +104,15 @@ def test_check_6_profiles(server):
         except RequestError as e:
             err = [e.status_code, e.code]
         print(json.dumps({"a": list(a["dense"].shape), "eq": bool((a["dense"] == b["dense"]).all()), "err": err}))
-    """, server.url)
+    """,
+        server.url,
+    )
     assert out["a"] == [128] and out["eq"] and out["err"] == [400, "INVALID_INPUT"]
 
 
 def test_check_7_muvera(server):
-    out = run_sdk("""
+    out = run_sdk(
+        """
         from sie_sdk import SIEClient
         from sie_sdk.client.errors import RequestError
         c = SIEClient(URL)
@@ -107,13 +126,16 @@ def test_check_7_muvera(server):
             err = [e.status_code, e.code]
         print(json.dumps({"s": list(short["dense"].shape), "l": list(long["dense"].shape),
                           "dtype": str(short["dense"].dtype), "err": err}))
-    """, server.url)
+    """,
+        server.url,
+    )
     assert out["s"] == out["l"] == [20 * 32 * 16] and out["dtype"] == "float32"
     assert out["err"] == [400, "INVALID_INPUT"]
 
 
 def test_check_9_and_10_rerank(server):
-    out = run_sdk("""
+    out = run_sdk(
+        """
         from sie_sdk import SIEClient
         from sie_sdk.client.errors import RequestError
         c = SIEClient(URL)
@@ -130,7 +152,9 @@ def test_check_9_and_10_rerank(server):
                 errs.append([e.status_code, e.code])
         print(json.dumps({"model": r["model"], "query_id": r.get("query_id"), "scores": r["scores"],
                           "ids2": sorted(s["item_id"] for s in r2["scores"]), "errs": errs}))
-    """, server.url)
+    """,
+        server.url,
+    )
     assert out["model"] == "local/reranker" and out["query_id"] == "q"
     scores = out["scores"]
     assert [s["rank"] for s in scores] == [0, 1] and scores[0]["score"] >= scores[1]["score"]
@@ -141,7 +165,8 @@ def test_check_9_and_10_rerank(server):
 
 def test_check_11_and_12_extraction(server):
     text = "Apple was founded by Steve Jobs."
-    out = run_sdk(f"""
+    out = run_sdk(
+        f"""
         from sie_sdk import SIEClient
         c = SIEClient(URL)
         r = c.extract("local/gliner", {{"text": {text!r}}}, labels=["person", "organization"],
@@ -151,13 +176,15 @@ def test_check_11_and_12_extraction(server):
         print(json.dumps({{"r": {{k: r.get(k) for k in ("id", "model", "entities", "relations", "classifications",
                                                       "objects")}},
                           "many": [m.get("id") for m in many], "n": len(many)}}))
-    """, server.url)
+    """,
+        server.url,
+    )
     r = out["r"]
     assert r["id"] == "item-0" and r["model"] == "local/gliner"
     assert all(isinstance(r[k], list) for k in ("relations", "classifications", "objects"))
     assert r["entities"], "the low threshold finds spans"
     for e in r["entities"]:
-        assert isinstance(e["score"], float) and text[e["start"]:e["end"]] == e["text"]
+        assert isinstance(e["score"], float) and text[e["start"] : e["end"]] == e["text"]
         assert e["label"] in ("person", "organization")
     # the same entities as gliner itself gives for this checkpoint (which is too small to learn which
     # label is which: "Steve Jobs"/person needs the real urchade/gliner_small-v2.1)
@@ -171,7 +198,8 @@ def test_check_11_and_12_extraction(server):
 
 
 def test_check_22_too_long(server):
-    out = run_sdk("""
+    out = run_sdk(
+        """
         from sie_sdk import SIEClient
         from sie_sdk.client.errors import InputTooLongError, RequestError
         c = SIEClient(URL)
@@ -187,7 +215,9 @@ def test_check_22_too_long(server):
             except RequestError as e:
                 res[name] = [type(e).__name__, isinstance(e, InputTooLongError), e.status_code, e.code]
         print(json.dumps(res))
-    """, server.url)
+    """,
+        server.url,
+    )
     assert out["policy_error"][1:3] == [True, 400]
     assert out["bogus"][2:] == [400, "INVALID_INPUT"]
     assert out["body"][2] == 413

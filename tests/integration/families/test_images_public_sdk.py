@@ -87,7 +87,9 @@ def test_image_encode_through_the_gateway(tiny, tmp_path):
         assert r.status_code == 201, r.text
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the model reaches the gateway by a NATS delta
-            probe = httpx.post(c.gateway_url + "/v1/encode/tiny-clip", json={"items": [{"text": "x"}]}, timeout=60)
+            probe = httpx.post(
+                c.gateway_url + "/v1/encode/tiny-clip", json={"items": [{"text": "x"}]}, timeout=60
+            )
             if probe.status_code == 200:
                 break
             time.sleep(0.5)

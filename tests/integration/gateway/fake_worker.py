@@ -95,7 +95,9 @@ class FakeWorker:
         together: bool = False,
     ) -> None:
         self.url = url
-        self.together = together  # each fetch's results in one message to the results subject, as a sidecar sends them
+        self.together = (
+            together  # each fetch's results in one message to the results subject, as a sidecar sends them
+        )
         self.worker_id = worker_id
         self.pool, self.profile, self.bundle = pool, profile, bundle
         self.loaded = list(loaded)
@@ -179,7 +181,9 @@ class FakeWorker:
                     continue
                 answered.append((msg, RoutingHeader.from_headers(msg.headers).results_subject, result))
             for subject in {s for _, s, _ in answered if s is not None}:
-                await self.nc.publish(subject, pack_results([r.to_msgpack() for _, s, r in answered if s == subject]))
+                await self.nc.publish(
+                    subject, pack_results([r.to_msgpack() for _, s, r in answered if s == subject])
+                )
             for msg, _, _ in answered:
                 await msg.ack()
 

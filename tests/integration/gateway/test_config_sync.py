@@ -250,7 +250,11 @@ async def test_readyz_503_until_first_export_then_200(start_gateway, config_serv
     assert await gw.get("/healthz") == (200, {"status": "ok"})
     assert await gw.model_names() == []
     async with gw.session.post(gw.url("/v1/encode/baseline/minilm"), json={"items": [{"text": "x"}]}) as r:
-        assert r.status == 503 and r.headers["X-SIE-Error-Code"] == "QUEUE_UNAVAILABLE" and "Retry-After" in r.headers
+        assert (
+            r.status == 503
+            and r.headers["X-SIE-Error-Code"] == "QUEUE_UNAVAILABLE"
+            and "Retry-After" in r.headers
+        )
     await asyncio.sleep(1.0)
     assert await gw.metric("sie_gateway_config_bootstrap_failures_total") >= 2
 
@@ -305,7 +309,9 @@ async def test_post_to_config_service_reaches_gateway_by_delta(start_gateway, co
             assert (await resp.json())["detail"]["error"] == "method_not_allowed"
     # the new model resolves for inference (no worker: provisioning, not 404)
     async with gw.session.post(
-        gw.url("/v1/encode/acme/new-dense"), json={"items": [{"text": "x"}]}, headers={"X-SIE-SDK-Version": "0.10.1"}
+        gw.url("/v1/encode/acme/new-dense"),
+        json={"items": [{"text": "x"}]},
+        headers={"X-SIE-SDK-Version": "0.10.1"},
     ) as resp:
         assert resp.status == 503 and resp.headers["X-SIE-Error-Code"] == "PROVISIONING"
 
@@ -314,7 +320,9 @@ async def _ready(gw: Gw) -> bool:
     return (await gw.get("/readyz"))[0] == 200
 
 
-async def test_gateway_cut_from_nats_catches_up_through_epoch_poll(nats_server, start_gateway, config_service):
+async def test_gateway_cut_from_nats_catches_up_through_epoch_poll(
+    nats_server, start_gateway, config_service
+):
     cfg = await config_service()
     proxy = await TcpProxy(nats_server.port).start()
     gw = await start_gateway(nats_url=f"nats://127.0.0.1:{proxy.port}", poll_s=0.5)
@@ -338,7 +346,9 @@ async def test_gateway_cut_from_nats_catches_up_through_epoch_poll(nats_server, 
     await proxy.cut()  # leave no relay behind
 
 
-async def test_untrusted_delta_dropped_and_forged_epoch_reset_by_poll(nats_server, start_gateway, config_service):
+async def test_untrusted_delta_dropped_and_forged_epoch_reset_by_poll(
+    nats_server, start_gateway, config_service
+):
     await config_service()
     gw = await start_gateway(poll_s=600)
     await eventually(lambda: _ready(gw), 10, "bootstrap")
@@ -389,7 +399,9 @@ async def test_untrusted_delta_dropped_and_forged_epoch_reset_by_poll(nats_serve
         await nc.close()
 
 
-async def test_replace_and_delete_reach_the_gateway_and_a_restarted_gateway_agrees(start_gateway, config_service):
+async def test_replace_and_delete_reach_the_gateway_and_a_restarted_gateway_agrees(
+    start_gateway, config_service
+):
     cfg = await config_service()
     gw = await start_gateway(poll_s=600)  # deltas only
     await eventually(lambda: _ready(gw), 10, "bootstrap")

@@ -33,7 +33,9 @@ BAD_BODIES = [
     ),
     pytest.param(f"/v1/score/{RERANK}", HUGE_INT, id="score-huge-int"),
     pytest.param(
-        f"/v1/encode/{DENSE}", '{"items":[{"text":"a"}],"params":{"options":{"pooling":"median"}}}', id="pooling"
+        f"/v1/encode/{DENSE}",
+        '{"items":[{"text":"a"}],"params":{"options":{"pooling":"median"}}}',
+        id="pooling",
     ),
 ]
 

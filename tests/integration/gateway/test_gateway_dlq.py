@@ -19,7 +19,9 @@ async def never_answers(item, worker):
 async def test_a_dead_item_is_forwarded_removed_from_the_stream_and_not_counted(nats_server, start_gateway):
     h = await start_gateway(gateway_max_stream_pending=1, gateway_request_timeout_s=30.0)
     js = h.nc.jetstream()
-    stuck = await FakeWorker(nats_server.url, "stuck", handler=never_answers, ack_wait_s=0.5, max_deliver=2).start()
+    stuck = await FakeWorker(
+        nats_server.url, "stuck", handler=never_answers, ack_wait_s=0.5, max_deliver=2
+    ).start()
     try:
         await wait_workers(h)
         status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "doomed"}]})

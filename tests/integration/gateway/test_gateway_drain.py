@@ -14,7 +14,11 @@ from tests.integration.gateway.conftest import DENSE
 from tests.integration.gateway.fake_worker import FakeWorker, answer
 from tests.support.nats_server import free_port
 
-MSGPACK = {"Content-Type": "application/msgpack", "Accept": "application/msgpack", "X-SIE-SDK-Version": "0.10.1"}
+MSGPACK = {
+    "Content-Type": "application/msgpack",
+    "Accept": "application/msgpack",
+    "X-SIE-SDK-Version": "0.10.1",
+}
 
 
 async def test_stop_drains_in_flight_requests_and_answers_new_ones_503(nats_server, make_settings):

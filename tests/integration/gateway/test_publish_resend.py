@@ -23,15 +23,18 @@ async def test_a_publish_lost_with_the_server_is_sent_again_at_the_reconnect(nat
     async def reconnected() -> None:
         holder["d"].on_reconnect()
 
-    nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                            reconnected_cb=reconnected)
+    nc = await nats.connect(
+        nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2, reconnected_cb=reconnected
+    )
     try:
         d = holder["d"] = Dispatcher(nc, metrics=GatewayMetrics(), storage="file", publish_timeout_s=30.0)
         await d.ensure_stream("default")
         subject = work_subject("default", "cpu", "default", "m")
         assert nats_server.proc is not None
         os.kill(nats_server.proc.pid, signal.SIGSTOP)  # the publish reaches a server that never answers
-        publish = asyncio.create_task(d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-1"}], None))
+        publish = asyncio.create_task(
+            d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-1"}], None)
+        )
         await asyncio.sleep(0.5)
         assert not publish.done()
         os.kill(nats_server.proc.pid, signal.SIGKILL)  # ... and dies with it unread
@@ -86,8 +89,13 @@ async def test_acks_that_do_not_come_in_time_fail_the_publish_and_leave_nothing_
         try:
             t0 = time.monotonic()
             with pytest.raises(SIEError) as err:
-                await d._publish(subject, "default", [b"a", b"b", b"c"], [{"Nats-Msg-Id": f"late-{i}"} for i in range(3)],
-                                 0.3)
+                await d._publish(
+                    subject,
+                    "default",
+                    [b"a", b"b", b"c"],
+                    [{"Nats-Msg-Id": f"late-{i}"} for i in range(3)],
+                    0.3,
+                )
             assert err.value.code == ErrorCode.QUEUE_UNAVAILABLE
             assert 0.25 < time.monotonic() - t0 < 2.0
             assert d.publisher.in_flight == 0  # nothing left for a resend after a reconnect

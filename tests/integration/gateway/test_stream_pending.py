@@ -20,7 +20,9 @@ async def test_requests_that_find_the_count_stale_share_one_stream_info_call(nat
         d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
         await d.ensure_stream("default")
         subject = work_subject("default", "cpu", "default", "m")
-        await d._publish(subject, "default", [b"payload"] * 2, [{"Nats-Msg-Id": f"item-{i}"} for i in range(2)], None)
+        await d._publish(
+            subject, "default", [b"payload"] * 2, [{"Nats-Msg-Id": f"item-{i}"} for i in range(2)], None
+        )
 
         def sent() -> int:
             """Messages this connection has sent: here, only stream-info requests."""

@@ -16,19 +16,31 @@ FAKE = "worker.adapters.fake:FakeAdapter"
 
 
 def fake_config(sie_id: str, **loadtime: Any) -> ModelConfig:
-    return ModelConfig.model_validate({
-        "sie_id": sie_id,
-        "package_backed": True,
-        "inputs": {"text": True},
-        "tasks": {"encode": {"dense": {"dim": 8}}},
-        "profiles": {"default": {"adapter_path": FAKE, "max_batch_tokens": 4096,
-                                 "adapter_options": {"loadtime": loadtime}}},
-    })
+    return ModelConfig.model_validate(
+        {
+            "sie_id": sie_id,
+            "package_backed": True,
+            "inputs": {"text": True},
+            "tasks": {"encode": {"dense": {"dim": 8}}},
+            "profiles": {
+                "default": {
+                    "adapter_path": FAKE,
+                    "max_batch_tokens": 4096,
+                    "adapter_options": {"loadtime": loadtime},
+                }
+            },
+        }
+    )
 
 
 def settings(tmp_path, **kw: Any) -> WorkerSettings:
-    base = {"device": "cpu", "hf_offline": True, "disk_cache_dir": str(tmp_path / "disk-cache"),
-            "memory_monitor_interval_s": 0, "torch_threads": 1}
+    base = {
+        "device": "cpu",
+        "hf_offline": True,
+        "disk_cache_dir": str(tmp_path / "disk-cache"),
+        "memory_monitor_interval_s": 0,
+        "torch_threads": 1,
+    }
     return WorkerSettings(**{**base, **kw})
 
 
@@ -44,8 +56,9 @@ async def settle(rt: Runtime, spec: str, exc: SIEError, params: dict[str, Any] |
         raise exc
 
 
-async def encode_ready(rt: Runtime, spec: str, items: list[dict], params: dict | None = None,
-                       *, direct: bool = True) -> Result:
+async def encode_ready(
+    rt: Runtime, spec: str, items: list[dict], params: dict | None = None, *, direct: bool = True
+) -> Result:
     """encode, waiting out (at most a few) loading answers the way a client's retries would."""
     for _ in range(5):
         try:

@@ -31,8 +31,11 @@ def loras(tmp_path_factory) -> dict[str, str]:
     from transformers import AutoModel
 
     out = {}
-    for name, seed, targets in [("one", 1, ["query", "value"]), ("two", 2, ["key", "dense"]),
-                                ("three", 3, ["query"])]:
+    for name, seed, targets in [
+        ("one", 1, ["query", "value"]),
+        ("two", 2, ["key", "dense"]),
+        ("three", 3, ["query"]),
+    ]:
         torch.manual_seed(seed)
         base = AutoModel.from_pretrained(gt.get_model_path())
         cfg = LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
@@ -99,9 +102,9 @@ async def test_concurrent_requests_batch_homogeneously_in_lora(make_runtime, lor
         await encode_ready(rt, D, ITEMS, lora(loras[name]))
     # through the batcher, all at once: each request gets its own LoRA's vectors
     calls = [None, "one", "two", None, "two", "one"]
-    results = await asyncio.gather(*(
-        rt.encode(D, ITEMS, lora(loras[c]) if c else None, direct=False) for c in calls
-    ))
+    results = await asyncio.gather(
+        *(rt.encode(D, ITEMS, lora(loras[c]) if c else None, direct=False) for c in calls)
+    )
     for c, res in zip(calls, results, strict=True):
         np.testing.assert_allclose(vectors(res), reference[c], atol=1e-5)
 
@@ -137,8 +140,9 @@ async def test_lru_of_loras_per_model(make_runtime, loras, reference):
     np.testing.assert_allclose(got, reference["one"], atol=1e-5)
     assert list(lm.loras.loaded) == [loras["two"], loras["one"]]
     assert lm.loras.evicted == [loras["one"], loras["three"]]
-    np.testing.assert_allclose(vectors(await rt.encode(D, ITEMS, lora(loras["two"]))), reference["two"],
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        vectors(await rt.encode(D, ITEMS, lora(loras["two"]))), reference["two"], atol=1e-5
+    )
 
 
 async def test_a_lora_in_use_is_not_evicted(make_runtime, loras):
@@ -162,7 +166,11 @@ async def test_failed_lora_load_is_500_until_the_cooldown(make_runtime, tmp_path
     for bad in ("/no/such/lora/dir", str(not_a_lora), "no-such-org/no-such-lora"):  # last: hub, offline
         with pytest.raises(SIEError) as err:
             await encode_ready(rt, D, ITEMS, lora(bad))
-        assert (err.value.code, err.value.status, err.value.retry_after) == (ErrorCode.INFERENCE_ERROR, 500, None)
+        assert (err.value.code, err.value.status, err.value.retry_after) == (
+            ErrorCode.INFERENCE_ERROR,
+            500,
+            None,
+        )
         assert bad in err.value.message
         with pytest.raises(SIEError) as again:  # remembered: no new load
             await rt.encode(D, ITEMS, lora(bad))

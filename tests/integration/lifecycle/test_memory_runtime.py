@@ -35,8 +35,11 @@ async def test_loading_a_third_model_evicts_the_least_recently_used(make_runtime
 
 
 async def test_a_larger_model_is_preferred_under_pressure(make_runtime):
-    models = [fake_config("small", memory_bytes=10), fake_config("large", memory_bytes=50),
-              fake_config("new", memory_bytes=40)]
+    models = [
+        fake_config("small", memory_bytes=10),
+        fake_config("large", memory_bytes=50),
+        fake_config("new", memory_bytes=40),
+    ]
     rt = await make_runtime(models, memory_budget_bytes=100)
     await encode_ready(rt, "small", ITEMS)  # the least recently used, but evicting it frees too little
     await encode_ready(rt, "large", ITEMS)
@@ -46,8 +49,9 @@ async def test_a_larger_model_is_preferred_under_pressure(make_runtime):
 
 
 async def test_the_only_loaded_model_is_never_evicted(make_runtime):
-    rt = await make_runtime([fake_config("huge", memory_bytes=500)], memory_budget_bytes=100,
-                            memory_monitor_interval_s=0.01)
+    rt = await make_runtime(
+        [fake_config("huge", memory_bytes=500)], memory_budget_bytes=100, memory_monitor_interval_s=0.01
+    )
     await encode_ready(rt, "huge", ITEMS)
     ticks = rt.memory.ticks
     while rt.memory.ticks < ticks + 3:  # three monitor passes under pressure
@@ -79,8 +83,11 @@ async def test_monitor_interval_zero_means_no_monitor(make_runtime):
 
 @pytest.mark.parametrize("threshold,loaded", [(95.0, ["a", "b", "c"]), (85.0, ["b", "c"])])
 async def test_memory_pressure_threshold_setting(make_runtime, threshold, loaded):
-    models = [fake_config("a", memory_bytes=40), fake_config("b", memory_bytes=40),
-              fake_config("c", memory_bytes=15)]
+    models = [
+        fake_config("a", memory_bytes=40),
+        fake_config("b", memory_bytes=40),
+        fake_config("c", memory_bytes=15),
+    ]
     rt = await make_runtime(models, memory_budget_bytes=100, memory_pressure_threshold_percent=threshold)
     for m in ("a", "b", "c"):
         await encode_ready(rt, m, ITEMS)
@@ -99,8 +106,11 @@ def events(rt, model):
 
 
 async def oom_runtime(make_runtime, oom_repeat, *, sibling=True, **kw):
-    models = [fake_config("oom", oom_on_batch=2, oom_repeat=oom_repeat), fake_config("sib"),
-              fake_config("clean")]
+    models = [
+        fake_config("oom", oom_on_batch=2, oom_repeat=oom_repeat),
+        fake_config("sib"),
+        fake_config("clean"),
+    ]
     rt = await make_runtime(models, **kw)
     await encode_ready(rt, "oom", ITEMS[:1])  # dispatch 1 loads it; faults start at dispatch 2
     if sibling:

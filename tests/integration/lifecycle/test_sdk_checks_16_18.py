@@ -13,8 +13,11 @@ import pytest
 from tests.support.sdk312 import run_sdk, sdk_unavailable
 from tests.support.serve import ServeProcess
 
-FAST_RETRIES = {"SIE_MODEL_LOADING_RETRY_AFTER_S": "1", "SIE_RESOURCE_EXHAUSTED_RETRY_AFTER_S": "1",
-                "SIE_MEMORY_MONITOR_INTERVAL_S": "0"}
+FAST_RETRIES = {
+    "SIE_MODEL_LOADING_RETRY_AFTER_S": "1",
+    "SIE_RESOURCE_EXHAUSTED_RETRY_AFTER_S": "1",
+    "SIE_MEMORY_MONITOR_INTERVAL_S": "0",
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,12 @@ def server(tmp_path):
 
 
 def raw_encode(server, model: str) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/encode/{model}", json={"items": [{"text": "raw"}]},
-                      headers={"Accept": "application/json"}, timeout=30)
+    return httpx.post(
+        f"{server.url}/v1/encode/{model}",
+        json={"items": [{"text": "raw"}]},
+        headers={"Accept": "application/json"},
+        timeout=30,
+    )
 
 
 def test_check_16_cold_load_retry(server, sdk):
@@ -51,7 +58,9 @@ def test_check_16_cold_load_retry(server, sdk):
     r = raw_encode(server, "sie-fake:slow-batch")
     assert r.status_code == 503
     assert "Retry-After" in r.headers
-    assert r.headers.get("X-SIE-Error-Code") == "MODEL_LOADING" or r.json()["detail"]["code"] == "MODEL_LOADING"
+    assert (
+        r.headers.get("X-SIE-Error-Code") == "MODEL_LOADING" or r.json()["detail"]["code"] == "MODEL_LOADING"
+    )
 
 
 def test_check_17_terminal_load_failure(server, sdk):

@@ -24,27 +24,38 @@ ITEMS = [{"text": "weights from the cluster cache"}, {"text": "second item"}]
 
 
 def minilm(**sources) -> ModelConfig:
-    return ModelConfig.model_validate({
-        "sie_id": ID,
-        "inputs": {"text": True},
-        "tasks": {"encode": {"dense": {"dim": 384}}},
-        "max_sequence_length": 256,
-        "profiles": {"default": {"adapter_path": "worker.adapters.dense:DenseAdapter", "max_batch_tokens": 4096}},
-        **sources,
-    })
+    return ModelConfig.model_validate(
+        {
+            "sie_id": ID,
+            "inputs": {"text": True},
+            "tasks": {"encode": {"dense": {"dim": 384}}},
+            "max_sequence_length": 256,
+            "profiles": {
+                "default": {"adapter_path": "worker.adapters.dense:DenseAdapter", "max_batch_tokens": 4096}
+            },
+            **sources,
+        }
+    )
 
 
 async def test_second_worker_loads_from_the_cluster_cache(make_runtime, tmp_path):
     cluster = tmp_path / "cluster"
-    first = await make_runtime([minilm(weights_path=str(gt.get_model_path()))], cluster_cache_url=str(cluster),
-                               disk_cache_dir=str(tmp_path / "disk-1"))
+    first = await make_runtime(
+        [minilm(weights_path=str(gt.get_model_path()))],
+        cluster_cache_url=str(cluster),
+        disk_cache_dir=str(tmp_path / "disk-1"),
+    )
     want = await encode_ready(first, ID, ITEMS)
     first.weights.flush()
     entry = cluster / "acme--minilm-copy--main"
     assert (entry / MANIFEST).exists()
-    assert (entry / "model.safetensors").stat().st_size == (Path(gt.get_model_path()) / "model.safetensors").stat().st_size
+    assert (entry / "model.safetensors").stat().st_size == (
+        Path(gt.get_model_path()) / "model.safetensors"
+    ).stat().st_size
 
-    second = await make_runtime([minilm()], cluster_cache_url=str(cluster), disk_cache_dir=str(tmp_path / "disk-2"))
+    second = await make_runtime(
+        [minilm()], cluster_cache_url=str(cluster), disk_cache_dir=str(tmp_path / "disk-2")
+    )
     got = await encode_ready(second, ID, ITEMS)
     for a, b in zip(got.items, want.items, strict=True):
         np.testing.assert_array_equal(a["dense"]["values"], b["dense"]["values"])
@@ -60,13 +71,17 @@ async def test_second_worker_loads_from_the_cluster_cache(make_runtime, tmp_path
 
 async def test_weights_of_loaded_models_are_protected_from_disk_eviction(make_runtime, tmp_path):
     cluster = tmp_path / "cluster"
-    seeder = await make_runtime([minilm(weights_path=str(gt.get_model_path()))], cluster_cache_url=str(cluster),
-                                disk_cache_dir=str(tmp_path / "seed"))
+    seeder = await make_runtime(
+        [minilm(weights_path=str(gt.get_model_path()))],
+        cluster_cache_url=str(cluster),
+        disk_cache_dir=str(tmp_path / "seed"),
+    )
     await encode_ready(seeder, ID, ITEMS)
     seeder.weights.flush()
     # a disk budget the MiniLM entry alone exceeds: it would be evicted if it were not in use
-    rt = await make_runtime([minilm(), fake_config("sie-fake-2")], cluster_cache_url=str(cluster),
-                            disk_budget_bytes=1_000_000)
+    rt = await make_runtime(
+        [minilm(), fake_config("sie-fake-2")], cluster_cache_url=str(cluster), disk_budget_bytes=1_000_000
+    )
     await encode_ready(rt, ID, ITEMS)
     assert rt.weights.local_entries() == ["acme--minilm-copy--main"]
     assert rt.weights.enforce_disk_pressure(protect=rt._weight_keys()) == []
@@ -76,8 +91,11 @@ async def test_weights_of_loaded_models_are_protected_from_disk_eviction(make_ru
 async def test_room_is_made_before_a_load_from_the_weights_size(make_runtime):
     # 200 MB synthetic device; MiniLM's weights are ~91 MB on disk, so loading it with 110 MB
     # resident passes 85 % (170 MB) before the load: the LRU model goes first
-    models = [fake_config("big-old", memory_bytes=100_000_000), fake_config("small-new", memory_bytes=10_000_000),
-              minilm(weights_path=str(gt.get_model_path()))]
+    models = [
+        fake_config("big-old", memory_bytes=100_000_000),
+        fake_config("small-new", memory_bytes=10_000_000),
+        minilm(weights_path=str(gt.get_model_path())),
+    ]
     rt = await make_runtime(models, memory_budget_bytes=200_000_000)
     await encode_ready(rt, "big-old", ITEMS)
     await encode_ready(rt, "small-new", ITEMS)

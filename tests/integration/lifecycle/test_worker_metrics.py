@@ -32,7 +32,10 @@ async def test_requests_batches_loads_and_evictions_are_counted(make_runtime):
     await encode_ready(rt, "c", ITEMS)  # evicts a
     found = scrape(rt)
     assert get(found, "sie_worker_loaded_models") == 2
-    assert {k[1] for k in found if k[0] == "sie_worker_model_loaded"} == {(("model", "b"),), (("model", "c"),)}
+    assert {k[1] for k in found if k[0] == "sie_worker_model_loaded"} == {
+        (("model", "b"),),
+        (("model", "c"),),
+    }
     assert get(found, "sie_worker_evictions_total") == 1
     for model in ("a", "b", "c"):
         assert get(found, "sie_worker_model_load_seconds_count", model=model) == 1
@@ -44,7 +47,10 @@ async def test_requests_batches_loads_and_evictions_are_counted(make_runtime):
 
 
 async def test_load_failures_and_oom_recovery_steps_are_counted(make_runtime):
-    models = [fake_config("oom", oom_on_batch=2, oom_repeat=1000), fake_config("broken", fail_load="no weights")]
+    models = [
+        fake_config("oom", oom_on_batch=2, oom_repeat=1000),
+        fake_config("broken", fail_load="no weights"),
+    ]
     rt = await make_runtime(models)
     await encode_ready(rt, "oom", ITEMS[:1])
     with pytest.raises(SIEError):

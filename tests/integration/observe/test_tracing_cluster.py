@@ -45,14 +45,28 @@ HOPS = {
 @pytest.fixture(scope="module")
 def traced_cluster(tmp_path_factory):
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("SIE_", "OTEL_"))}
-    os.environ.update({
-        "SIE_HF_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "SIE_TORCH_THREADS": "1",
-        "SIE_STREAM_STORAGE": "memory", "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
-        "SIE_LOG_FORMAT": "json",
-    })
+    os.environ.update(
+        {
+            "SIE_HF_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "SIE_TORCH_THREADS": "1",
+            "SIE_STREAM_STORAGE": "memory",
+            "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
+            "SIE_LOG_FORMAT": "json",
+        }
+    )
     printed: list[str] = []
-    c = Cluster(Path(tmp_path_factory.mktemp("traced")), free_port(), free_port(), free_port(), preload="sie-fake",
-                observe=True, otlp_port=free_port(), metrics_port=free_port(), say_spans=printed.append)
+    c = Cluster(
+        Path(tmp_path_factory.mktemp("traced")),
+        free_port(),
+        free_port(),
+        free_port(),
+        preload="sie-fake",
+        observe=True,
+        otlp_port=free_port(),
+        metrics_port=free_port(),
+        say_spans=printed.append,
+    )
     try:
         c.start(say=lambda *_: None)
         wait_for_worker(c.gateway_url)
@@ -86,9 +100,12 @@ def wait_for_hops(receiver: OtlpReceiver, trace_id: str, timeout: float = 60.0):
 def test_an_encode_is_one_trace_with_every_hop(traced_cluster):
     cluster, receiver, printed = traced_cluster
     trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
-    r = httpx.post(cluster.gateway_url + "/v1/encode/sie-fake",
-                   json={"items": [{"text": "one"}, {"text": "two two"}, {"text": "three three three"}]},
-                   headers={"traceparent": f"00-{trace_id}-{client_span}-01"}, timeout=60)
+    r = httpx.post(
+        cluster.gateway_url + "/v1/encode/sie-fake",
+        json={"items": [{"text": "one"}, {"text": "two two"}, {"text": "three three three"}]},
+        headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     spans = wait_for_hops(receiver, trace_id)
     by_id = {s.span_id: s for s in spans}
@@ -125,25 +142,34 @@ def test_an_encode_is_one_trace_with_every_hop(traced_cluster):
 def test_a_request_without_traceparent_starts_its_own_trace(traced_cluster):
     cluster, receiver, _ = traced_cluster
     before = len(receiver.spans)
-    r = httpx.post(cluster.gateway_url + "/v1/encode/sie-fake", json={"items": [{"text": "alone"}]}, timeout=60)
+    r = httpx.post(
+        cluster.gateway_url + "/v1/encode/sie-fake", json={"items": [{"text": "alone"}]}, timeout=60
+    )
     assert r.status_code == 200, r.text
     deadline = time.monotonic() + 60
     roots = []
     while time.monotonic() < deadline and not roots:
-        roots = [s for s in receiver.spans[before:] if s.name == "gateway.request"
-                 and s.attributes.get("request_id") == r.headers["X-SIE-Request-ID"]]
+        roots = [
+            s
+            for s in receiver.spans[before:]
+            if s.name == "gateway.request" and s.attributes.get("request_id") == r.headers["X-SIE-Request-ID"]
+        ]
         time.sleep(0.1)
     (root,) = roots
     assert root.parent_id == ""
     wait_until = time.monotonic() + 60
-    while time.monotonic() < wait_until and "worker.forward" not in {s.name for s in receiver.trace(root.trace_id)}:
+    while time.monotonic() < wait_until and "worker.forward" not in {
+        s.name for s in receiver.trace(root.trace_id)
+    }:
         time.sleep(0.1)
     assert "worker.forward" in {s.name for s in receiver.trace(root.trace_id)}
 
 
 def test_the_pod_metrics_port_serves_sidecar_and_worker(traced_cluster):
     cluster, _, _ = traced_cluster
-    r = httpx.post(cluster.gateway_url + "/v1/encode/sie-fake", json={"items": [{"text": "metrics"}]}, timeout=60)
+    r = httpx.post(
+        cluster.gateway_url + "/v1/encode/sie-fake", json={"items": [{"text": "metrics"}]}, timeout=60
+    )
     assert r.status_code == 200, r.text
     text = httpx.get(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=10).text
     values: dict[str, float] = {}

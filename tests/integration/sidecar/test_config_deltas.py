@@ -32,8 +32,16 @@ def expected_hash(*yamls: str, pool: str = "default") -> str:
     return bundle_config_hash(BUNDLE, [parse_model_yaml(y) for y in yamls], pool=pool)
 
 
-def delta(model_id: str, yaml_text: str, epoch: int, hash_: str, *, router_id: str = "sie-config",
-          bundle: str = "default", pool: str = "default") -> bytes:
+def delta(
+    model_id: str,
+    yaml_text: str,
+    epoch: int,
+    hash_: str,
+    *,
+    router_id: str = "sie-config",
+    bundle: str = "default",
+    pool: str = "default",
+) -> bytes:
     return encode_config_delta(
         ConfigDelta(
             router_id=router_id,
@@ -193,7 +201,9 @@ async def test_barrier_writer_waits_for_readers_and_blocks_new_ones():
     assert order == ["b1+", "b1-", "apply", "b2+", "b2-"]
 
 
-def tombstone(model_id: str, epoch: int, hash_: str, *, bundle: str = "default", pool: str = "default") -> bytes:
+def tombstone(
+    model_id: str, epoch: int, hash_: str, *, bundle: str = "default", pool: str = "default"
+) -> bytes:
     return encode_config_delta(
         ConfigDelta(
             router_id="sie-config", bundle_id=bundle, epoch=epoch, bundle_config_hash=hash_, model_id=model_id,

@@ -121,11 +121,14 @@ def parse_model_bundle():
 async def test_changed_profile_unloads_stale_model_and_unsupported_adapters():
     sock = socket_path()
     before = model_yaml("test/m", memory_bytes=1_000_001)
-    runtime = Runtime(WorkerSettings(device="cpu", cpu_workers=1), catalog=Catalog([parse_model_yaml(before)]))
+    runtime = Runtime(
+        WorkerSettings(device="cpu", cpu_workers=1), catalog=Catalog([parse_model_yaml(before)])
+    )
     await runtime.start()
     server = await serve_ipc(runtime, sock, worker_id="w")
     client = IpcClient(sock)
     try:
+
         async def ready() -> str:
             return (await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "test/m"}))["state"]
 

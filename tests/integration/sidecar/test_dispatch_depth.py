@@ -30,7 +30,9 @@ async def test_items_arriving_during_a_forward_join_one_next_batch(nats_server):
     gw = await Gateway(await connect(nats_server.url)).start()
     async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=2000)) as worker:
         sizes = _batch_sizes(worker)
-        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10))
+        lane, nc, client = await start_lane(
+            sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10)
+        )
         try:
             first = gw.item("first", 0, model_id=MODEL, text="the first one")
             await gw.publish(first)
@@ -52,7 +54,9 @@ async def test_a_worker_with_two_lanes_gets_an_item_at_once_while_one_lane_is_bu
     gw = await Gateway(await connect(nats_server.url)).start()
     async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=2000), forward_lanes=2) as worker:
         sizes = _batch_sizes(worker)
-        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10))
+        lane, nc, client = await start_lane(
+            sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10)
+        )
         try:
             items = [gw.item("first", 0, model_id=MODEL, text="the first one")]
             await gw.publish(items[0])
@@ -78,7 +82,9 @@ async def test_items_pending_while_two_lanes_are_idle_are_shared_between_them(na
     yaml = model_yaml(MODEL, load_delay_s=2.0, batch_delay_ms=300)
     async with InProcessWorker(sock, yaml, forward_lanes=2) as worker:
         sizes = _batch_sizes(worker)
-        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10))
+        lane, nc, client = await start_lane(
+            sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10)
+        )
         try:
             items = [gw.item(f"queued-{i}", 0, model_id=MODEL, text=f"queued {i}") for i in range(6)]
             for it in items:
@@ -91,7 +97,9 @@ async def test_items_pending_while_two_lanes_are_idle_are_shared_between_them(na
 
 
 @pytest.mark.parametrize(("gather_ms", "expected"), [(400.0, [3]), (0.0, [1, 2])])
-async def test_an_idle_worker_gets_a_request_whole_when_its_items_arrive_apart(nats_server, gather_ms, expected):
+async def test_an_idle_worker_gets_a_request_whole_when_its_items_arrive_apart(
+    nats_server, gather_ms, expected
+):
     """A request's items reach the sidecar one message at a time. With the worker idle, the first
     would go alone and the rest wait a whole forward; the sidecar waits (``batcher_gather_ms``)
     for the rest of the request, which the gateway counted in each item's routing header, and sends
@@ -100,8 +108,9 @@ async def test_an_idle_worker_gets_a_request_whole_when_its_items_arrive_apart(n
     gw = await Gateway(await connect(nats_server.url)).start()
     async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=300)) as worker:
         sizes = _batch_sizes(worker)
-        settings = sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=1000,
-                                    batcher_gather_ms=gather_ms)
+        settings = sidecar_settings(
+            nats_server.url, sock, batcher_max_batch_wait_ms=1000, batcher_gather_ms=gather_ms
+        )
         lane, nc, client = await start_lane(settings)
         try:
             warm = gw.item("warm", 0, model_id=MODEL, text="load the model first")

@@ -209,7 +209,9 @@ async def test_an_idle_worker_gets_a_lone_item_without_the_batch_wait(nats_serve
     gw_nc = await connect(nats_server.url)
     gw = await Gateway(gw_nc).start()
     async with InProcessWorker(sock, model_yaml(MODEL)):
-        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=600_000))
+        lane, nc, client = await start_lane(
+            sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=600_000)
+        )
         try:
             for n in range(3):
                 item = gw.item(f"lone-{n}", 0, model_id=MODEL, text="one item alone", total=1)
@@ -248,7 +250,9 @@ async def test_each_batch_the_worker_runs_is_one_group_cut_by_the_sidecar(nats_s
             items = []
             for i in range(30):  # interleaved: every neighbour differs from the one before
                 extra = kinds[i % len(kinds)]
-                items.append(gw.item(f"req-{i % len(kinds)}-{i}", 0, model_id=MODEL, text=f"text {i}", **extra))
+                items.append(
+                    gw.item(f"req-{i % len(kinds)}-{i}", 0, model_id=MODEL, text=f"text {i}", **extra)
+                )
             for it in items:
                 await gw.publish(it)
             got = await gw.wait_for([it.work_item_id for it in items], timeout=60)
@@ -293,7 +297,9 @@ async def test_a_batchs_results_for_one_gateway_share_a_message(nats_server):
                 await gw.publish(it)
             # a results subject outside the inbox namespace: dropped, like a bad reply subject
             forged = gw.item("req-d", 0, model_id=MODEL, text="d")
-            await gw.publish_raw(MODEL, forged.to_msgpack(), RoutingHeader.of(forged, 1, "sie.elsewhere").headers())
+            await gw.publish_raw(
+                MODEL, forged.to_msgpack(), RoutingHeader.of(forged, 1, "sie.elsewhere").headers()
+            )
             await gw.wait_for([it.work_item_id for it in alone])
             assert gw.messages - before == 3 and gw.together == 12
             await wait_until(lambda: lane.stats["dropped"] == dropped + 1, 10)

@@ -72,7 +72,11 @@ async def test_bulk_progresses_under_an_interactive_flood(nats_server):
     async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=20)):
         # a small held budget: without the bulk share the interactive flood would hold all of it
         settings = sidecar_settings(
-            nats_server.url, sock, batcher_max_batch_requests=4, max_held_messages=16, bulk_max_wait_ms=100,
+            nats_server.url,
+            sock,
+            batcher_max_batch_requests=4,
+            max_held_messages=16,
+            bulk_max_wait_ms=100,
             max_concurrent_batches=1,
         )
         lane, nc, client = await start_lane(settings)

@@ -83,7 +83,9 @@ async def test_a_status_left_over_from_an_earlier_request_does_not_end_the_open_
         wake.clear()
         await puller.request(4)
         # a late 408 on request 0's subject, as one that crossed the client's own timer would come
-        await nc.publish(f"{puller._prefix}.0", b"", headers={"Status": "408", "Description": "Request Timeout"})
+        await nc.publish(
+            f"{puller._prefix}.0", b"", headers={"Status": "408", "Description": "Request Timeout"}
+        )
         await nc.flush()
         await asyncio.sleep(0.05)
         assert puller.is_open and not wake.is_set()

@@ -37,7 +37,10 @@ async def test_a_sidecar_creates_a_missing_stream_and_the_gateway_then_applies_i
         settings = sidecar_settings(nats_server.url, "/tmp/unused.sock", stream_storage="memory")
         await ensure_stream(js, settings)
         info = await js.stream_info(pool_stream_name("default"))
-        assert info.config.max_msgs == 100_000 and info.config.subjects == ["sie.work.default.*.*.*", "sie.work.default.*.*.*.bulk"]
+        assert info.config.max_msgs == 100_000 and info.config.subjects == [
+            "sie.work.default.*.*.*",
+            "sie.work.default.*.*.*.bulk",
+        ]
 
         gateway = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory", max_msgs=7_000)
         await gateway.ensure_stream("default")

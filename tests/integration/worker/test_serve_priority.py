@@ -19,14 +19,18 @@ MSGPACK = {"Content-Type": "application/msgpack", "Accept": "application/msgpack
 
 
 def _settings(**over) -> WorkerSettings:
-    base = dict(preload_models=SLOW, max_batch_requests=8, serve_bulk_mixed_batch_requests=4,
-                max_items_per_request=64)
+    base = dict(
+        preload_models=SLOW, max_batch_requests=8, serve_bulk_mixed_batch_requests=4, max_items_per_request=64
+    )
     return WorkerSettings(**{**base, **over})
 
 
 async def _encode(client, texts, headers=None):
-    resp = await client.post(f"/v1/encode/{SLOW}", data=packb({"items": [{"text": t} for t in texts]}),
-                             headers={**MSGPACK, **(headers or {})})
+    resp = await client.post(
+        f"/v1/encode/{SLOW}",
+        data=packb({"items": [{"text": t} for t in texts]}),
+        headers={**MSGPACK, **(headers or {})},
+    )
     assert resp.status == 200, await resp.text()
     return unpackb(await resp.read())
 
@@ -38,14 +42,17 @@ async def _encode(client, texts, headers=None):
         ("bulk", {}, {"X-SIE-Priority": "Interactive"}),  # the setting makes bulk the default
     ],
 )
-async def test_interactive_is_answered_while_a_bulk_backlog_is_worked_through(default, bulk_headers,
-                                                                                 interactive_headers):
+async def test_interactive_is_answered_while_a_bulk_backlog_is_worked_through(
+    default, bulk_headers, interactive_headers
+):
     settings = _settings(serve_default_priority=default)
     runtime = Runtime(settings)
     async with TestClient(TestServer(create_app(runtime, settings))) as client:
         await _encode(client, ["warm"], interactive_headers)  # the model is loaded and has run once
-        bulk = [asyncio.create_task(_encode(client, [f"bulk {r} {i}" for i in range(8)], bulk_headers))
-                for r in range(4)]  # 32 items: at least 4 forward passes of 300 ms whatever the order
+        bulk = [
+            asyncio.create_task(_encode(client, [f"bulk {r} {i}" for i in range(8)], bulk_headers))
+            for r in range(4)
+        ]  # 32 items: at least 4 forward passes of 300 ms whatever the order
         # the backlog is queued: at least 16 of its 32 items wait (on a slow machine a batch of 8 may
         # have run and another be running before the last request is tokenised)
         while runtime.queue_depth() < 16:
@@ -83,19 +90,25 @@ async def test_an_unknown_priority_is_a_400_invalid_input(path, body):
         assert payload["detail"]["code"] == "INVALID_INPUT" and payload["detail"]["param"] == "X-SIE-Priority"
         # the same request with a known class passes the check (sie-fake exposes no tokenizer, so
         # tokenize still fails, for that reason)
-        status, payload, _ = await _error(client, path, body, {"X-SIE-Priority": "bulk", "Accept": "application/json"})
-        assert (status, payload.get("detail", {}).get("param")) == ((400, "model") if "tokenize" in path else (200, None))
+        status, payload, _ = await _error(
+            client, path, body, {"X-SIE-Priority": "bulk", "Accept": "application/json"}
+        )
+        assert (status, payload.get("detail", {}).get("param")) == (
+            (400, "model") if "tokenize" in path else (200, None)
+        )
 
 
 async def test_an_unknown_priority_on_the_openai_route_is_an_openai_400():
     settings = WorkerSettings(preload_models="sie-fake")
     async with TestClient(TestServer(create_app(Runtime(settings), settings))) as client:
-        resp = await client.post("/v1/embeddings", json={"model": "sie-fake", "input": "x"},
-                                 headers={"X-SIE-Priority": "urgent"})
+        resp = await client.post(
+            "/v1/embeddings", json={"model": "sie-fake", "input": "x"}, headers={"X-SIE-Priority": "urgent"}
+        )
         body = await resp.json()
         assert resp.status == 400 and body["error"]["param"] == "X-SIE-Priority", body
-        resp = await client.post("/v1/embeddings", json={"model": "sie-fake", "input": "x"},
-                                 headers={"X-SIE-Priority": "bulk"})
+        resp = await client.post(
+            "/v1/embeddings", json={"model": "sie-fake", "input": "x"}, headers={"X-SIE-Priority": "bulk"}
+        )
         assert resp.status == 200, await resp.text()
 
 

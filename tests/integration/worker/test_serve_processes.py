@@ -33,11 +33,16 @@ def test_sibling_processes_share_the_port_and_stop_with_the_first():
                 break
             time.sleep(0.5)
         for i in range(30):  # a new connection each time: the kernel spreads them over both
-            r = httpx.post(srv.url + "/v1/encode/sie-fake", content=packb({"items": [{"text": f"t{i}"}]}),
-                           headers={"Content-Type": "application/msgpack"})
+            r = httpx.post(
+                srv.url + "/v1/encode/sie-fake",
+                content=packb({"items": [{"text": f"t{i}"}]}),
+                headers={"Content-Type": "application/msgpack"},
+            )
             assert r.status_code == 200, r.text
             assert unpackb(r.content)["items"][0]["dense"]["values"].shape == (384,)
-        assert alive(kids[0])  # it bound the shared port (a second bind without SO_REUSEPORT would have failed)
+        assert alive(
+            kids[0]
+        )  # it bound the shared port (a second bind without SO_REUSEPORT would have failed)
     deadline = time.monotonic() + 20
     while alive(kids[0]) and time.monotonic() < deadline:
         time.sleep(0.1)

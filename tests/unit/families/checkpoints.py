@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-BACKBONE = Path(__import__("importlib.util").util.find_spec("cognition").submodule_search_locations[0]) / "model"
+BACKBONE = (
+    Path(__import__("importlib.util").util.find_spec("cognition").submodule_search_locations[0]) / "model"
+)
 
 TRAIN_PAIRS = [
     ("what is ML", "Machine learning is a field of AI", 1.0),
@@ -68,8 +70,16 @@ def build_colbert(dest: Path, dim: int = 96) -> Path:
     gen = torch.Generator().manual_seed(1)
     tensors["linear.weight"] = torch.randn(dim, 128, generator=gen) * 0.1
     save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    meta = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 32, "doc_maxlen": 180,
-            "attend_to_mask_tokens": False, "mask_punctuation": True, "dim": dim, "similarity": "cosine"}
+    meta = {
+        "query_token_id": "[unused0]",
+        "doc_token_id": "[unused1]",
+        "query_maxlen": 32,
+        "doc_maxlen": 180,
+        "attend_to_mask_tokens": False,
+        "mask_punctuation": True,
+        "dim": dim,
+        "similarity": "cosine",
+    }
     (dest / "artifact.metadata").write_text(json.dumps(meta))
     return dest
 
@@ -80,7 +90,9 @@ def build_cross_encoder(dest: Path, steps: int = 60) -> Path:
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(str(BACKBONE))
     model = BertForSequenceClassification.from_pretrained(str(BACKBONE), num_labels=1)
-    enc = tok([q for q, _, _ in TRAIN_PAIRS], [d for _, d, _ in TRAIN_PAIRS], padding=True, return_tensors="pt")
+    enc = tok(
+        [q for q, _, _ in TRAIN_PAIRS], [d for _, d, _ in TRAIN_PAIRS], padding=True, return_tensors="pt"
+    )
     target = torch.tensor([y for _, _, y in TRAIN_PAIRS])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model.train()
@@ -114,10 +126,17 @@ def build_bge_m3(dest: Path) -> Path:
     BertModel.from_pretrained(str(BACKBONE)).save_pretrained(str(dest))
     _save_tokenizer(dest)
     gen = torch.Generator().manual_seed(3)
-    torch.save({"weight": torch.randn(128, 128, generator=gen) * 0.1, "bias": torch.randn(128, generator=gen) * 0.01},
-               dest / "colbert_linear.pt")
-    torch.save({"weight": torch.randn(1, 128, generator=gen) * 0.3, "bias": torch.full((1,), 0.1)},
-               dest / "sparse_linear.pt")
+    torch.save(
+        {
+            "weight": torch.randn(128, 128, generator=gen) * 0.1,
+            "bias": torch.randn(128, generator=gen) * 0.01,
+        },
+        dest / "colbert_linear.pt",
+    )
+    torch.save(
+        {"weight": torch.randn(1, 128, generator=gen) * 0.3, "bias": torch.full((1,), 0.1)},
+        dest / "sparse_linear.pt",
+    )
     return dest
 
 
@@ -138,12 +157,25 @@ def build_gliner(dest: Path, steps: int = 60) -> Path:
 def _train_gliner(dest: Path, steps: int) -> Path:
     from gliner import GLiNER, GLiNERConfig
 
-    cfg = GLiNERConfig(model_name=str(BACKBONE), max_width=6, hidden_size=64, max_len=128,
-                       span_mode="markerV0", max_types=10, dropout=0.0)
+    cfg = GLiNERConfig(
+        model_name=str(BACKBONE),
+        max_width=6,
+        hidden_size=64,
+        max_len=128,
+        span_mode="markerV0",
+        max_types=10,
+        dropout=0.0,
+    )
     model = GLiNER.from_config(cfg)
     train = [{"tokenized_text": t.split(), "ner": [list(e) for e in ents]} for t, ents in NER_DATA]
-    collator = model.data_collator_class(model.config, data_processor=model.data_processor, return_tokens=True,
-                                         return_entities=True, return_id_to_classes=True, prepare_labels=True)
+    collator = model.data_collator_class(
+        model.config,
+        data_processor=model.data_processor,
+        return_tokens=True,
+        return_entities=True,
+        return_id_to_classes=True,
+        prepare_labels=True,
+    )
     # the collator shuffles the label order of the prompt: several collations teach label identity, not slot
     batches = [{k: v for k, v in collator(train).items() if isinstance(v, torch.Tensor)} for _ in range(8)]
     for name, p in model.named_parameters():
@@ -182,7 +214,9 @@ def write_gte_new(dest: Path, vocab: int, seed: int = 0, **layout) -> Path:
     state = {f"{p}embeddings.word_embeddings.weight": rnd(vocab, GTE_HIDDEN, scale=0.5),
              f"{p}embeddings.LayerNorm.weight": rnd(GTE_HIDDEN, base=1.0), f"{p}embeddings.LayerNorm.bias": rnd(GTE_HIDDEN)}  # fmt: skip
     if layout["type_vocab_size"]:
-        state[f"{p}embeddings.token_type_embeddings.weight"] = rnd(layout["type_vocab_size"], GTE_HIDDEN, scale=0.5)
+        state[f"{p}embeddings.token_type_embeddings.weight"] = rnd(
+            layout["type_vocab_size"], GTE_HIDDEN, scale=0.5
+        )
     for i in range(GTE_LAYERS):
         L = f"{p}encoder.layer.{i}."
         if layout["pack_qkv"]:
@@ -220,7 +254,9 @@ def write_gte_new(dest: Path, vocab: int, seed: int = 0, **layout) -> Path:
     return dest
 
 
-def write_projection(dest: Path, in_features: int, out_features: int, seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+def write_projection(
+    dest: Path, in_features: int, out_features: int, seed: int = 5
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A sentence-transformers Dense module as stella ships it (``2_Dense_1024``: Identity activation,
     ``linear.weight``/``linear.bias`` in model.safetensors); returns (weight, bias)."""
     from safetensors.torch import save_file
@@ -254,7 +290,7 @@ def model_yamls(paths: dict[str, Path]) -> dict[str, str]:
     if "colbert" in paths:
         docs["colbert.yaml"] = f"""
 sie_id: local/colbert
-weights_path: {paths['colbert']}
+weights_path: {paths["colbert"]}
 inputs: {{text: true}}
 tasks:
   encode:
@@ -273,7 +309,7 @@ profiles:
     if "cross_encoder" in paths:
         docs["reranker.yaml"] = f"""
 sie_id: local/reranker
-weights_path: {paths['cross_encoder']}
+weights_path: {paths["cross_encoder"]}
 inputs: {{text: true}}
 tasks:
   score: {{}}
@@ -286,7 +322,7 @@ profiles:
     if "classifier" in paths:
         docs["classifier.yaml"] = f"""
 sie_id: local/classifier
-weights_path: {paths['classifier']}
+weights_path: {paths["classifier"]}
 inputs: {{text: true}}
 tasks:
   extract: {{}}
@@ -299,7 +335,7 @@ profiles:
     if "bge_m3" in paths:
         docs["bge-m3.yaml"] = f"""
 sie_id: local/bge-m3
-weights_path: {paths['bge_m3']}
+weights_path: {paths["bge_m3"]}
 inputs: {{text: true}}
 tasks:
   encode:
@@ -327,7 +363,7 @@ profiles:
     if "gliner" in paths:
         docs["gliner.yaml"] = f"""
 sie_id: local/gliner
-weights_path: {paths['gliner']}
+weights_path: {paths["gliner"]}
 inputs: {{text: true}}
 tasks:
   extract: {{}}

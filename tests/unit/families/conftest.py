@@ -17,9 +17,13 @@ from worker import DEFAULT_BUNDLES_DIR
 def family_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("family-ckpts")
     paths = {}
-    for name, build in (("colbert", ck.build_colbert), ("cross_encoder", ck.build_cross_encoder),
-                        ("classifier", ck.build_classifier), ("bge_m3", ck.build_bge_m3),
-                        ("gliner", ck.build_gliner)):
+    for name, build in (
+        ("colbert", ck.build_colbert),
+        ("cross_encoder", ck.build_cross_encoder),
+        ("classifier", ck.build_classifier),
+        ("bge_m3", ck.build_bge_m3),
+        ("gliner", ck.build_gliner),
+    ):
         dest = root / name
         dest.mkdir()
         paths[name] = build(dest)
@@ -70,16 +74,28 @@ def runtime_serving(models_dir, *model_yamls: str) -> RuntimeThread:
     models_dir.mkdir(parents=True, exist_ok=True)
     for i, text in enumerate(model_yamls):
         (models_dir / f"model-{i}.yaml").write_text(text)
-    return RuntimeThread(WorkerSettings(models_dir=str(models_dir), bundles_dir=str(DEFAULT_BUNDLES_DIR),
-                                        device="cpu", hf_offline=True, memory_monitor_interval_s=0))
+    return RuntimeThread(
+        WorkerSettings(
+            models_dir=str(models_dir),
+            bundles_dir=str(DEFAULT_BUNDLES_DIR),
+            device="cpu",
+            hf_offline=True,
+            memory_monitor_interval_s=0,
+        )
+    )
 
 
 @pytest.fixture(scope="session")
 def family_runtime(family_checkpoints):
     from worker.settings import WorkerSettings
 
-    settings = WorkerSettings(models_dir=str(family_checkpoints["models_dir"]), bundles_dir=str(DEFAULT_BUNDLES_DIR),
-                              device="cpu", hf_offline=True, memory_monitor_interval_s=0)
+    settings = WorkerSettings(
+        models_dir=str(family_checkpoints["models_dir"]),
+        bundles_dir=str(DEFAULT_BUNDLES_DIR),
+        device="cpu",
+        hf_offline=True,
+        memory_monitor_interval_s=0,
+    )
     rt = RuntimeThread(settings)
     yield rt
     rt.close()

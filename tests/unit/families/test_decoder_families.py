@@ -28,9 +28,17 @@ PREFIX, SUFFIX = "judge : ", " answer :"
 
 
 def qwen3_config(tok) -> Qwen3Config:
-    return Qwen3Config(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                       pad_token_id=tok.pad_token_id)
+    return Qwen3Config(
+        vocab_size=tok.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +58,21 @@ def checkpoints(tmp_path_factory):
 
 
 def adapter(cls, path: Path, loadtime=None, max_len=128):
-    config = ModelConfig(sie_id="t", max_sequence_length=max_len,
-                         profiles={"default": {"adapter_path": f"{cls.__module__}:{cls.__name__}",
-                                               "max_batch_tokens": 4096}})
-    a = cls(LoadSpec(config=config, profile_name="default", weights_dir=str(path), device="cpu",
-                     precision="float32", loadtime=loadtime or {}))
+    config = ModelConfig(
+        sie_id="t",
+        max_sequence_length=max_len,
+        profiles={"default": {"adapter_path": f"{cls.__module__}:{cls.__name__}", "max_batch_tokens": 4096}},
+    )
+    a = cls(
+        LoadSpec(
+            config=config,
+            profile_name="default",
+            weights_dir=str(path),
+            device="cpu",
+            precision="float32",
+            loadtime=loadtime or {},
+        )
+    )
     a.load()
     return a
 
@@ -75,8 +93,11 @@ def test_last_token_embedder_equals_transformers(checkpoints):
 
 
 def test_llm_reranker_is_p_yes_of_the_prompt(checkpoints):
-    a = adapter(LLMRerankerAdapter, checkpoints["reranker"],
-                {"prefix": PREFIX, "suffix": SUFFIX, "default_instruction": "find it"})
+    a = adapter(
+        LLMRerankerAdapter,
+        checkpoints["reranker"],
+        {"prefix": PREFIX, "suffix": SUFFIX, "default_instruction": "find it"},
+    )
     ctx = RequestContext(op="score")
     pairs = [({"text": "what is ml"}, {"text": t}) for t in TEXTS]
     scores = a.forward(ctx, a.prepare(ctx, pairs))
@@ -97,7 +118,7 @@ def test_llm_reranker_truncates_the_body_and_keeps_the_question(checkpoints):
     tok = checkpoints["tok"]
     units = a.prepare(RequestContext(op="score"), [({"text": "q"}, {"text": "word " * 200})])
     suffix = tok.encode(SUFFIX, add_special_tokens=False)
-    assert units[0].cost == 40 and units[0].data[-len(suffix):] == suffix
+    assert units[0].cost == 40 and units[0].data[-len(suffix) :] == suffix
     with pytest.raises(InputTooLong):
         a.prepare(RequestContext(op="score", truncate=False), [({"text": "q"}, {"text": "word " * 200})])
 
@@ -105,9 +126,14 @@ def test_llm_reranker_truncates_the_body_and_keeps_the_question(checkpoints):
 def test_output_dim_truncates_and_renormalises_through_sie_serve(tmp_path):
     d = "sentence-transformers/all-MiniLM-L6-v2"
     with ServeProcess(env={"SIE_PRELOAD_MODELS": d}) as srv:
+
         def encode(options):
-            r = httpx.post(f"{srv.url}/v1/encode/{d}", timeout=60, headers={"Content-Type": "application/msgpack"},
-                           content=packb({"items": [{"text": "matryoshka dolls"}], "params": {"options": options}}))
+            r = httpx.post(
+                f"{srv.url}/v1/encode/{d}",
+                timeout=60,
+                headers={"Content-Type": "application/msgpack"},
+                content=packb({"items": [{"text": "matryoshka dolls"}], "params": {"options": options}}),
+            )
             return r.status_code, unpackb(r.content) if r.status_code == 200 else r.json()
 
         _, full = encode({})
@@ -128,15 +154,17 @@ def test_llm_reranker_with_lora_equals_peft(checkpoints, tmp_path):
     torch.manual_seed(9)
     cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     get_peft_model(Qwen3ForCausalLM.from_pretrained(str(checkpoints["reranker"])), cfg).save_pretrained(
-        str(tmp_path / "lora"))
+        str(tmp_path / "lora")
+    )
     a = adapter(LLMRerankerAdapter, checkpoints["reranker"], {"prefix": PREFIX, "suffix": SUFFIX})
     a.load_lora("l1", str(tmp_path / "lora"))
     pairs = [({"text": "what is ml"}, {"text": t}) for t in TEXTS]
     ctx = RequestContext(op="score", lora="l1")
     units = a.prepare(ctx, pairs)
     scores = a.forward(ctx, units)
-    model = PeftModel.from_pretrained(Qwen3ForCausalLM.from_pretrained(str(checkpoints["reranker"])),
-                                      str(tmp_path / "lora")).eval()
+    model = PeftModel.from_pretrained(
+        Qwen3ForCausalLM.from_pretrained(str(checkpoints["reranker"])), str(tmp_path / "lora")
+    ).eval()
     tok = checkpoints["tok"]
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
     for score, unit in zip(scores, units, strict=True):
@@ -156,8 +184,12 @@ def test_truncation_is_reported_per_item_through_sie_serve():
         short, long = client.encode(d, [{"text": "short"}, {"text": long_text}])
         assert "truncated" not in short
         assert long["truncated"] is True and long["used_tokens"] == 256 and long["input_tokens"] == 302
-        raw = httpx.post(f"{srv.url}/v1/encode/{d}", json={"items": [{"text": long_text}]},
-                         headers={"Accept": "application/json"}, timeout=60).json()
+        raw = httpx.post(
+            f"{srv.url}/v1/encode/{d}",
+            json={"items": [{"text": long_text}]},
+            headers={"Accept": "application/json"},
+            timeout=60,
+        ).json()
         assert raw["items"][0]["input_tokens"] == 302 and raw["items"][0]["used_tokens"] == 256
 
 
@@ -175,21 +207,30 @@ def test_llm_reranker_scores_long_documents_by_their_best_window(checkpoints, tm
     rt = runtime_serving(tmp_path / "models", yaml)
     try:
         query = {"text": "which passage mentions the harbour"}
-        doc = " ".join(f"sentence {i} tells of fields and hills." for i in range(30)) + " the harbour is here."
+        doc = (
+            " ".join(f"sentence {i} tells of fields and hills." for i in range(30)) + " the harbour is here."
+        )
         opts = {"overflow_policy": "chunk", "chunk_size": 16, "chunk_overlap": 4}
-        chunked = rt.call("score", "t/rr", query, [{"id": "d", "text": doc}, {"id": "s", "text": "short"}],
-                          options=opts)
+        chunked = rt.call(
+            "score", "t/rr", query, [{"id": "d", "text": doc}, {"id": "s", "text": "short"}], options=opts
+        )
         entry = {e["item_id"]: e for e in chunked.items}["d"]
         tok = checkpoints["tok"]
         offsets = tok(doc, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        spans = [(offsets[a][0], offsets[b - 1][1]) for a, b in windows(len(offsets), 16, 4, word_starts(offsets))]
+        spans = [
+            (offsets[a][0], offsets[b - 1][1]) for a, b in windows(len(offsets), 16, 4, word_starts(offsets))
+        ]
         assert entry["chunks"] == len(spans) > 5
-        alone = rt.call("score", "t/rr", query, [{"id": str(i), "text": doc[s:e]} for i, (s, e) in enumerate(spans)])
+        alone = rt.call(
+            "score", "t/rr", query, [{"id": str(i), "text": doc[s:e]} for i, (s, e) in enumerate(spans)]
+        )
         best = max(alone.items, key=lambda e: e["score"])
         assert abs(entry["score"] - best["score"]) < 1e-5
         assert (entry["span"]["start"], entry["span"]["end"]) == spans[int(best["item_id"])]
         # windows as large as the prompt leaves room for (no chunk_size): none is cut inside the prompt
-        widest = rt.call("score", "t/rr", query, [{"id": "d", "text": doc}], options={"overflow_policy": "chunk"})
+        widest = rt.call(
+            "score", "t/rr", query, [{"id": "d", "text": doc}], options={"overflow_policy": "chunk"}
+        )
         (entry,) = widest.items
         assert entry["chunks"] >= 3 and "truncated" not in entry, entry
     finally:

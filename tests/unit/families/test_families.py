@@ -58,8 +58,9 @@ def colbert_direct(family_checkpoints):
 @pytest.mark.parametrize("is_query", [False, True])
 def test_colbert_multivector_equals_direct(family_runtime, colbert_direct, is_query):
     items = [{"text": t, "id": f"t{i}"} for i, t in enumerate(TEXTS)]
-    res = family_runtime.call("encode", "local/colbert", items,
-                              {"output_types": ["multivector"], "options": {"is_query": is_query}})
+    res = family_runtime.call(
+        "encode", "local/colbert", items, {"output_types": ["multivector"], "options": {"is_query": is_query}}
+    )
     for item, text in zip(res.items, TEXTS, strict=True):
         mv = item["multivector"]
         got, want = mv["values"], colbert_direct(text, is_query)
@@ -80,9 +81,15 @@ def test_colbert_muvera_profile(family_runtime, colbert_direct):
         assert item["dense"]["dims"] == cfg.output_dim(96) and item["dense"]["values"].dtype == np.float32
         assert cosine_rows(item["dense"]["values"], want) >= 0.9999
     # request options overlay the profile's MUVERA config; queries sum per bucket
-    res = family_runtime.call("encode", "local/colbert", [{"text": TEXTS[0]}],
-                              {"output_types": ["dense"], "options": {"profile": "muvera", "is_query": True,
-                                                                      "muvera": {"num_repetitions": 2}}})
+    res = family_runtime.call(
+        "encode",
+        "local/colbert",
+        [{"text": TEXTS[0]}],
+        {
+            "output_types": ["dense"],
+            "options": {"profile": "muvera", "is_query": True, "muvera": {"num_repetitions": 2}},
+        },
+    )
     small = MuveraConfig(num_repetitions=2)
     want = fde(colbert_direct(TEXTS[0], True), small, is_query=True)
     assert cosine_rows(res.items[0]["dense"]["values"], want) >= 0.9999
@@ -110,8 +117,11 @@ def test_cross_encoder_scores_equal_direct(family_runtime, family_checkpoints):
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="eager").eval()
     query = "what is ML"
-    docs = [{"id": "d1", "text": "Python is a snake"}, {"id": "d2", "text": "Machine learning is a field of AI"},
-            {"text": "Paris is the capital of France, a country in western Europe with a long history."}]
+    docs = [
+        {"id": "d1", "text": "Python is a snake"},
+        {"id": "d2", "text": "Machine learning is a field of AI"},
+        {"text": "Paris is the capital of France, a country in western Europe with a long history."},
+    ]
     res = family_runtime.call("score", "local/reranker", {"text": query, "id": "q"}, docs)
     with torch.no_grad():
         enc = tok([query] * 3, [d["text"] for d in docs], padding=True, return_tensors="pt")
@@ -128,9 +138,14 @@ def test_cross_encoder_matches_sentence_transformers(family_runtime, family_chec
     from sentence_transformers import CrossEncoder
 
     ce = CrossEncoder(str(family_checkpoints["cross_encoder"]), device="cpu")
-    pairs = [("capital of France", "Paris is the capital of France"), ("capital of France", "Bananas are yellow")]
+    pairs = [
+        ("capital of France", "Paris is the capital of France"),
+        ("capital of France", "Bananas are yellow"),
+    ]
     want = ce.predict(pairs)
-    res = family_runtime.call("score", "local/reranker", {"text": pairs[0][0]}, [{"text": d} for _, d in pairs])
+    res = family_runtime.call(
+        "score", "local/reranker", {"text": pairs[0][0]}, [{"text": d} for _, d in pairs]
+    )
     got = {e["item_id"]: e["score"] for e in res.items}
     assert got["item-0"] == pytest.approx(float(want[0]), rel=1e-5)
     assert got["item-1"] == pytest.approx(float(want[1]), rel=1e-5)
@@ -141,7 +156,9 @@ def test_cross_encoder_overflow_policy(family_runtime):
     res = family_runtime.call("score", "local/reranker", {"text": "q"}, [long_doc])
     assert res.input_tokens == 512
     with pytest.raises(SIEError) as err:
-        family_runtime.call("score", "local/reranker", {"text": "q"}, [long_doc], options={"overflow_policy": "error"})
+        family_runtime.call(
+            "score", "local/reranker", {"text": "q"}, [long_doc], options={"overflow_policy": "error"}
+        )
     assert err.value.code == ErrorCode.INPUT_TOO_LONG
 
 
@@ -176,8 +193,12 @@ def test_bge_m3_three_outputs_equal_direct(family_runtime, family_checkpoints):
     bert = BertModel.from_pretrained(str(path), attn_implementation="eager").eval()
     colbert = torch.load(path / "colbert_linear.pt", weights_only=True)
     sparse = torch.load(path / "sparse_linear.pt", weights_only=True)
-    res = family_runtime.call("encode", "local/bge-m3", [{"text": t} for t in TEXTS],
-                              {"output_types": ["dense", "sparse", "multivector"]})
+    res = family_runtime.call(
+        "encode",
+        "local/bge-m3",
+        [{"text": t} for t in TEXTS],
+        {"output_types": ["dense", "sparse", "multivector"]},
+    )
     special = {tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.unk_token_id}
     for item, text in zip(res.items, TEXTS, strict=True):
         with torch.no_grad():
@@ -205,29 +226,40 @@ def test_bge_m3_three_outputs_equal_direct(family_runtime, family_checkpoints):
 def gliner_direct(family_checkpoints):
     from gliner import GLiNER
 
-    return GLiNER.from_pretrained(str(family_checkpoints["gliner"]), load_tokenizer=True, map_location="cpu").eval()
+    return GLiNER.from_pretrained(
+        str(family_checkpoints["gliner"]), load_tokenizer=True, map_location="cpu"
+    ).eval()
 
 
-NER_TEXTS = ["Apple was founded by Steve Jobs.", "John Smith works at Microsoft in Redmond.",
-             "Nothing to see here"]
+NER_TEXTS = [
+    "Apple was founded by Steve Jobs.",
+    "John Smith works at Microsoft in Redmond.",
+    "Nothing to see here",
+]
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.05])
 def test_gliner_entities_equal_predict_entities(family_runtime, gliner_direct, threshold):
     labels = ["person", "organization"]
     items = [{"text": t, **({"id": "first"} if i == 0 else {})} for i, t in enumerate(NER_TEXTS)]
-    res = family_runtime.call("extract", "local/gliner", items,
-                              {"labels": labels, "options": {"threshold": threshold}})
+    res = family_runtime.call(
+        "extract", "local/gliner", items, {"labels": labels, "options": {"threshold": threshold}}
+    )
     assert [it["id"] for it in res.items] == ["first", "item-1", "item-2"]
     found = 0
     for item, text in zip(res.items, NER_TEXTS, strict=True):
         want = gliner_direct.predict_entities(text, labels, threshold=threshold)
         got = item["entities"]
         assert [(e["text"], e["label"], e["start"], e["end"]) for e in got] == [
-            (e["text"], e["label"], e["start"], e["end"]) for e in want]
+            (e["text"], e["label"], e["start"], e["end"]) for e in want
+        ]
         for g, w in zip(got, want, strict=True):
             assert g["score"] == pytest.approx(w["score"], rel=1e-4, abs=1e-6)
-            assert text[g["start"]:g["end"]] == g["text"] and isinstance(g["score"], float) and g["bbox"] is None
+            assert (
+                text[g["start"] : g["end"]] == g["text"]
+                and isinstance(g["score"], float)
+                and g["bbox"] is None
+            )
         assert item["relations"] == [] and item["classifications"] == [] and item["objects"] == []
         assert "error" not in item
         found += len(got)
@@ -243,13 +275,21 @@ def test_gliner_needs_labels_and_honours_overflow_policy(family_runtime):
     res = family_runtime.call("extract", "local/gliner", [long_text], {"labels": ["person"]})
     assert res.items[0]["id"] == "item-0"
     with pytest.raises(SIEError) as err:
-        family_runtime.call("extract", "local/gliner", [long_text],
-                            {"labels": ["person"], "options": {"overflow_policy": "error"}})
+        family_runtime.call(
+            "extract",
+            "local/gliner",
+            [long_text],
+            {"labels": ["person"], "options": {"overflow_policy": "error"}},
+        )
     assert err.value.code == ErrorCode.INPUT_TOO_LONG
 
 
 def test_bad_muvera_options_are_refused_before_the_forward_pass(family_runtime):
     with pytest.raises(SIEError) as err:
-        family_runtime.call("encode", "local/colbert:muvera", [{"text": "x"}],
-                            {"output_types": ["dense"], "options": {"muvera": {"num_repetitions": -1}}})
+        family_runtime.call(
+            "encode",
+            "local/colbert:muvera",
+            [{"text": "x"}],
+            {"output_types": ["dense"], "options": {"muvera": {"num_repetitions": -1}}},
+        )
     assert err.value.code == ErrorCode.INVALID_INPUT and "num_repetitions" in err.value.message

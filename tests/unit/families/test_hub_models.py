@@ -20,7 +20,9 @@ def hub_models() -> list[tuple[str, str]]:
         if not m.hf_id or m.weights_path or m.weights_fallback or m.package_backed:
             continue
         op = "encode" if m.tasks.encode is not None else "score" if m.tasks.score is not None else "extract"
-        profile = "dense" if "dense" in m.profiles and op == "encode" and "multivector" in m.profiles else None
+        profile = (
+            "dense" if "dense" in m.profiles and op == "encode" and "multivector" in m.profiles else None
+        )
         out.append((op, f"{m.sie_id}:{profile}" if profile else m.sie_id))
     return out
 
@@ -37,9 +39,16 @@ HUB_MODELS = hub_models()
 
 def test_the_catalog_covers_every_family():
     ids = {m for _, m in HUB_MODELS}
-    for expected in ("BAAI/bge-reranker-v2-m3", "urchade/gliner_multi-v2.1", "Qwen/Qwen3-Embedding-0.6B",
-                     "Qwen/Qwen3-Reranker-0.6B", "naver/splade-v3", "colbert-ir/colbertv2.0", "BAAI/bge-m3:dense",
-                     "answerdotai/answerai-colbert-small-v1"):
+    for expected in (
+        "BAAI/bge-reranker-v2-m3",
+        "urchade/gliner_multi-v2.1",
+        "Qwen/Qwen3-Embedding-0.6B",
+        "Qwen/Qwen3-Reranker-0.6B",
+        "naver/splade-v3",
+        "colbert-ir/colbertv2.0",
+        "BAAI/bge-m3:dense",
+        "answerdotai/answerai-colbert-small-v1",
+    ):
         assert expected in ids
     assert len(HUB_MODELS) >= 30
 
@@ -48,9 +57,14 @@ def test_the_catalog_covers_every_family():
 def hub_runtime(tmp_path_factory):
     from worker.settings import WorkerSettings
 
-    settings = WorkerSettings(models_dir=str(DEFAULT_MODELS_DIR), bundles_dir=str(DEFAULT_BUNDLES_DIR), device="cpu",
-                              hf_offline=True, memory_monitor_interval_s=0,
-                              disk_cache_dir=str(tmp_path_factory.mktemp("empty-cache")))
+    settings = WorkerSettings(
+        models_dir=str(DEFAULT_MODELS_DIR),
+        bundles_dir=str(DEFAULT_BUNDLES_DIR),
+        device="cpu",
+        hf_offline=True,
+        memory_monitor_interval_s=0,
+        disk_cache_dir=str(tmp_path_factory.mktemp("empty-cache")),
+    )
     rt = RuntimeThread(settings)
     yield rt
     rt.close()
@@ -92,13 +106,20 @@ def test_cuda_half_precision_path_matches_fp32(family_checkpoints):
     texts = [{"text": "short"}, {"text": "a somewhat longer document about late interaction " * 5}]
     for model_id, cls, ctx, inputs in (
         ("local/colbert", ColBERTAdapter, RequestContext(op="encode", output_types=("multivector",)), texts),
-        ("local/reranker", CrossEncoderAdapter, RequestContext(op="score"), [({"text": "q"}, t) for t in texts]),
+        (
+            "local/reranker",
+            CrossEncoderAdapter,
+            RequestContext(op="score"),
+            [({"text": "q"}, t) for t in texts],
+        ),
     ):
         outs = []
         for device, precision in (("cpu", "float32"), ("cuda", "bfloat16")):
             r = catalog.resolve(model_id)
-            weights = {"local/colbert": family_checkpoints["colbert"],
-                       "local/reranker": family_checkpoints["cross_encoder"]}[model_id]
+            weights = {
+                "local/colbert": family_checkpoints["colbert"],
+                "local/reranker": family_checkpoints["cross_encoder"],
+            }[model_id]
             adapter = cls(LoadSpec(r.config, "default", str(weights), device, precision))
             adapter.load()
             outs.append(adapter.forward(ctx, adapter.prepare(ctx, inputs)))

@@ -35,11 +35,21 @@ def checkpoints(tmp_path_factory):
 
 
 def adapter(path: Path, maxlen: int, loadtime: dict) -> CLIPAdapter:
-    config = ModelConfig(sie_id="t", max_sequence_length=maxlen,
-                         profiles={"default": {"adapter_path": "worker.adapters.clip:CLIPAdapter",
-                                               "max_batch_tokens": 4096}})
-    a = CLIPAdapter(LoadSpec(config=config, profile_name="default", weights_dir=str(path), device="cpu",
-                             precision="float32", loadtime=loadtime))
+    config = ModelConfig(
+        sie_id="t",
+        max_sequence_length=maxlen,
+        profiles={"default": {"adapter_path": "worker.adapters.clip:CLIPAdapter", "max_batch_tokens": 4096}},
+    )
+    a = CLIPAdapter(
+        LoadSpec(
+            config=config,
+            profile_name="default",
+            weights_dir=str(path),
+            device="cpu",
+            precision="float32",
+            loadtime=loadtime,
+        )
+    )
     a.load()
     return a
 
@@ -52,25 +62,36 @@ def features(out) -> torch.Tensor:
 def test_images_and_texts_equal_transformers(checkpoints, kind):
     siglip = kind == "siglip"
     path = checkpoints[kind]
-    a = adapter(path, 16 if siglip else 64, {"text_padding": "max_length", "text_attention_mask": False}
-                if siglip else {})
+    a = adapter(
+        path,
+        16 if siglip else 64,
+        {"text_padding": "max_length", "text_attention_mask": False} if siglip else {},
+    )
     imgs = [picture(1), picture(2, (64, 64))]
     texts = ["a photo of noise", "static"]
-    items = [{"images": [{"data": png(imgs[0]), "format": "png"}]}, {"text": texts[0]},
-             {"images": [base64.b64encode(png(imgs[1])).decode()]}, {"text": texts[1]}]
+    items = [
+        {"images": [{"data": png(imgs[0]), "format": "png"}]},
+        {"text": texts[0]},
+        {"images": [base64.b64encode(png(imgs[1])).decode()]},
+        {"text": texts[1]},
+    ]
     ctx = RequestContext(op="encode")
     got = np.stack([o["dense"] for o in a.forward(ctx, a.prepare(ctx, items))])
     model = (SiglipModel if siglip else CLIPModel).from_pretrained(str(path)).eval()
     proc = (SiglipImageProcessor if siglip else CLIPImageProcessor).from_pretrained(str(path))
     tok = checkpoints["tok"]
     with torch.no_grad():
-        img = features(model.get_image_features(pixel_values=proc(images=imgs, return_tensors="pt")["pixel_values"]))
+        img = features(
+            model.get_image_features(pixel_values=proc(images=imgs, return_tensors="pt")["pixel_values"])
+        )
         if siglip:
             enc = tok(texts, padding="max_length", max_length=16, truncation=True, return_tensors="pt")
             txt = features(model.get_text_features(input_ids=enc["input_ids"]))
         else:
             enc = tok(texts, padding=True, return_tensors="pt")
-            txt = features(model.get_text_features(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]))
+            txt = features(
+                model.get_text_features(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+            )
     ref = torch.nn.functional.normalize(torch.stack([img[0], txt[0], img[1], txt[1]]), dim=-1).numpy()
     np.testing.assert_allclose(got, ref, atol=1e-5)
 
@@ -88,8 +109,12 @@ def test_sdk_converts_media_to_the_wire_form(tmp_path):
 
 
 def test_image_items_through_sie_serve(checkpoints):
-    with ServeProcess(env={"SIE_MODELS_DIR": str(checkpoints["models"]),
-                           "SIE_PRELOAD_MODELS": "tiny-clip"}) as srv, SIEClient(srv.url) as client:
+    with (
+        ServeProcess(
+            env={"SIE_MODELS_DIR": str(checkpoints["models"]), "SIE_PRELOAD_MODELS": "tiny-clip"}
+        ) as srv,
+        SIEClient(srv.url) as client,
+    ):
         img = picture(4)
         res = client.encode("tiny-clip", [{"images": [img]}, {"text": "noise"}, {"images": png(img)}])
         vecs = np.stack([r["dense"] for r in res])
@@ -97,10 +122,16 @@ def test_image_items_through_sie_serve(checkpoints):
         assert abs(float(vecs[0] @ vecs[2])) > 0.99  # the same picture, as JPEG and as PNG
 
         def post(items):
-            return httpx.post(f"{srv.url}/v1/encode/tiny-clip", content=packb({"items": items}), timeout=60,
-                              headers={"Content-Type": "application/msgpack"})
+            return httpx.post(
+                f"{srv.url}/v1/encode/tiny-clip",
+                content=packb({"items": items}),
+                timeout=60,
+                headers={"Content-Type": "application/msgpack"},
+            )
 
-        corrupt = post([{"text": "fine"}, {"images": [{"data": b"\x89PNG\r\n\x1a\nnot really", "format": "png"}]}])
+        corrupt = post(
+            [{"text": "fine"}, {"images": [{"data": b"\x89PNG\r\n\x1a\nnot really", "format": "png"}]}]
+        )
         assert corrupt.status_code == 400 and corrupt.json()["detail"]["code"] == "INVALID_INPUT"
         assert "Item 1" in corrupt.json()["detail"]["message"]
         huge = post([{"images": [{"data": png(picture(5, (1200, 1000))), "format": "png"}]}])

@@ -22,10 +22,20 @@ TEXTS = ["low rank adapters change the weights", "short", "a third text"]
 
 
 def adapter(cls, path: Path, packed: bool):
-    config = ModelConfig(sie_id="t", profiles={"default": {"adapter_path": f"{cls.__module__}:{cls.__name__}",
-                                                           "max_batch_tokens": 4096}})
-    a = cls(LoadSpec(config=config, profile_name="default", weights_dir=str(path), device="cpu",
-                     precision="float32", loadtime={"packed": packed}))
+    config = ModelConfig(
+        sie_id="t",
+        profiles={"default": {"adapter_path": f"{cls.__module__}:{cls.__name__}", "max_batch_tokens": 4096}},
+    )
+    a = cls(
+        LoadSpec(
+            config=config,
+            profile_name="default",
+            weights_dir=str(path),
+            device="cpu",
+            precision="float32",
+            loadtime={"packed": packed},
+        )
+    )
     a.load()
     return a
 
@@ -47,11 +57,14 @@ def test_splade_lora_equals_peft(tmp_path, packed):
     a.load_lora("l1", str(lora))
     tok = AutoTokenizer.from_pretrained(str(SPLADE))
     batch = tok(TEXTS, padding=True, return_tensors="pt")
-    peft_model = PeftModel.from_pretrained(AutoModelForMaskedLM.from_pretrained(str(SPLADE)), str(lora)).eval()
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForMaskedLM.from_pretrained(str(SPLADE)), str(lora)
+    ).eval()
     with torch.no_grad():
         ref = splade_vectors(peft_model(**batch).logits, batch["attention_mask"]).numpy()
-        base = splade_vectors(AutoModelForMaskedLM.from_pretrained(str(SPLADE)).eval()(**batch).logits,
-                              batch["attention_mask"]).numpy()
+        base = splade_vectors(
+            AutoModelForMaskedLM.from_pretrained(str(SPLADE)).eval()(**batch).logits, batch["attention_mask"]
+        ).numpy()
     for lora_name, expected in (("l1", ref), (None, base)):
         ctx = RequestContext(op="encode", output_types=("sparse",), lora=lora_name)
         out = a.forward(ctx, a.prepare(ctx, [{"text": t} for t in TEXTS]))
@@ -72,12 +85,14 @@ def test_cross_encoder_lora_equals_peft(tmp_path, packed):
     a.load_lora("l1", str(lora))
     tok = AutoTokenizer.from_pretrained(str(path))
     batch = tok(["what is ml"] * len(TEXTS), TEXTS, padding=True, return_tensors="pt")
-    peft_model = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(str(path)),
-                                           str(lora)).eval()
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForSequenceClassification.from_pretrained(str(path)), str(lora)
+    ).eval()
     with torch.no_grad():
         ref = torch.sigmoid(peft_model(**batch).logits[:, 0]).numpy()
-        base = torch.sigmoid(AutoModelForSequenceClassification.from_pretrained(str(path)).eval()(**batch)
-                             .logits[:, 0]).numpy()
+        base = torch.sigmoid(
+            AutoModelForSequenceClassification.from_pretrained(str(path)).eval()(**batch).logits[:, 0]
+        ).numpy()
     pairs = [({"text": "what is ml"}, {"text": t}) for t in TEXTS]
     for lora_name, expected in (("l1", ref), (None, base)):
         ctx = RequestContext(op="score", lora=lora_name)

@@ -44,10 +44,18 @@ def _naive(x: np.ndarray, cfg: MuveraConfig, is_query: bool) -> np.ndarray:
             elif not is_query and cfg.fill_empty_partitions:
                 # the bucket's sign pattern: the bits whose Gray bucket is b
                 pattern = next(
-                    [bool(v >> (cfg.num_simhash_projections - 1 - j) & 1) for j in range(cfg.num_simhash_projections)]
+                    [
+                        bool(v >> (cfg.num_simhash_projections - 1 - j) & 1)
+                        for j in range(cfg.num_simhash_projections)
+                    ]
                     for v in range(cfg.num_buckets)
-                    if _naive_bucket([bool(v >> (cfg.num_simhash_projections - 1 - j) & 1)
-                                      for j in range(cfg.num_simhash_projections)]) == b
+                    if _naive_bucket(
+                        [
+                            bool(v >> (cfg.num_simhash_projections - 1 - j) & 1)
+                            for j in range(cfg.num_simhash_projections)
+                        ]
+                    )
+                    == b
                 )
                 dists = [sum(p != q for p, q in zip(pattern, sb, strict=True)) for sb in sign_bits]
                 block[b] = proj[int(np.argmin(dists))]
@@ -79,31 +87,44 @@ def test_deterministic_for_a_seed_and_different_across_seeds():
 @pytest.mark.parametrize("projection_dim", [None, 4])
 @pytest.mark.parametrize("fill", [True, False])
 def test_query_sums_and_document_averages_per_bucket(projection_dim, fill):
-    cfg = MuveraConfig(num_repetitions=4, num_simhash_projections=3, projection_dim=projection_dim,
-                       fill_empty_partitions=fill, seed=3)
+    cfg = MuveraConfig(
+        num_repetitions=4,
+        num_simhash_projections=3,
+        projection_dim=projection_dim,
+        fill_empty_partitions=fill,
+        seed=3,
+    )
     x = _tokens(9)
     for is_query in (True, False):
-        np.testing.assert_allclose(fde(x, cfg, is_query=is_query), _naive(x, cfg, is_query), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            fde(x, cfg, is_query=is_query), _naive(x, cfg, is_query), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_query_is_linear():
     q1, q2 = _tokens(5, seed=1), _tokens(8, seed=2)
     both = fde(np.concatenate([q1, q2]), CFG, is_query=True)
-    np.testing.assert_allclose(both, fde(q1, CFG, is_query=True) + fde(q2, CFG, is_query=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        both, fde(q1, CFG, is_query=True) + fde(q2, CFG, is_query=True), rtol=1e-5, atol=1e-6
+    )
     # positive scaling keeps every bucket, so the encoding scales with it
-    np.testing.assert_allclose(fde(2.5 * q1, CFG, is_query=True), 2.5 * fde(q1, CFG, is_query=True), rtol=1e-5)
+    np.testing.assert_allclose(
+        fde(2.5 * q1, CFG, is_query=True), 2.5 * fde(q1, CFG, is_query=True), rtol=1e-5
+    )
 
 
 def test_document_average_ignores_duplication():
     d = _tokens(6)
-    np.testing.assert_allclose(fde(np.concatenate([d, d, d]), CFG, is_query=False), fde(d, CFG, is_query=False),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        fde(np.concatenate([d, d, d]), CFG, is_query=False), fde(d, CFG, is_query=False), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_inner_product_is_bucketwise_sum_dot_average():
     """<FDE(q), FDE(d)> = Σ_rep Σ_bucket (Σ q in bucket) · (mean d in bucket), without projection."""
-    cfg = MuveraConfig(num_repetitions=2, num_simhash_projections=2, projection_dim=None,
-                       fill_empty_partitions=False, seed=5)
+    cfg = MuveraConfig(
+        num_repetitions=2, num_simhash_projections=2, projection_dim=None, fill_empty_partitions=False, seed=5
+    )
     q, d = _tokens(4, seed=11), _tokens(10, seed=12)
     mats = matrices(cfg, q.shape[1])
     expected = 0.0
@@ -121,8 +142,9 @@ def test_inner_product_is_bucketwise_sum_dot_average():
 
 def test_final_projection_is_a_count_sketch_of_the_full_encoding():
     cfg = MuveraConfig(num_repetitions=2, num_simhash_projections=2, projection_dim=None, seed=1)
-    sketch = MuveraConfig(num_repetitions=2, num_simhash_projections=2, projection_dim=None, seed=1,
-                          final_projection_dim=50)
+    sketch = MuveraConfig(
+        num_repetitions=2, num_simhash_projections=2, projection_dim=None, seed=1, final_projection_dim=50
+    )
     x = _tokens(7)
     full = fde(x, cfg, is_query=True)
     mats = matrices(sketch, x.shape[1])

@@ -78,7 +78,9 @@ def _reference(path: Path, tok, text: str, pooling: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("entry", "kind"), CASES, ids=[c[0] for c in CASES])
-def test_catalog_entry_equals_transformers_on_a_same_architecture_checkpoint(checkpoints, entry, kind, tmp_path):
+def test_catalog_entry_equals_transformers_on_a_same_architecture_checkpoint(
+    checkpoints, entry, kind, tmp_path
+):
     paths, tok = checkpoints
     data = yaml.safe_load((REPO / "worker" / "catalog" / "models" / entry).read_text())
     data["weights_path"] = str(paths[kind])
@@ -88,8 +90,13 @@ def test_catalog_entry_equals_transformers_on_a_same_architecture_checkpoint(che
     runtime_opts = config.resolved_profile("default").adapter_options.runtime  # type: ignore[union-attr]
     rt = runtime_serving(tmp_path / "models", yaml.safe_dump(data))
     try:
-        for is_query, template in ((True, runtime_opts.get("query_template")), (False, runtime_opts.get("doc_template"))):
-            result = rt.call("encode", config.sie_id, [{"text": t} for t in TEXTS], {"options": {"is_query": is_query}})
+        for is_query, template in (
+            (True, runtime_opts.get("query_template")),
+            (False, runtime_opts.get("doc_template")),
+        ):
+            result = rt.call(
+                "encode", config.sie_id, [{"text": t} for t in TEXTS], {"options": {"is_query": is_query}}
+            )
             for item, text in zip(result.items, TEXTS, strict=True):
                 got = np.asarray(item["dense"]["values"], dtype=np.float32)
                 sent = (template or "{text}").replace("{text}", text)

@@ -46,8 +46,11 @@ def adapter(path) -> ZeroShotAdapter:
 @pytest.mark.parametrize("multi", [False, True])
 def test_scores_equal_the_transformers_pipeline(nli, multi):
     a = adapter(nli)
-    ctx = RequestContext(op="extract", labels=tuple(LABELS),
-                         options_json=RequestContext.canonical_options({"multi_label": multi}))
+    ctx = RequestContext(
+        op="extract",
+        labels=tuple(LABELS),
+        options_json=RequestContext.canonical_options({"multi_label": multi}),
+    )
     got = a.forward(ctx, a.prepare(ctx, [{"text": t} for t in TEXTS]))
     pipe = pipeline("zero-shot-classification", model=str(nli), tokenizer=str(nli), device="cpu")
     for text, out in zip(TEXTS, got, strict=True):
@@ -71,8 +74,12 @@ def test_zero_shot_through_sie_serve(nli, tmp_path):
         "profiles": {"default": {"adapter_path": "worker.adapters.zero_shot:ZeroShotAdapter", "max_batch_tokens": 4096}},
     }))  # fmt: skip
     with ServeProcess(env={"SIE_MODELS_DIR": str(models)}) as srv, SIEClient(srv.url) as client:
-        res = client.extract("local/nli", [{"text": t} for t in TEXTS], labels=LABELS,
-                             options={"hypothesis_template": "This text is about {}."})
+        res = client.extract(
+            "local/nli",
+            [{"text": t} for t in TEXTS],
+            labels=LABELS,
+            options={"hypothesis_template": "This text is about {}."},
+        )
         assert len(res) == 2
         for item in res:
             assert sorted(c["label"] for c in item["classifications"]) == sorted(LABELS)

@@ -34,8 +34,9 @@ def test_score_splice_keeps_worker_entries_and_adds_model():
 
 
 def test_usage_totals_the_truncation_the_workers_reported():
-    a = WorkResult("r.0", "r", 0, True, result_msgpack=packb({}), input_tokens=10, truncated_items=1,
-                   dropped_tokens=40)
+    a = WorkResult(
+        "r.0", "r", 0, True, result_msgpack=packb({}), input_tokens=10, truncated_items=1, dropped_tokens=40
+    )
     b = WorkResult("r.1", "r", 1, True, result_msgpack=packb({}), input_tokens=5)
     out = unpackb(responses.items_msgpack("m", [a, b], {}))
     assert out["usage"] == {"input_tokens": 15, "truncated_items": 1, "dropped_tokens": 40}

@@ -95,7 +95,9 @@ def test_packaged_fallback_when_the_hub_is_offline_and_it_is_published(tmp_path)
     fallback = make_weights(tmp_path, "pkg")
     cluster = tmp_path / "cluster"
     cache = WeightCache(tmp_path / "d", cluster_url=str(cluster), offline=True)
-    source = Source(ident="no-such-org/no-such-model", hub_id="no-such-org/no-such-model", fallback=str(fallback))
+    source = Source(
+        ident="no-such-org/no-such-model", hub_id="no-such-org/no-such-model", fallback=str(fallback)
+    )
     assert cache.resolve(source) == fallback
     cache.flush()
     assert files_of(cluster / "no-such-org--no-such-model--main") == files_of(fallback)
@@ -154,8 +156,13 @@ def test_disk_eviction_spares_protected_entries(tmp_path):
 def test_disk_pressure_threshold_setting(tmp_path, threshold, kept):
     cluster = tmp_path / "cluster"
     seed_cluster(cluster, "a", "b", "c")
-    cache = WeightCache(tmp_path / "d", cluster_url=str(cluster), disk_budget_bytes=3200, offline=True,
-                        disk_threshold_percent=threshold)
+    cache = WeightCache(
+        tmp_path / "d",
+        cluster_url=str(cluster),
+        disk_budget_bytes=3200,
+        offline=True,
+        disk_threshold_percent=threshold,
+    )
     for name in "abc":
         cache.resolve(Source(ident=name))
     assert len(cache.local_entries()) == kept
@@ -183,7 +190,10 @@ def test_progress_is_logged_while_a_download_runs(tmp_path, caplog):
 
 
 def test_progress_line_draws_a_bar_when_the_total_is_known():
-    assert progress_line(1_000_000, 4_000_000, 2.0) == "25% [#####---------------] 1.0 MB of 4.0 MB, 0.5 MB/s, 6 s left"
+    assert (
+        progress_line(1_000_000, 4_000_000, 2.0)
+        == "25% [#####---------------] 1.0 MB of 4.0 MB, 0.5 MB/s, 6 s left"
+    )
     assert progress_line(5_000_000, 4_000_000, 1.0).startswith("100% [####################] 5.0 MB of 4.0 MB")
     assert progress_line(3_000_000, None, 1.5) == "3.0 MB, 2.0 MB/s"
 
@@ -214,10 +224,18 @@ def test_settings_reach_the_cache(monkeypatch, tmp_path):
 
 
 def test_lifecycle_setting_defaults(monkeypatch):
-    for name in ("MEMORY_PRESSURE_THRESHOLD_PERCENT", "MEMORY_BUDGET_BYTES", "MEMORY_MONITOR_INTERVAL_S",
-                 "MAX_LORAS_PER_MODEL", "LORA_LOADING_RETRY_AFTER_S", "DISK_CACHE_DIR",
-                 "DISK_PRESSURE_THRESHOLD_PERCENT", "DISK_BUDGET_BYTES", "CLUSTER_CACHE_URL",
-                 "DOWNLOAD_PROGRESS_INTERVAL_S"):
+    for name in (
+        "MEMORY_PRESSURE_THRESHOLD_PERCENT",
+        "MEMORY_BUDGET_BYTES",
+        "MEMORY_MONITOR_INTERVAL_S",
+        "MAX_LORAS_PER_MODEL",
+        "LORA_LOADING_RETRY_AFTER_S",
+        "DISK_CACHE_DIR",
+        "DISK_PRESSURE_THRESHOLD_PERCENT",
+        "DISK_BUDGET_BYTES",
+        "CLUSTER_CACHE_URL",
+        "DOWNLOAD_PROGRESS_INTERVAL_S",
+    ):
         monkeypatch.delenv(f"SIE_{name}", raising=False)
     s = WorkerSettings()
     assert s.memory_pressure_threshold_percent == 85
@@ -232,11 +250,17 @@ def test_lifecycle_setting_defaults(monkeypatch):
     assert s.download_progress_interval_s == 10.0
 
 
-@pytest.mark.parametrize("name,value", [("MEMORY_PRESSURE_THRESHOLD_PERCENT", "0"),
-                                        ("MEMORY_PRESSURE_THRESHOLD_PERCENT", "101"),
-                                        ("MAX_LORAS_PER_MODEL", "0"), ("MEMORY_BUDGET_BYTES", "-1"),
-                                        ("DISK_PRESSURE_THRESHOLD_PERCENT", "0"),
-                                        ("DOWNLOAD_PROGRESS_INTERVAL_S", "0")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("MEMORY_PRESSURE_THRESHOLD_PERCENT", "0"),
+        ("MEMORY_PRESSURE_THRESHOLD_PERCENT", "101"),
+        ("MAX_LORAS_PER_MODEL", "0"),
+        ("MEMORY_BUDGET_BYTES", "-1"),
+        ("DISK_PRESSURE_THRESHOLD_PERCENT", "0"),
+        ("DOWNLOAD_PROGRESS_INTERVAL_S", "0"),
+    ],
+)
 def test_settings_out_of_range_are_refused(monkeypatch, name, value):
     monkeypatch.setenv(f"SIE_{name}", value)
     with pytest.raises(ValueError):

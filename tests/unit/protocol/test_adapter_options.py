@@ -61,8 +61,13 @@ def test_problems_name_the_option_and_what_is_wrong():
     assert key == "packed" and "must be a bool" in message
     [(key, message)] = loadtime_problems("worker.adapters.dense:Dense", {})
     assert key is None and "unknown adapter" in message
-    assert loadtime_problems("worker.adapters.fake:FakeAdapter", {"batch_delay_ms": 2.5, "oom_on_batch": 3}) == []
-    assert loadtime_problems("worker.adapters.fake:FakeAdapter", {"oom_on_batch": True}) != []  # a bool is no int
+    assert (
+        loadtime_problems("worker.adapters.fake:FakeAdapter", {"batch_delay_ms": 2.5, "oom_on_batch": 3})
+        == []
+    )
+    assert (
+        loadtime_problems("worker.adapters.fake:FakeAdapter", {"oom_on_batch": True}) != []
+    )  # a bool is no int
     # a bundle's own adapter module: only the adapter can judge its options
     assert loadtime_problems("acme_adapters.custom:Mine", {"anything": 1}) == []
 

@@ -81,8 +81,13 @@ def test_unknown_format_is_refused():
 
 
 @pytest.mark.parametrize(
-    "module", ["gateway.settings:GatewaySettings", "sidecar.settings:SidecarSettings",
-               "worker.settings:WorkerSettings", "config_service.settings:ConfigServiceSettings"],
+    "module",
+    [
+        "gateway.settings:GatewaySettings",
+        "sidecar.settings:SidecarSettings",
+        "worker.settings:WorkerSettings",
+        "config_service.settings:ConfigServiceSettings",
+    ],
 )
 def test_every_process_reads_sie_log_format(module, monkeypatch):
     path, name = module.split(":")
@@ -97,10 +102,15 @@ def test_every_process_reads_sie_log_format(module, monkeypatch):
 def test_a_process_logs_json_lines():
     """The sidecar's entry point with SIE_LOG_FORMAT=json: every line it writes is a JSON object
     (it retries a NATS server that is not there, logging a warning each time)."""
-    env = {"SIE_LOG_FORMAT": "json", "SIE_NATS_URL": "nats://127.0.0.1:1", "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "sidecar"], cwd=REPO, env=env, stderr=subprocess.PIPE,
-                            text=True)
+    env = {
+        "SIE_LOG_FORMAT": "json",
+        "SIE_NATS_URL": "nats://127.0.0.1:1",
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stderr is not None
         written = [proc.stderr.readline() for _ in range(2)]

@@ -60,7 +60,9 @@ def test_a_new_model_config_hash_changes_the_key():
     changed = parse_model_yaml(CONFIG.replace("4096", "2048"))
     assert model_config_hash(config) == model_config_hash(parse_model_yaml(CONFIG))
     assert model_config_hash(config) != model_config_hash(changed)
-    assert work_item_key(item(), model_config_hash(config)) != work_item_key(item(), model_config_hash(changed))
+    assert work_item_key(item(), model_config_hash(config)) != work_item_key(
+        item(), model_config_hash(changed)
+    )
 
 
 def test_items_whose_content_is_elsewhere_are_not_cached():

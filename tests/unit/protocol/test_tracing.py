@@ -29,7 +29,9 @@ def test_off_by_default_and_free():
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'imported'\n"
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -84,16 +86,22 @@ def test_garbage_context_starts_a_new_trace(exporter):
     assert spans["rec"].parent is None and spans["rec"].end_time == spans["rec"].start_time
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736"),
-    ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-00", "4bf92f3577b34da6a3ce929d0e0e4736"),
-    ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),  # invalid all-zero id
-    ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None),  # forbidden version
-    ("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", None),  # not hex
-    ("00-4bf92f3577b34da6a3ce929d0e0e_736-00f067aa0ba902b7-01", None),  # int() would take the _
-    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", None),
-    ("", None), (None, None), (42, None), ("x" * 55, None),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736"),
+        ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-00", "4bf92f3577b34da6a3ce929d0e0e4736"),
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),  # invalid all-zero id
+        ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None),  # forbidden version
+        ("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", None),  # not hex
+        ("00-4bf92f3577b34da6a3ce929d0e0e_736-00f067aa0ba902b7-01", None),  # int() would take the _
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", None),
+        ("", None),
+        (None, None),
+        (42, None),
+        ("x" * 55, None),
+    ],
+)
 def test_trace_id_of_a_client_traceparent(value, expected):
     assert tracing.trace_id_of(value) == expected
 
@@ -103,8 +111,16 @@ def test_an_endpoint_without_the_packages_leaves_tracing_off(tmp_path):
     blocker = tmp_path / "opentelemetry"
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('opentelemetry hidden for this test')\n")
-    code = "from protocol import tracing\nassert tracing.setup_tracing('x') is False and not tracing.enabled()\n"
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}:{REPO}", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    code = (
+        "from protocol import tracing\nassert tracing.setup_tracing('x') is False and not tracing.enabled()\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{tmp_path}:{REPO}",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+    }
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     assert "install the 'observe' extra" in res.stderr

@@ -61,8 +61,12 @@ def test_encoding_round_trips_and_leaves_out_unset_fields():
 
 
 def test_the_routing_header_carries_what_the_sidecar_needs_without_the_body():
-    wi = item(deadline=12.5, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01", batch_key="k",
-              item={"text": "a" * 40})
+    wi = item(
+        deadline=12.5,
+        traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+        batch_key="k",
+        item={"text": "a" * 40},
+    )
     route = RoutingHeader.of(wi)
     headers = route.headers()
     assert all(isinstance(v, str) for v in headers.values())
@@ -82,7 +86,10 @@ def test_the_routing_header_carries_what_the_sidecar_needs_without_the_body():
     several = RoutingHeader.of(wi, 3)
     assert RoutingHeader.from_headers(several.headers()).request_items == 3
     # the gateway's path, without the header object, writes the same headers
-    assert RoutingHeader.headers_of(wi, 3, "_INBOX.g.results") == RoutingHeader.of(wi, 3, "_INBOX.g.results").headers()
+    assert (
+        RoutingHeader.headers_of(wi, 3, "_INBOX.g.results")
+        == RoutingHeader.of(wi, 3, "_INBOX.g.results").headers()
+    )
     assert RoutingHeader.headers_of(item()) == RoutingHeader.of(item()).headers()
 
 
@@ -96,15 +103,33 @@ def test_the_routing_header_survives_any_text_in_its_strings():
     assert RoutingHeader.from_headers(headers) == route
 
 
-@pytest.mark.parametrize("broken", [
-    None, {}, "no-route", "no-msg-id", "not-json", "not-array", "short", "bad-index", "bool-index",
-    "null-reply", "empty-reply", "zero-cost",
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        None,
+        {},
+        "no-route",
+        "no-msg-id",
+        "not-json",
+        "not-array",
+        "short",
+        "bad-index",
+        "bool-index",
+        "null-reply",
+        "empty-reply",
+        "zero-cost",
+    ],
+)
 def test_a_missing_or_malformed_routing_header_is_refused(broken):
     headers = RoutingHeader.of(item()).headers()
     fields = orjson.loads(headers["Sie-Route"])
-    edits = {"bad-index": (1, "one"), "bool-index": (1, True), "null-reply": (2, None), "empty-reply": (2, ""),
-             "zero-cost": (6, 0)}
+    edits = {
+        "bad-index": (1, "one"),
+        "bool-index": (1, True),
+        "null-reply": (2, None),
+        "empty-reply": (2, ""),
+        "zero-cost": (6, 0),
+    }
     if broken == "no-route":
         del headers["Sie-Route"]
     elif broken == "no-msg-id":

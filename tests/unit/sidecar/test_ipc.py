@@ -266,7 +266,8 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
         # ... unless the sidecar names it (its routing header's id): then that item alone is
         # answered dead_letter, and the rest of the batch runs
         mixed = ipc.RunBatchRequest(
-            model_id="test/fake-embed", items=[b"\xc1 poison", items[0].to_msgpack(), packb({"x": 1})],
+            model_id="test/fake-embed",
+            items=[b"\xc1 poison", items[0].to_msgpack(), packb({"x": 1})],
             item_ids=["req-9.0", "req-1.0", "req-9.2"],
         )
         outcomes = (await client.call(ipc.RUN_BATCH, mixed.to_map()))["outcomes"]

@@ -124,7 +124,9 @@ async def test_announced_requests_are_waited_for_and_idle_flushes_at_once():
 
 async def test_count_cap_flushes_without_waiting():
     rec = Recorder()
-    bf = BatchFormer(rec, max_cost=10_000, max_requests=2, max_wait_ms=10_000, coalesce_ms=10_000, max_pad_share=1.0)
+    bf = BatchFormer(
+        rec, max_cost=10_000, max_requests=2, max_wait_ms=10_000, coalesce_ms=10_000, max_pad_share=1.0
+    )
     bf.expect()  # another request is still tokenising, so only the count cap can flush
     futs = bf.submit(RequestContext(op="encode"), units(1, 2, 3, 4))
     await asyncio.wait_for(asyncio.gather(*futs[:2]), timeout=2)
@@ -219,8 +221,15 @@ def classes(batches):
 
 
 def former(run, **over):
-    opts = dict(max_cost=10_000, max_requests=8, max_wait_ms=10_000, coalesce_ms=10_000,
-                bulk_mixed_requests=2, bulk_mixed_window_s=3600, bulk_max_wait_ms=3_600_000)
+    opts = dict(
+        max_cost=10_000,
+        max_requests=8,
+        max_wait_ms=10_000,
+        coalesce_ms=10_000,
+        bulk_mixed_requests=2,
+        bulk_mixed_window_s=3600,
+        bulk_max_wait_ms=3_600_000,
+    )
     return BatchFormer(run, **{**opts, **over})
 
 
@@ -329,8 +338,9 @@ async def test_idle_lanes_share_a_lone_request():
     the second slot only queues) the request stays one forward."""
     for lanes, expected in ((2, [[4, 4, 4, 4], [4, 4, 4, 4]]), (1, [[4] * 8])):
         rec = Recorder(delay=0.05)
-        bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=50, coalesce_ms=20, in_flight=2,
-                         lanes=lanes)
+        bf = BatchFormer(
+            rec, max_cost=10_000, max_requests=64, max_wait_ms=50, coalesce_ms=20, in_flight=2, lanes=lanes
+        )
         await asyncio.gather(*bf.submit(RequestContext(op="encode"), units(*[4] * 8)))
         assert rec.batches == expected, lanes
         await bf.close()

@@ -9,8 +9,10 @@ from protocol.params import ChunkSpec, chunking
 from worker.chunking import char_spans, windows, word_starts
 
 
-@pytest.mark.parametrize(("count", "size", "overlap"), [(0, 4, 1), (4, 4, 1), (5, 4, 1), (10, 4, 0), (100, 7, 3),
-                                                         (254, 254, 32), (300, 254, 32)])
+@pytest.mark.parametrize(
+    ("count", "size", "overlap"),
+    [(0, 4, 1), (4, 4, 1), (5, 4, 1), (10, 4, 0), (100, 7, 3), (254, 254, 32), (300, 254, 32)],
+)
 def test_windows_cover_every_token_and_overlap(count, size, overlap):
     got = windows(count, size, overlap)
     assert got[0][0] == 0 and got[-1][1] == count
@@ -46,11 +48,26 @@ def test_char_spans_follow_token_offsets():
 def test_chunk_options_are_checked():
     assert chunking({}, "encode") is None
     assert chunking({"overflow_policy": "chunk"}, "encode") == ChunkSpec()
-    assert chunking({"overflow_policy": "chunk", "chunking": "late", "chunk_size": 64, "chunk_overlap": 0,
-                     "chunk_pooling": "max"}, "encode") == ChunkSpec(64, 0, "max", True)
-    for bad, op in [({"chunk_size": 4}, "encode"), ({"chunk_size": True}, "encode"), ({"chunk_overlap": -1}, "score"),
-                    ({"chunk_size": 16, "chunk_overlap": 16}, "encode"), ({"chunk_pooling": "sum"}, "encode"),
-                    ({"chunking": "late"}, "score"), ({}, "extract"), ({}, "tokenize")]:
+    assert chunking(
+        {
+            "overflow_policy": "chunk",
+            "chunking": "late",
+            "chunk_size": 64,
+            "chunk_overlap": 0,
+            "chunk_pooling": "max",
+        },
+        "encode",
+    ) == ChunkSpec(64, 0, "max", True)
+    for bad, op in [
+        ({"chunk_size": 4}, "encode"),
+        ({"chunk_size": True}, "encode"),
+        ({"chunk_overlap": -1}, "score"),
+        ({"chunk_size": 16, "chunk_overlap": 16}, "encode"),
+        ({"chunk_pooling": "sum"}, "encode"),
+        ({"chunking": "late"}, "score"),
+        ({}, "extract"),
+        ({}, "tokenize"),
+    ]:
         with pytest.raises(SIEError) as e:
             chunking({"overflow_policy": "chunk", **bad}, op)
         assert e.value.status == 400, bad

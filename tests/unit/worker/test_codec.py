@@ -17,9 +17,13 @@ def test_float32_vector_matches_the_contract_example_bytes():
     assert b"\xa3<f4" in packed and b"\xc4\x08" in packed
 
 
-@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8", "<i2", "<i4", "<i8", "|i1", "|u1", "<u4", "|b1", ">f4"])
+@pytest.mark.parametrize(
+    "dtype", ["<f2", "<f4", "<f8", "<i2", "<i4", "<i8", "|i1", "|u1", "<u4", "|b1", ">f4"]
+)
 def test_round_trip_every_allowed_dtype(dtype):
-    arr = (np.arange(12).reshape(3, 4) % 2 == 0) if dtype == "|b1" else np.arange(12, dtype=dtype).reshape(3, 4)
+    arr = (
+        (np.arange(12).reshape(3, 4) % 2 == 0) if dtype == "|b1" else np.arange(12, dtype=dtype).reshape(3, 4)
+    )
     out = unpackb(packb({"a": arr, "nested": [{"x": arr[0]}]}))
     assert out["a"].dtype == arr.dtype and np.array_equal(out["a"], arr)
     assert np.array_equal(out["nested"][0]["x"], arr[0])
@@ -78,8 +82,17 @@ def test_json_responses_serialise_arrays_natively_and_nan_as_null():
     from protocol.codec import dumps_json
 
     vec = np.array([0.5, -1.25, np.nan], dtype=np.float32)
-    body = {"items": [{"dense": vec, "ids": np.arange(3, dtype=np.int32), "raw": b"\x00\x01",
-                       "strided": np.arange(6, dtype=np.float32)[::2], "n": np.float32(2.5)}]}
+    body = {
+        "items": [
+            {
+                "dense": vec,
+                "ids": np.arange(3, dtype=np.int32),
+                "raw": b"\x00\x01",
+                "strided": np.arange(6, dtype=np.float32)[::2],
+                "n": np.float32(2.5),
+            }
+        ]
+    }
     out = json.loads(dumps_json(body))
     item = out["items"][0]
     assert item["dense"] == [0.5, -1.25, None] and item["ids"] == [0, 1, 2]

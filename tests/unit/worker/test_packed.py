@@ -167,7 +167,8 @@ def test_unknown_architectures_keep_the_transformers_path():
     from transformers import DistilBertForSequenceClassification
 
     distil = DistilBertForSequenceClassification(
-        DistilBertConfig(dim=64, n_layers=1, n_heads=2, hidden_dim=64, vocab_size=100))
+        DistilBertConfig(dim=64, n_layers=1, n_heads=2, hidden_dim=64, vocab_size=100)
+    )
     assert classifier_head(distil) is None  # the cross-encoder then runs it on the transformers path
     assert try_packed(BertModel(small(BertConfig)), "cpu", None) is None  # default: CUDA only
 
