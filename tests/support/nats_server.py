@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 from deploy.launcher import nats_server_binary
 
@@ -60,6 +62,25 @@ class NatsServer:
                 self.proc.wait(5)
         self.proc = None
 
+    def pause(self, timeout: float = 10.0) -> None:
+        """SIGSTOP the server and return once every one of its threads has stopped.
+
+        ``kill`` returns before a multi-threaded process has stopped: the kernel wakes one thread,
+        and only when that thread runs does it stop the others. On a busy machine another thread
+        of the server can meanwhile read a message and answer it, so a test that publishes right
+        after ``kill`` may see the answer it meant to withhold."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not _all_threads_stopped(self.proc.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nats-server {self.proc.pid} did not stop within {timeout} s")
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def restart(self, *, kill: bool = False) -> None:
         """Stop (SIGTERM: the server says goodbye to its clients; ``kill``: SIGKILL, it says
         nothing) and start again on the same port and store."""
@@ -79,6 +100,18 @@ class NatsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in the stopped state ("T" in /proc/<pid>/task/*/stat)."""
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if text[text.rindex(")") + 2] != "T":
+            return False
+    return True
 
 
 __all__ = ["NatsServer", "free_port", "nats_server_binary", "os"]
