@@ -1,7 +1,8 @@
-"""The README's table of settings, generated from each process's settings class.
+"""The table of settings in ``docs/settings.md``, generated from each process's settings class.
 
-``python -m deploy.settings_doc`` prints the markdown table; a test checks that the README
-holds exactly this table, so a new setting cannot go undocumented.
+``python -m deploy.settings_doc`` prints the markdown table and ``--write`` puts it into
+``docs/settings.md``; a test checks that the page holds exactly this table, so a new setting
+cannot go undocumented.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import io
 import sys
 import textwrap
 import tokenize
+from pathlib import Path
 
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
@@ -67,8 +69,6 @@ def env_names(cls: type[BaseSettings]) -> dict[str, str]:
 
 
 def _default(field) -> str:
-    from pathlib import Path
-
     if field.default_factory is not None:
         return "(computed)"
     value = field.default
@@ -108,5 +108,26 @@ def table() -> str:
     return "\n".join(lines)
 
 
+START, END = "<!-- settings:start -->", "<!-- settings:end -->"
+
+
+def settings_page() -> Path:
+    return Path(__file__).resolve().parents[1] / "docs" / "settings.md"
+
+
+def documented_table(text: str) -> str:
+    """The table between the page's markers."""
+    return text[text.index(START) + len(START) : text.index(END)].strip()
+
+
+def write(page: Path) -> None:
+    text = page.read_text()
+    start, end = text.index(START) + len(START), text.index(END)
+    page.write_text(text[:start] + "\n" + table() + "\n" + text[end:])
+
+
 if __name__ == "__main__":
-    sys.stdout.write(table() + "\n")
+    if "--write" in sys.argv[1:]:
+        write(settings_page())
+    else:
+        sys.stdout.write(table() + "\n")

@@ -1,19 +1,68 @@
-"""The README's settings table is the one generated from the settings classes."""
+"""The README is a front door that tells the truth: short, every link resolves, every command and
+example it shows works; the settings page is the one generated from the settings classes."""
 
+import re
 from pathlib import Path
 
-from deploy.settings_doc import table
+from deploy.settings_doc import documented_table, settings_page, table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+MAX_README_LINES = 400
 
 
-def test_settings_table_is_current():
-    text = README.read_text()
-    start = text.index("<!-- settings:start -->") + len("<!-- settings:start -->")
-    end = text.index("<!-- settings:end -->")
-    assert text[start:end].strip() == table().strip(), (
-        "run: python -m deploy.settings_doc and paste into README.md"
+def test_settings_page_is_current():
+    assert documented_table(settings_page().read_text()) == table().strip(), (
+        "run: python -m deploy.settings_doc --write"
     )
+
+
+def test_the_readme_is_a_front_door():
+    assert len(README.read_text().splitlines()) <= MAX_README_LINES
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a markdown page's headings."""
+    out = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^a-z0-9 _-]", "", title).replace(" ", "-"))
+    return out
+
+
+def _links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return [m for m in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", m)]
+
+
+def test_every_link_in_the_docs_resolves():
+    pages = [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for link in _links(page):
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+            elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such heading)")
+    assert not broken, "links that lead nowhere:\n" + "\n".join(broken)
+
+
+def test_every_docs_page_is_reachable_from_the_readme():
+    seen, todo = set(), [README]
+    while todo:
+        page = todo.pop()
+        if page in seen:
+            continue
+        seen.add(page)
+        for link in _links(page):
+            target = (page.parent / link.partition("#")[0]).resolve()
+            if target.suffix == ".md" and target.exists():
+                todo.append(target)
+    orphans = [p.relative_to(ROOT) for p in (ROOT / "docs").rglob("*.md") if p.resolve() not in seen]
+    assert not orphans, f"docs pages no link leads to: {orphans}"
 
 
 def test_every_setting_says_what_it_does():
