@@ -95,12 +95,9 @@ def _models_add(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from protocol import SERVER_VERSION
 
-    try:
-        return version("sie-cluster")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
+    return SERVER_VERSION
 
 
 def _models_other(args: argparse.Namespace) -> int:
