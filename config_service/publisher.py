@@ -35,7 +35,7 @@ class DeltaPublisher:
         self.flush_timeout_s = flush_timeout_s
         self.on_state = on_state
         self.nc: Client | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._closing = False
 
     @property
@@ -87,7 +87,7 @@ class DeltaPublisher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def start(self) -> asyncio.Task:
+    def start(self) -> asyncio.Task[None]:
         self._task = asyncio.create_task(self._connect_loop(), name="config-nats-connect")
         return self._task
 

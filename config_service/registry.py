@@ -148,7 +148,8 @@ class ConfigState:
             merged = dict(self.baseline)
             merged.update(self.api)
             self._cache["models"] = dict(sorted(merged.items()))
-        return self._cache["models"]
+        models: dict[str, ModelEntry] = self._cache["models"]
+        return models
 
     def with_model(self, epoch: int, entry: ModelEntry) -> ConfigState:
         api = dict(self.api)
@@ -184,7 +185,8 @@ class ConfigState:
             self._cache["bch"] = {
                 name: bundle_config_hash(b, configs) for name, b in sorted(self.bundles.items())
             }
-        return self._cache["bch"]
+        hashes: dict[str, str] = self._cache["bch"]
+        return hashes
 
     def bundle_pool_config_hashes(self) -> dict[str, dict[str, str]]:
         if "bpch" not in self._cache:
@@ -195,7 +197,8 @@ class ConfigState:
                 pools.update(e.pool for e in self.models.values() if name in self.affected_bundles(e.config))
                 out[name] = {p: bundle_config_hash(b, configs, pool=p) for p in sorted(pools)}
             self._cache["bpch"] = out
-        return self._cache["bpch"]
+        per_pool: dict[str, dict[str, str]] = self._cache["bpch"]
+        return per_pool
 
     def bundle_adapters(self) -> dict[str, list[str]]:
         return {name: list(b.adapters) for name, b in sorted(self.bundles.items())}
@@ -389,7 +392,7 @@ def _canon_field(key: str, value: Any) -> str:
 def check_profiles_and_pool(data: dict[str, Any]) -> dict[str, Any]:
     """The body's profiles (names and shapes) and its pool (lower-cased in ``data``); returns the profiles."""
     profiles = data.get("profiles")
-    if not profiles:
+    if not profiles or not isinstance(profiles, dict):
         raise _semantic("profiles must be a non-empty mapping")
     for name, prof in profiles.items():
         if not isinstance(name, str) or not PROFILE_NAME_RE.match(name):

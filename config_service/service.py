@@ -81,7 +81,8 @@ class ConfigService:
             raise ConfigError(503, "store_unavailable", str(exc)) from exc
 
     async def epoch(self) -> int:
-        return await self._run(self.store.epoch)
+        epoch: int = await self._run(self.store.epoch)
+        return epoch
 
     async def state(self) -> ConfigState:
         """The state at the store's current epoch (reloaded only when the epoch moved)."""

@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from gateway.registry import CatalogRegistry
+from gateway.registry import CatalogRegistry, Route
 from protocol.catalog import Catalog
 from protocol.config_delta import (
     ConfigDeltaError,
@@ -95,7 +95,7 @@ class ConfigServiceRegistry(CatalogRegistry):
         self._last_poll: EpochInfo | None = None
         self._lock = asyncio.Lock()
         self._resync = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._sub: Any = None
         self._session: aiohttp.ClientSession | None = None
         self._metrics: Any = None
@@ -104,7 +104,7 @@ class ConfigServiceRegistry(CatalogRegistry):
     def ready(self) -> bool:
         return self.bootstrapped
 
-    def resolve(self, spec: str, options: dict[str, Any] | None = None):
+    def resolve(self, spec: str, options: dict[str, Any] | None = None) -> Route:
         if not self.bootstrapped:
             raise SIEError(
                 ErrorCode.QUEUE_UNAVAILABLE,

@@ -17,6 +17,7 @@ import nats.errors
 import nats.js.errors
 from aiohttp import web
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 from gateway import routing
@@ -107,7 +108,7 @@ class Gateway:
         self.cache: ResultCache | None = None
         self.dlq = DLQForwarder(nc, self.dispatcher, self.metrics)
         self._subs: list[Any] = []
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False  # background loops end on this too: library code may swallow a cancel
         self.started_at = time.time()
         self.draining = False  # set by drain(): new API requests are answered 503, /readyz fails
@@ -200,7 +201,7 @@ class Gateway:
             except Exception as exc:
                 log.warning("housekeeping failed: %s", exc)
 
-    async def _on_heartbeat(self, msg) -> None:
+    async def _on_heartbeat(self, msg: Msg) -> None:
         worker_id = msg.subject[len(HEALTH_PREFIX) + 1 :]
         self.workers.observe(worker_id, msg.data)
 

@@ -12,10 +12,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
@@ -46,7 +48,7 @@ STREAM_INFO_TTL_S = 0.25
 class Collector:
     total: int
     results: list[WorkResult | None]
-    future: asyncio.Future
+    future: asyncio.Future[list[WorkResult]]
     remaining: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -60,7 +62,7 @@ class Collector:
             self.remaining -= 1
         self.results[idx] = result  # a duplicate delivery overwrites its slot
         if self.remaining == 0 and not self.future.done():
-            self.future.set_result(self.results)
+            self.future.set_result(cast(list[WorkResult], self.results))  # every slot is filled
 
 
 class Dispatcher:
@@ -107,7 +109,7 @@ class Dispatcher:
         self._refreshing: dict[str, asyncio.Task[int]] = {}
         self._sub: Subscription | None = None
         self.publisher = AckedPublisher(nc)
-        self._resends: set[asyncio.Task] = set()
+        self._resends: set[asyncio.Task[int]] = set()
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,7 +141,7 @@ class Dispatcher:
         return len(self._collectors)
 
     # ---- streams ---------------------------------------------------------------------------
-    def stream_kwargs(self, pool: str) -> dict:
+    def stream_kwargs(self, pool: str) -> dict[str, Any]:
         return stream_config(
             pool,
             storage=self.storage,
@@ -367,7 +369,7 @@ class Dispatcher:
         )
         return True
 
-    async def _on_result(self, msg) -> None:
+    async def _on_result(self, msg: Msg) -> None:
         if msg.subject == self.results_subject:
             try:
                 results = unpack_results(msg.data)
@@ -396,12 +398,12 @@ class Dispatcher:
         col.put(result)
 
 
-def _retrieved(task: asyncio.Task) -> None:
+def _retrieved(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
 
 
-def _expire(future: asyncio.Future) -> None:
+def _expire(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
 

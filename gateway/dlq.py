@@ -15,8 +15,10 @@ import logging
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode
 from protocol.subjects import MAX_DELIVERIES_ADVISORY, dlq_subject, work_model_token
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class DLQForwarder:
-    def __init__(self, nc: NATS, dispatcher, metrics: GatewayMetrics) -> None:
+    def __init__(self, nc: NATS, dispatcher: Dispatcher, metrics: GatewayMetrics) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.dispatcher = dispatcher
@@ -44,7 +46,7 @@ class DLQForwarder:
                 log.debug("DLQ unsubscribe failed", exc_info=True)
             self._sub = None
 
-    async def _on_advisory(self, msg) -> None:
+    async def _on_advisory(self, msg: Msg) -> None:
         try:
             adv = json.loads(msg.data)
             stream = str(adv.get("stream", ""))

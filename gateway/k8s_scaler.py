@@ -183,9 +183,9 @@ def build_scaler(settings: K8sScalerSettings, api: Any | None = None) -> K8sScal
         from kubernetes import client, config
 
         try:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config()
+            config.load_kube_config()  # type: ignore[no-untyped-call]
         api = client.AppsV1Api()
     return K8sScaler(
         api=api,

@@ -88,7 +88,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         settings.gateway_port,
         settings.nats_url,
     )
-    scaler_task: asyncio.Task | None = None
+    scaler_task: asyncio.Task[None] | None = None
     scaler_settings = K8sScalerSettings()
     scaler = build_scaler(scaler_settings)  # None unless SIE_GATEWAY_K8S_SCALER_ENABLED
     if scaler is not None:

@@ -52,7 +52,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
             admin_token=gw.settings.admin_token,
             exempt_operational=gw.settings.auth_exempt_operational,
         )
-        response = await handler(request)
+        response: web.StreamResponse = await handler(request)
         status = response.status
         return response
     except Provisioning as p:

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import nats.js.errors
+from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
+from nats.js.kv import KeyValue
 
 from gateway.workers import WorkerRecord, WorkerRegistry
 from protocol.errors import ErrorCode, SIEError, invalid_input
@@ -41,7 +43,7 @@ def normalize_pool_name(name: Any) -> str:
 class PoolStore:
     def __init__(
         self,
-        kv,
+        kv: KeyValue,
         workers: WorkerRegistry,
         *,
         default_ttl_s: float = 1200.0,
@@ -66,7 +68,13 @@ class PoolStore:
 
     @classmethod
     async def open(
-        cls, js, bucket: str, workers: WorkerRegistry, *, storage: str = "file", **kwargs
+        cls,
+        js: JetStreamContext,
+        bucket: str,
+        workers: WorkerRegistry,
+        *,
+        storage: str = "file",
+        **kwargs: Any,
     ) -> PoolStore:
         try:
             kv = await js.key_value(bucket)
@@ -87,7 +95,7 @@ class PoolStore:
         if entry.value is None:
             return None
         try:
-            record = json.loads(entry.value)
+            record: dict[str, Any] = json.loads(entry.value)
         except ValueError:
             return None
         if self._expired(record):
@@ -242,7 +250,7 @@ class PoolStore:
         for name in await self._names():
             try:
                 entry = await self.kv.get(name)
-                record = json.loads(entry.value)
+                record = json.loads(entry.value or b"")
             except Exception:
                 continue
             if self._expired(record):
@@ -333,4 +341,5 @@ class PoolStore:
         record = await self._load(name)
         if record is None:
             return None
-        return record["spec"]
+        spec: dict[str, Any] = record["spec"]
+        return spec

@@ -15,7 +15,9 @@ import logging
 
 import nats.errors
 import nats.js.errors
+from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType
+from nats.js.kv import KeyValue
 
 from gateway.metrics import GatewayMetrics
 from protocol.result_cache import CachedAnswer, pack_entry, unpack_entry
@@ -28,7 +30,9 @@ _CONCURRENCY = 64  # key-value reads or writes in flight per request
 
 
 class ResultCache:
-    def __init__(self, kv, metrics: GatewayMetrics, *, max_value_bytes: int, timeout_s: float) -> None:
+    def __init__(
+        self, kv: KeyValue, metrics: GatewayMetrics, *, max_value_bytes: int, timeout_s: float
+    ) -> None:
         self.kv = kv
         self.metrics = metrics
         self.max_value_bytes = max_value_bytes
@@ -38,7 +42,7 @@ class ResultCache:
     @classmethod
     async def open(
         cls,
-        js,
+        js: JetStreamContext,
         bucket: str,
         metrics: GatewayMetrics,
         *,
@@ -71,7 +75,9 @@ class ResultCache:
         return cls(kv, metrics, max_value_bytes=max_value_bytes, timeout_s=timeout_s)
 
     @staticmethod
-    async def _reconcile(js, bucket: str, *, ttl_s: float, max_bytes: int, max_value_bytes: int) -> None:
+    async def _reconcile(
+        js: JetStreamContext, bucket: str, *, ttl_s: float, max_bytes: int, max_value_bytes: int
+    ) -> None:
         name = f"KV_{bucket}"
         info = await js.stream_info(name)
         cfg = info.config
