@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deploy.state import LOCK_FILE, port_in_use, remember, running, take_lock
+from deploy.state import LOCK_FILE, port_in_use, remember, running, sie_command, take_lock
 from deploy.supervisor import RestartPolicy, Supervisor, fresh_log, read_status
 from worker import (
     CUDA_PROCESSES,
@@ -432,7 +432,7 @@ def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
         pid = (read_status(state_dir) or {}).get("supervisor_pid")
         return (
             f"state directory {state_dir} belongs to a running sie up (pid {pid}): "
-            "`sie down` stops it, or pass another --state-dir"
+            f"`{sie_command()} down` stops it, or pass another --state-dir"
         )
     existing = next((p for p in (state_dir, *state_dir.parents) if p.exists()), None)
     if existing is not None and not os.access(existing, os.W_OK):
@@ -493,7 +493,7 @@ def up(
     lock = take_lock(state)
     if lock is None:
         print(
-            f"sie up: another sie up holds {state / LOCK_FILE}; `sie down --state-dir {state}` stops it",
+            f"sie up: another sie up holds {state / LOCK_FILE}; `{sie_command()} down --state-dir {state}` stops it",
             file=sys.stderr,
         )
         return 1
@@ -524,7 +524,7 @@ def up(
         cluster.supervisor.write_state()
         print(
             f"\nsie-cluster is up: point a client at {cluster.gateway_url}  (admin token in "
-            f"{cluster.state_dir}/admin-token; Ctrl-C or `sie down` stops)",
+            f"{cluster.state_dir}/admin-token; Ctrl-C or `{sie_command()} down` stops)",
             flush=True,
         )
         return cluster.supervise()
@@ -566,19 +566,20 @@ def _detach(state: Path, argv: list[str]) -> int:
             start_new_session=True,
         )
     print(f"starting sie up in the background (pid {proc.pid}, log {log})", flush=True)
+    sie = sie_command()
     try:
         while proc.poll() is None:
             doc = read_status(state) or {}
             if doc.get("supervisor_pid") == proc.pid and doc.get("ready"):
                 print(
                     f"sie-cluster is up: point a client at {doc['gateway_url']}  "
-                    f"(`sie status`, `sie logs -f`, `sie down`)"
+                    f"(`{sie} status`, `{sie} logs -f`, `{sie} down`)"
                 )
                 return 0
             time.sleep(0.2)
     except KeyboardInterrupt:
         print(
-            f"\nsie up (pid {proc.pid}) goes on starting in the background; `sie down` stops it",
+            f"\nsie up (pid {proc.pid}) goes on starting in the background; `{sie} down` stops it",
             file=sys.stderr,
         )
         return 130

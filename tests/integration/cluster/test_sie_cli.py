@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -103,6 +104,7 @@ def detached(tmp_path_factory):
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         assert f"sie-cluster is up: point a client at {d.gateway}" in started.stdout
+        d.started = started
         pids = d.pids()
         wait_for_worker(d.gateway)
         yield d
@@ -146,6 +148,22 @@ def test_status_and_logs_find_the_cluster_from_another_directory(detached):
     assert {ln.split("|")[0].strip() for ln in every.stdout.splitlines()} == set(ALL)
     bad = detached.user.run("logs", "gatway")
     assert bad.returncode == 1 and "unknown process 'gatway': one of nats, config" in bad.stderr
+
+
+def test_the_commands_sie_up_prints_run_as_printed(detached):
+    """Issue 36: the hints name a sie that runs from where the user is (here, a directory outside
+    the checkout), whether or not the venv's bin/ is on PATH."""
+    hint = re.search(r"\(`(.+?) status`, `(.+?) logs -f`, `(.+?) down`\)", detached.started.stdout)
+    assert hint and len(set(hint.groups())) == 1, detached.started.stdout
+    st = subprocess.run(
+        [*shlex.split(hint.group(1)), "status"],
+        cwd=detached.user.cwd,
+        env=detached.user.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert st.returncode == 0 and "running" in st.stdout, st.stdout + st.stderr
 
 
 def test_models_add_from_another_directory_uses_the_running_clusters_token(detached, tmp_path):
