@@ -77,3 +77,18 @@ def test_integration_extras_are_installable_as_said():
         hint = out.stderr.strip().splitlines()[-1]
         requirement = extras[extra][0].split(">")[0]  # e.g. langchain-core
         assert f"pip install {requirement} " in hint and f"-e '.[{extra}]'" in hint, hint
+
+
+def test_the_public_sdk_is_installed_into_a_python_312():
+    """Issue 36: every sie-sdk release needs Python 3.12+; the README says so and shows a 3.12 venv,
+    the way the tests install it (tests/support/sdk312.py)."""
+    import re
+
+    from tests.support import sdk312
+
+    text = README.read_text()
+    command = re.search(r"(python3\.1[2-9]) -m venv (\S+) && \2/bin/pip install sie-sdk", text)
+    assert command, "show how to install sie-sdk into a Python 3.12 venv"
+    around = text[max(0, command.start() - 300) : command.end()]
+    assert "3.12" in around and "sie-sdk" in around
+    assert command.group(2) == sdk312.VENV.name
