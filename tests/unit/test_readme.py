@@ -163,3 +163,15 @@ def test_the_readme_names_the_queue_message_limit_of_one_item():
     nats_conf = (README.parent / "helm/sie-cluster/templates/nats.yaml").read_text()
     chart = re.search(r"max_payload: (\d+)MB", nats_conf)
     assert chart and f"{chart.group(1)} MB less 1,024 with the Helm chart" in row
+
+
+def test_the_readme_says_what_the_weights_field_tells():
+    """Issue 36: GET /v1/models and `sie models list` say where each model's weights are."""
+    from protocol.weights import STATUSES
+
+    paragraphs = [
+        p
+        for p in README.read_text().split("\n\n")
+        if "/v1/models" in p and "sie models list" in p and "weights" in p
+    ]
+    assert any(all(f"`{status}`" in p for status in STATUSES) for p in paragraphs), paragraphs

@@ -12,8 +12,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.cluster import wait_for_worker
@@ -179,6 +181,26 @@ def test_models_add_from_another_directory_uses_the_running_clusters_token(detac
     lost = detached.user.run("models", "add", str(path), XDG_STATE_HOME=str(tmp_path / "empty"))
     assert lost.returncode == 1 and "no sie up found" in lost.stderr and "--state-dir" in lost.stderr
     assert not (detached.user.cwd / ".sie-state").exists()
+
+
+def test_models_list_and_the_gateway_say_where_the_weights_are(detached):
+    """Issue 36: offline, the listing tells the models that can load from the hub-only ones; the
+    gateway learns it from the workers' heartbeats."""
+    while True:  # until the first heartbeat with the worker's check of the weights (test timeout bounds it)
+        listed = httpx.get(f"{detached.gateway}/v1/models", timeout=30).json()["models"]
+        models = {m["name"]: m for m in listed}
+        if models["sie-fake"]["weights"] != "unknown":
+            break
+        time.sleep(0.2)
+    assert models["sie-fake"]["weights"] == "cached"
+    assert models["sentence-transformers/all-MiniLM-L6-v2"]["weights"] == "cached"  # a pip package's
+    assert models["BAAI/bge-m3"]["weights"] == "missing" and models["BAAI/bge-m3"]["state"] == "available"
+    out = detached.user.run("models", "list")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["MODEL", "WEIGHTS", "SOURCE", "PROFILES"]
+    weights = {ln.split()[0]: ln.split()[1] for ln in lines[1:]}
+    assert weights["sie-fake"] == "cached" and weights["BAAI/bge-m3"] == "missing", out.stdout
 
 
 def test_sie_down_stops_the_cluster_gateway_first(detached):
