@@ -263,7 +263,7 @@ def retry_note(decision: Decision, state: RetryState, now: float, *, what: str) 
     loud = state.waited_s >= VISIBLE_WAIT_S
     waiting_for = WAITING_FOR.get(decision.rule, decision.rule.value)
     if decision.rule is Rule.UNREACHABLE:
-        left = f"quick retry {state.unreached_retries} of {len(UNREACHABLE_DELAYS_S)}"
+        left = f"{len(UNREACHABLE_DELAYS_S) - state.unreached_retries} quick retries left after it"
     else:
         left = f"{max(0.0, state.remaining(now) - decision.delay):.0f} s of the {state.budget_s:.0f} s budget left after it"
     return loud, (

@@ -206,7 +206,7 @@ def test_retry_notes_turn_loud_once_the_call_has_waited_a_few_seconds():
         assert loud is (waited >= VISIBLE_WAIT_S)
         assert line.startswith("encode m at http://h:1: waiting for the server to accept connections")
     assert [loud for loud, _ in notes][-1] is True  # the last quick retry is seen without any logging setup
-    assert "quick retry 3 of 3" in notes[-1][1]
+    assert "0 quick retries left after it" in notes[-1][1] and "2 quick retries left" in notes[0][1]
 
 
 def test_a_provisioning_wait_is_loud_at_once_and_says_what_it_waits_for_and_what_is_left():
