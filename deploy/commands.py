@@ -207,7 +207,8 @@ def show_model(model_id: str, url: str | None, token: str | None, state_dir: str
 
 
 def list_models(url: str | None, token: str | None, state_dir: str | None) -> int:
-    """``sie models list``: one line per model: id, source (api | filesystem), profiles."""
+    """``sie models list``: one line per model: id, where its weights are (from the cluster's
+    gateway, protocol.weights), source (api | filesystem), profiles."""
     target = _target(url, token, state_dir)
     if isinstance(target, int):
         return target
@@ -215,8 +216,34 @@ def list_models(url: str | None, token: str | None, state_dir: str | None) -> in
     if status != 200:
         return _answer(target, status, body)
     models = json.loads(body).get("models") or []
+    # the gateway of the sie up whose config service this is (not when --url names another one)
+    weights = _weights(state_dir) if url is None else None
+    if weights is None and url is None:
+        print("sie: WEIGHTS unknown: the cluster's gateway did not answer GET /v1/models", file=sys.stderr)
     width = max([len("MODEL")] + [len(m["model_id"]) for m in models])
-    print(f"{'MODEL':<{width}}  {'SOURCE':<10}  PROFILES")
+    print(f"{'MODEL':<{width}}  {'WEIGHTS':<13}  {'SOURCE':<10}  PROFILES")
     for m in models:
-        print(f"{m['model_id']:<{width}}  {m.get('source', ''):<10}  {','.join(m.get('profiles') or [])}")
+        where = (weights or {}).get(m["model_id"], "unknown")
+        profiles = ",".join(m.get("profiles") or [])
+        print(f"{m['model_id']:<{width}}  {where:<13}  {m.get('source', ''):<10}  {profiles}")
     return 0
+
+
+def _weights(state_dir: str | None) -> dict[str, str] | None:
+    """Model id → where its weights are, from the running cluster's gateway; None when there is
+    none or it does not answer."""
+    try:
+        state = find_state_dir(state_dir)
+    except NoCluster:
+        return None
+    gateway = (read_status(state) or {}).get("gateway_url")
+    if not gateway:
+        return None
+    try:
+        with urllib.request.urlopen(str(gateway).rstrip("/") + "/v1/models", timeout=10) as resp:
+            entries = json.loads(resp.read()).get("models") or []
+    except (OSError, ValueError):
+        return None
+    return {
+        e["name"]: str(e.get("weights") or "unknown") for e in entries if isinstance(e, dict) and "name" in e
+    }

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deploy.state import LOCK_FILE, port_in_use, remember, running, take_lock
-from deploy.supervisor import RestartPolicy, Supervisor, read_status
+from deploy.state import LOCK_FILE, port_in_use, remember, running, sie_command, take_lock
+from deploy.supervisor import RestartPolicy, Supervisor, fresh_log, read_status
 from worker import (
     CUDA_PROCESSES,
     DEFAULT_BUNDLES_DIR,
@@ -268,8 +268,6 @@ class Cluster:
         )
         self._wait("config", lambda: _http_ok(self.config_url + "/readyz"), 60)
         say(f"config service  {self.config_url}")
-        worker_log = self.state_dir / "logs" / "worker.log"
-        self._progress = LogEcho(worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"))
         omp = self.worker_omp_env()
         for pod in self.pods:  # the workers load their models side by side
             self._spawn(
@@ -277,6 +275,11 @@ class Cluster:
                 [py, "-m", "worker.ipc_server"],
                 {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp},
             )
+        # the first worker's log is this run's alone (fresh_log): echo its progress from the start
+        worker_log = self.supervisor.children[self.pods[0].worker].log_path
+        self._progress = LogEcho(
+            worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"), offset=0
+        )
         for pod in self.pods:
             self._wait(pod.worker, pod.socket.exists, 300)
             say(f"{pod.worker:<15} {pod.socket}")
@@ -375,10 +378,17 @@ class LogEcho:
     thread, until closed: model loads and downloads show in ``sie up``'s own output."""
 
     def __init__(
-        self, path: Path, marks: tuple[str, ...], say: Callable[[str], None], interval_s: float = 0.2
+        self,
+        path: Path,
+        marks: tuple[str, ...],
+        say: Callable[[str], None],
+        interval_s: float = 0.2,
+        offset: int | None = None,  # where to start reading; None: the end, as the log is now
     ):
         self.path, self.marks, self.say, self.interval_s = path, marks, say, interval_s
-        self.offset = path.stat().st_size if path.exists() else 0
+        if offset is None:
+            offset = path.stat().st_size if path.exists() else 0
+        self.offset = offset
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sie-up-log-echo", daemon=True)
         self._thread.start()
@@ -422,7 +432,7 @@ def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
         pid = (read_status(state_dir) or {}).get("supervisor_pid")
         return (
             f"state directory {state_dir} belongs to a running sie up (pid {pid}): "
-            "`sie down` stops it, or pass another --state-dir"
+            f"`{sie_command()} down` stops it, or pass another --state-dir"
         )
     existing = next((p for p in (state_dir, *state_dir.parents) if p.exists()), None)
     if existing is not None and not os.access(existing, os.W_OK):
@@ -483,7 +493,7 @@ def up(
     lock = take_lock(state)
     if lock is None:
         print(
-            f"sie up: another sie up holds {state / LOCK_FILE}; `sie down --state-dir {state}` stops it",
+            f"sie up: another sie up holds {state / LOCK_FILE}; `{sie_command()} down --state-dir {state}` stops it",
             file=sys.stderr,
         )
         return 1
@@ -514,7 +524,7 @@ def up(
         cluster.supervisor.write_state()
         print(
             f"\nsie-cluster is up: point a client at {cluster.gateway_url}  (admin token in "
-            f"{cluster.state_dir}/admin-token; Ctrl-C or `sie down` stops)",
+            f"{cluster.state_dir}/admin-token; Ctrl-C or `{sie_command()} down` stops)",
             flush=True,
         )
         return cluster.supervise()
@@ -546,8 +556,7 @@ def _hold_signals_while_stopping() -> None:
 def _detach(state: Path, argv: list[str]) -> int:
     """``sie up --detach``: the same ``sie up`` in its own session, logging to
     ``<state>/logs/sie-up.log``; returns once the cluster is ready (0) or that process exits (1)."""
-    log = state / "logs" / "sie-up.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log = fresh_log(state / "logs" / "sie-up.log")
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "deploy.cli", *argv],
@@ -557,19 +566,20 @@ def _detach(state: Path, argv: list[str]) -> int:
             start_new_session=True,
         )
     print(f"starting sie up in the background (pid {proc.pid}, log {log})", flush=True)
+    sie = sie_command()
     try:
         while proc.poll() is None:
             doc = read_status(state) or {}
             if doc.get("supervisor_pid") == proc.pid and doc.get("ready"):
                 print(
                     f"sie-cluster is up: point a client at {doc['gateway_url']}  "
-                    f"(`sie status`, `sie logs -f`, `sie down`)"
+                    f"(`{sie} status`, `{sie} logs -f`, `{sie} down`)"
                 )
                 return 0
             time.sleep(0.2)
     except KeyboardInterrupt:
         print(
-            f"\nsie up (pid {proc.pid}) goes on starting in the background; `sie down` stops it",
+            f"\nsie up (pid {proc.pid}) goes on starting in the background; `{sie} down` stops it",
             file=sys.stderr,
         )
         return 130

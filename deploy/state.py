@@ -13,7 +13,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
+import shutil
 import socket
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -21,6 +25,30 @@ from deploy.supervisor import pid_alive, read_status
 
 DEFAULT_STATE_DIR = ".sie-state"
 LOCK_FILE = "sie-up.lock"
+
+
+def sie_command(
+    which: Callable[[str], str | None] = shutil.which,
+    executable: str | None = None,
+    cwd: Path | None = None,
+) -> str:
+    """``sie`` as a hint should print it, so that it runs when pasted: ``sie`` when that name on PATH
+    is this installation's; else this installation's script by path, relative to the working
+    directory when beneath it (``.venv/bin/sie`` after ``make up``), else absolute; without a
+    script (a checkout on PYTHONPATH), ``python -m deploy.cli``."""
+    python = Path(executable or sys.executable)
+    script = python.parent / "sie"
+    if not script.exists():
+        return f"{shlex.quote(str(python))} -m deploy.cli"
+    found = which("sie")
+    if found and Path(found).resolve() == script.resolve():
+        return "sie"
+    here = (cwd or Path.cwd()).absolute()
+    try:
+        rel = script.absolute().relative_to(here)
+    except ValueError:
+        return shlex.quote(str(script.absolute()))
+    return shlex.quote(str(rel) if len(rel.parts) > 1 else f"./{rel}")
 
 
 class NoCluster(Exception):
@@ -63,7 +91,7 @@ def find_state_dir(explicit: str | None) -> Path:
             return path
     looked = ", ".join(str(p) for p in candidates)
     raise NoCluster(
-        f"no sie up found (looked in {looked}): start one with `sie up`, or pass --state-dir DIR "
+        f"no sie up found (looked in {looked}): start one with `{sie_command()} up`, or pass --state-dir DIR "
         "(the directory `sie up --state-dir` was given)"
     )
 

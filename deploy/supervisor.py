@@ -23,6 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 STATUS_FILE = "status.json"
+PREVIOUS_LOGS = "previous"  # <state>/logs/previous/: the logs of the run before this one
+
+
+def fresh_log(path: Path) -> Path:
+    """Begin this run's log at ``path``: a log left by an earlier run moves to ``previous/`` beside
+    it (one run kept), so what this run prints, and what an error quotes, is this run's alone."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        keep = path.parent / PREVIOUS_LOGS
+        keep.mkdir(exist_ok=True)
+        path.replace(keep / path.name)
+    return path
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,7 @@ class Child:
 
     def start(self) -> subprocess.Popen:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:  # the child keeps its own descriptor
+        with open(self.log_path, "ab") as out:  # a restart appends; the child keeps its own descriptor
             # its own session: the terminal's Ctrl-C reaches only ``sie up``, which stops the
             # children in order (stop_all) instead of every process dying at once
             # ... and dies with it: a ``sie up`` killed outright leaves no nats-server on its store
@@ -107,7 +119,7 @@ class Supervisor:
         return self.state_dir / STATUS_FILE
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        child = Child(name, cmd, env, self.state_dir / "logs" / f"{name}.log")
+        child = Child(name, cmd, env, fresh_log(self.state_dir / "logs" / f"{name}.log"))
         self.children[name] = child
         proc = child.start()
         self.write_state()

@@ -395,11 +395,14 @@ class Gateway:
         headers = [RoutingHeader.headers_of(item, together, self.dispatcher.results_subject) for item in todo]
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         if max_payload:
+            limit = max_payload - 1024  # NATS headers and subject travel in the same message
             for item, payload in zip(todo, payloads, strict=True):
-                if len(payload) > max_payload - 1024:
+                if len(payload) > limit:
                     raise invalid_input(
-                        f"Item {item.item_index} is {len(payload)} bytes; the work queue takes at most "
-                        f"{max_payload - 1024}",
+                        f"Item {item.item_index} is {len(payload)} bytes encoded; each item travels as one "
+                        f"work-queue message, and this cluster's queue takes at most {limit} bytes per item "
+                        f"(the NATS server's max_payload of {max_payload} bytes, less 1024 for headers). "
+                        "Send a smaller item, or raise max_payload in the NATS server's configuration",
                         param="items",
                     )
         with bind(

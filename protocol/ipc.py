@@ -188,6 +188,8 @@ class PingResponse:
     model_states: dict[str, str] = field(default_factory=dict)
     # routable name → the message of its last failed load
     failed_models: dict[str, str] = field(default_factory=dict)
+    # model id → where its weights are (protocol.weights), for the gateway's /v1/models
+    weights: dict[str, str] = field(default_factory=dict)
 
     def to_map(self) -> dict[str, Any]:
         return asdict(self)

@@ -394,10 +394,12 @@ class Heartbeat:
     model_states: dict[str, str] = field(default_factory=dict)
     # routable name → the message of its last failed load on this worker
     failed_models: dict[str, str] = field(default_factory=dict)
+    # model id → where its weights are for this worker (protocol.weights)
+    weights: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         data = asdict(self)
-        for key in ("unsupported_models", "model_states", "failed_models"):
+        for key in ("unsupported_models", "model_states", "failed_models", "weights"):
             if not data[key]:
                 del data[key]
         return json.dumps(data, separators=(",", ":")).encode()

@@ -23,6 +23,11 @@ RATE_LIMIT_DEFAULT_DELAY_S = 1.0
 QUEUE_DEFAULT_DELAY_S = 1.0
 GATEWAY_TIMEOUT_DEFAULT_DELAY_S = 5.0
 TRANSPORT_DEFAULT_DELAY_S = 5.0
+# A server this client has never reached (refused, name not found, connect timeout): a few quick
+# retries ride out a restart, then the call fails naming the URL, instead of spending the budget.
+UNREACHABLE_DELAYS_S = (0.5, 1.0, 2.0)
+# A call that has waited longer than this logs every further retry at WARNING (else DEBUG).
+VISIBLE_WAIT_S = 3.0
 JITTER_FRACTION = 0.25
 
 _QUEUE_CODES = frozenset({"QUEUE_FULL", "BILLING_CAPACITY_UNAVAILABLE"})
@@ -32,7 +37,8 @@ _QUEUE_CODES_WITH_HINT = frozenset({"QUEUE_UNAVAILABLE", "transport_failure"})
 class Transport(Enum):
     """How an attempt failed before an HTTP answer came back."""
 
-    RETRYABLE = "retryable"  # refused, reset, connect/pool/write timeout, peer closed mid-answer
+    UNREACHED = "unreached"  # no connection: refused, name not resolved, connect timeout
+    RETRYABLE = "retryable"  # reset, pool/write timeout, peer closed mid-answer
     FATAL = "fatal"  # read timeout (the request may have run), TLS, invalid URL
 
 
@@ -51,8 +57,23 @@ class Rule(Enum):
     GATEWAY_TIMEOUT = "gateway_timeout"
     CLIENT_ERROR = "client_error"  # other 3xx/4xx
     SERVER_ERROR = "server_error"  # other 5xx
+    UNREACHABLE = "unreachable"  # no connection could be made
     TRANSPORT = "transport"
     TRANSPORT_FATAL = "transport_fatal"
+
+
+# What a retry of each row waits for, in the log line that announces it.
+WAITING_FOR = {
+    Rule.PROVISIONING: "capacity (the cluster is provisioning a worker)",
+    Rule.LORA_LOADING: "the LoRA adapter to load",
+    Rule.MODEL_LOADING: "the model to load",
+    Rule.RESOURCE_EXHAUSTED: "memory on the worker",
+    Rule.RATE_LIMITED: "the rate limit",
+    Rule.QUEUE: "room in the work queue",
+    Rule.GATEWAY_TIMEOUT: "the gateway (it timed out waiting for a worker)",
+    Rule.UNREACHABLE: "the server to accept connections",
+    Rule.TRANSPORT: "the server to answer again (the connection failed)",
+}
 
 
 @dataclass(frozen=True)
@@ -69,7 +90,11 @@ class Answer:
 def classify(answer: Answer, *, operation: str = "encode") -> Rule:
     """Name the matrix row for ``answer``; rows are checked in the contract's order."""
     if answer.transport is not None:
-        return Rule.TRANSPORT if answer.transport is Transport.RETRYABLE else Rule.TRANSPORT_FATAL
+        return {
+            Transport.UNREACHED: Rule.UNREACHABLE,
+            Transport.RETRYABLE: Rule.TRANSPORT,
+            Transport.FATAL: Rule.TRANSPORT_FATAL,
+        }[answer.transport]
     status = answer.status or 0
     code = answer.code
     codes = {answer.code, answer.body_code}
@@ -103,14 +128,22 @@ def classify(answer: Answer, *, operation: str = "encode") -> Rule:
 
 @dataclass
 class RetryState:
-    """Per-call bookkeeping; ``deadline`` is on the clock the caller passes as ``now``."""
+    """Per-call bookkeeping; ``deadline`` is on the clock the caller passes as ``now``.
+
+    ``server_seen``: an HTTP answer has come from this server (in this call, or earlier to the
+    same client). Only then is a refused connection a server restarting, worth the budget.
+    """
 
     deadline: float
+    budget_s: float = DEFAULT_PROVISION_TIMEOUT_S
     wait_for_capacity: bool = True
     max_oom_retries: int = RESOURCE_EXHAUSTED_MAX_RETRIES
+    server_seen: bool = False
     retries: int = 0
     lora_retries: int = 0
     oom_retries: int = 0
+    unreached_retries: int = 0
+    waited_s: float = 0.0  # the sum of the delays decided so far
     rng: random.Random = field(default_factory=random.Random)
 
     @classmethod
@@ -121,13 +154,16 @@ class RetryState:
         provision_timeout_s: float | None,
         wait_for_capacity: bool,
         max_oom_retries: int,
+        server_seen: bool = False,
         rng: random.Random | None = None,
     ) -> RetryState:
         budget = DEFAULT_PROVISION_TIMEOUT_S if provision_timeout_s is None else float(provision_timeout_s)
         return cls(
             deadline=now + budget,
+            budget_s=budget,
             wait_for_capacity=wait_for_capacity,
             max_oom_retries=max(0, int(max_oom_retries)),
+            server_seen=server_seen,
             rng=rng or random.Random(),
         )
 
@@ -164,6 +200,10 @@ def decide(answer: Answer, state: RetryState, now: float, *, operation: str = "e
     rule = classify(answer, operation=operation)
     rng = state.rng
     waiting = state.wait_for_capacity
+    if answer.status is not None:
+        state.server_seen = True
+    if rule is Rule.UNREACHABLE and state.server_seen:
+        rule = Rule.TRANSPORT  # the server answered before: a restart, worth the budget
 
     if rule is Rule.PROVISIONING:
         decision = (
@@ -199,12 +239,37 @@ def decide(answer: Answer, state: RetryState, now: float, *, operation: str = "e
             if waiting
             else Decision(rule, retry=False)
         )
+    elif rule is Rule.UNREACHABLE:
+        n = state.unreached_retries
+        if waiting and n < len(UNREACHABLE_DELAYS_S):
+            decision = _within_budget(rule, UNREACHABLE_DELAYS_S[n], state, now)
+            if decision.retry:
+                state.unreached_retries += 1
+        else:
+            decision = Decision(rule, retry=False)
     else:  # OK and every terminal row
         decision = Decision(rule, retry=False)
 
     if decision.retry:
         state.retries += 1
+        state.waited_s += decision.delay
     return decision
+
+
+def retry_note(decision: Decision, state: RetryState, now: float, *, what: str) -> tuple[bool, str]:
+    """(loud, line) announcing a retry of the call ``what`` (e.g. ``encode org/model``): loud (a
+    warning) once the call's waits, this one included, add up to VISIBLE_WAIT_S; the line says what
+    it waits for, how long it sleeps and how much of the budget is left."""
+    loud = state.waited_s >= VISIBLE_WAIT_S
+    waiting_for = WAITING_FOR.get(decision.rule, decision.rule.value)
+    if decision.rule is Rule.UNREACHABLE:
+        left = f"{len(UNREACHABLE_DELAYS_S) - state.unreached_retries} quick retries left after it"
+    else:
+        left = f"{max(0.0, state.remaining(now) - decision.delay):.0f} s of the {state.budget_s:.0f} s budget left after it"
+    return loud, (
+        f"{what}: waiting for {waiting_for}; retry {state.retries} in {decision.delay:.1f} s "
+        f"(waited {state.waited_s - decision.delay:.1f} s so far; {left})"
+    )
 
 
 def _oom(answer: Answer, state: RetryState, now: float) -> Decision:

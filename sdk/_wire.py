@@ -19,7 +19,16 @@ from protocol import SERVER_VERSION
 from protocol.codec import CodecError, unpackb
 from protocol.priority import PRIORITIES, PRIORITY_HEADER
 from sdk import errors as E
-from sdk._retry import Answer, Decision, RetryState, Rule, Transport, classify, decide
+from sdk._retry import (
+    Answer,
+    Decision,
+    RetryState,
+    Rule,
+    Transport,
+    classify,
+    decide,
+    retry_note,
+)
 from sdk.media import convert_item
 
 log = logging.getLogger("sdk")
@@ -708,9 +717,16 @@ def judge(
     info = ErrorInfo(status, headers, body)
     decision = decide(info.answer(), state, now, operation=operation)
     if decision.retry:
-        log.debug("%s %s: %s, retrying in %.2fs", operation, model, decision.rule.value, decision.delay)
+        code = f" {info.code}" if info.code else ""
+        announce(decision, state, now, what=f"{operation} {model} (HTTP {status}{code})")
         return decision
     raise build_error(decision.rule, info, model=model, gpu=gpu, state=state, lora=lora)
+
+
+def announce(decision: Decision, state: RetryState, now: float, *, what: str) -> None:
+    """Log one retry: at WARNING once the call has waited a few seconds (sdk._retry.retry_note)."""
+    loud, line = retry_note(decision, state, now, what=what)
+    log.log(logging.WARNING if loud else logging.DEBUG, line)
 
 
 def judge_transport(
@@ -718,10 +734,30 @@ def judge_transport(
 ) -> Decision:
     """Judge a transport failure: a retrying ``Decision``, or ``SIEConnectionError`` raised."""
     decision = decide(Answer(transport=kind), state, now, operation=operation)
+    reason = describe(exc)
     if decision.retry:
+        announce(decision, state, now, what=f"{operation} at {base_url} ({reason})")
         return decision
-    what = "no answer (read timeout or TLS failure) from" if kind is Transport.FATAL else "could not reach"
-    raise E.SIEConnectionError(f"{operation}: {what} {base_url}: {exc!r}") from exc
+    if decision.rule is Rule.UNREACHABLE:
+        raise unreachable(operation, base_url, reason, state) from exc
+    what = (
+        "no answer (read timeout or TLS failure) from"
+        if kind is Transport.FATAL
+        else "lost the connection to"
+    )
+    raise E.SIEConnectionError(f"{operation}: {what} {base_url}: {reason}") from exc
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def unreachable(operation: str, base_url: str, reason: str, state: RetryState) -> E.SIEConnectionError:
+    return E.SIEConnectionError(
+        f"{operation}: cannot connect to {base_url} ({reason}); {state.unreached_retries + 1} "
+        f"attempt(s) over {state.waited_s:.1f} s. Nothing answers at that URL: is the server (the "
+        "gateway of `sie up`, or `sie serve`) running there, and is the URL right?"
+    )
 
 
 def json_bytes(body: Any) -> bytes:

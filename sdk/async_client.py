@@ -14,15 +14,14 @@ from sdk import _wire as W
 from sdk import pools as P
 from sdk import status as S
 from sdk._retry import (
-    DEFAULT_PROVISION_TIMEOUT_S,
     RESOURCE_EXHAUSTED_MAX_RETRIES,
     RetryState,
     Transport,
     attempt_timeout,
 )
-from sdk.errors import ProvisioningError, RequestError, SIEConnectionError, SIEError
+from sdk.errors import RequestError, SIEConnectionError, SIEError
 
-_RETRYABLE_TIMEOUTS: tuple[type[BaseException], ...] = tuple(
+_CONNECT_TIMEOUTS: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(aiohttp, "ConnectionTimeoutError", None),) if t is not None
 )
 
@@ -30,12 +29,14 @@ _RETRYABLE_TIMEOUTS: tuple[type[BaseException], ...] = tuple(
 def _transport_kind(exc: BaseException) -> Transport:
     if isinstance(exc, (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError)):
         return Transport.FATAL
-    if _RETRYABLE_TIMEOUTS and isinstance(exc, _RETRYABLE_TIMEOUTS):
-        return Transport.RETRYABLE  # connect timeout: nothing was sent
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Transport.UNREACHED  # refused, or the name did not resolve
+    if _CONNECT_TIMEOUTS and isinstance(exc, _CONNECT_TIMEOUTS):
+        return Transport.UNREACHED  # connect timeout: nothing was sent
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return Transport.FATAL  # read timeout: the request may have run
     if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):
-        return Transport.RETRYABLE  # refused, reset, peer closed mid-answer
+        return Transport.RETRYABLE  # reset, peer closed mid-answer
     return Transport.FATAL
 
 
@@ -93,6 +94,7 @@ class SIEAsyncClient:
         self._last_retry_count = 0
         self._last_model_revision: str | None = None
         self._warned_skew = False
+        self._server_seen = False  # an HTTP answer came: a refused connection is then a restart
         self._closed = False
 
     @property
@@ -146,6 +148,7 @@ class SIEAsyncClient:
         return answer
 
     def _observe(self, headers: Mapping[str, str]) -> None:
+        self._server_seen = True
         revision = headers.get("X-SIE-Model-Revision")
         if revision:
             self._last_model_revision = revision
@@ -183,6 +186,7 @@ class SIEAsyncClient:
             provision_timeout_s=provision_timeout_s,
             wait_for_capacity=wait_for_capacity,
             max_oom_retries=max_oom_retries,
+            server_seen=self._server_seen,
         )
         self._last_retry_count = 0
         try:
@@ -401,24 +405,33 @@ class SIEAsyncClient:
         poll_interval_s: float = 5.0,
     ) -> dict[str, Any]:
         """Async twin of :meth:`sdk.SIEClient.wait_for_capacity`."""
-        timeout = timeout_s if timeout_s is not None else DEFAULT_PROVISION_TIMEOUT_S
-        started = time.monotonic()
         if model:
             await self.encode(
-                model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout
+                model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout_s
             )
             return await self.get_capacity(gpu=gpu)
+        state = S.capacity_state(time.monotonic(), timeout_s, server_seen=self._server_seen)
         while True:
+            failed: tuple[Transport, BaseException] | None = None
             try:
                 capacity = await self.get_capacity(gpu=gpu)
                 if capacity.get("worker_count", 0) > 0:
                     return capacity
-            except (SIEConnectionError, RequestError):
-                pass
-            elapsed = time.monotonic() - started
-            if elapsed >= timeout:
-                raise ProvisioningError(S.capacity_timeout_message(gpu, elapsed), gpu=gpu)
-            await asyncio.sleep(min(poll_interval_s, timeout - elapsed))
+            except SIEConnectionError as exc:
+                cause = exc.__cause__
+                failed = (_transport_kind(cause) if cause is not None else Transport.FATAL, exc)
+            except RequestError:
+                pass  # not a gateway yet: keep waiting
+            await asyncio.sleep(
+                S.capacity_wait(
+                    failed,
+                    state,
+                    time.monotonic(),
+                    gpu=gpu,
+                    poll_interval_s=poll_interval_s,
+                    base_url=self._base_url,
+                )
+            )
 
     # ------------------------------------------------------------ pools
 

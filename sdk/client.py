@@ -15,13 +15,12 @@ from sdk import _wire as W
 from sdk import pools as P
 from sdk import status as S
 from sdk._retry import (
-    DEFAULT_PROVISION_TIMEOUT_S,
     RESOURCE_EXHAUSTED_MAX_RETRIES,
     RetryState,
     Transport,
     attempt_timeout,
 )
-from sdk.errors import ProvisioningError, RequestError, SIEConnectionError
+from sdk.errors import RequestError, SIEConnectionError
 
 
 def _transport_kind(exc: httpx.TransportError) -> Transport:
@@ -33,11 +32,12 @@ def _transport_kind(exc: httpx.TransportError) -> Transport:
             if isinstance(cause, ssl.SSLError):
                 return Transport.FATAL
             cause = cause.__cause__ or cause.__context__
-        return Transport.RETRYABLE
+        return Transport.UNREACHED  # refused, or the name did not resolve
+    if isinstance(exc, httpx.ConnectTimeout):
+        return Transport.UNREACHED
     if isinstance(
         exc,
         (
-            httpx.ConnectTimeout,
             httpx.PoolTimeout,
             httpx.WriteTimeout,
             httpx.NetworkError,
@@ -104,6 +104,7 @@ class SIEClient:
         self._last_retry_count = 0
         self._last_model_revision: str | None = None
         self._warned_skew = False
+        self._server_seen = False  # an HTTP answer came: a refused connection is then a restart
         self._closed = False
 
     # ------------------------------------------------------------ properties
@@ -152,6 +153,7 @@ class SIEClient:
         return response
 
     def _observe(self, headers: Mapping[str, str]) -> None:
+        self._server_seen = True
         revision = headers.get("X-SIE-Model-Revision")
         if revision:
             self._last_model_revision = revision
@@ -190,6 +192,7 @@ class SIEClient:
             provision_timeout_s=provision_timeout_s,
             wait_for_capacity=wait_for_capacity,
             max_oom_retries=max_oom_retries,
+            server_seen=self._server_seen,
         )
         self._last_retry_count = 0
         try:
@@ -411,24 +414,36 @@ class SIEClient:
     ) -> dict[str, Any]:
         """Wait until the gateway has workers of ``gpu``; with ``model``, a warm-up encode (which scales
         up and loads the model) first. Raises ``ProvisioningError`` after ``timeout_s`` (default 900 s)."""
-        timeout = timeout_s if timeout_s is not None else DEFAULT_PROVISION_TIMEOUT_S
-        started = time.monotonic()
         if model:
             self.encode(
-                model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout
+                model, {"text": "warmup"}, gpu=gpu, wait_for_capacity=True, provision_timeout_s=timeout_s
             )
             return self.get_capacity(gpu=gpu)
+        state = S.capacity_state(time.monotonic(), timeout_s, server_seen=self._server_seen)
         while True:
+            failed: tuple[Transport, BaseException] | None = None
             try:
                 capacity = self.get_capacity(gpu=gpu)
                 if capacity.get("worker_count", 0) > 0:
                     return capacity
-            except (SIEConnectionError, RequestError):
-                pass  # not up yet, or not a gateway yet: keep waiting
-            elapsed = time.monotonic() - started
-            if elapsed >= timeout:
-                raise ProvisioningError(S.capacity_timeout_message(gpu, elapsed), gpu=gpu)
-            time.sleep(min(poll_interval_s, timeout - elapsed))
+            except SIEConnectionError as exc:
+                cause = exc.__cause__
+                failed = (
+                    _transport_kind(cause) if isinstance(cause, httpx.TransportError) else Transport.FATAL,
+                    exc,
+                )
+            except RequestError:
+                pass  # not a gateway yet: keep waiting
+            time.sleep(
+                S.capacity_wait(
+                    failed,
+                    state,
+                    time.monotonic(),
+                    gpu=gpu,
+                    poll_interval_s=poll_interval_s,
+                    base_url=self._base_url,
+                )
+            )
 
     # ------------------------------------------------------------ pools
 

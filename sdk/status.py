@@ -10,10 +10,13 @@ clients), the one the public sie-sdk uses too.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Literal
 
-from sdk.errors import RequestError, SIEConnectionError
+from sdk import _wire as W
+from sdk._retry import VISIBLE_WAIT_S, Answer, RetryState, Rule, Transport, decide
+from sdk.errors import ProvisioningError, RequestError, SIEConnectionError
 
 WatchMode = Literal["auto", "cluster", "worker"]
 CLUSTER_PATH = "/ws/cluster-status"
@@ -103,3 +106,50 @@ async def watch_async(
 
 def capacity_timeout_message(gpu: str, elapsed: float) -> str:
     return f"Timeout after {elapsed:.1f}s waiting for GPU '{gpu}' capacity"
+
+
+def capacity_state(now: float, timeout_s: float | None, *, server_seen: bool) -> RetryState:
+    """The bookkeeping of one ``wait_for_capacity(gpu)``: its budget (default 900 s)."""
+    return RetryState.start(
+        now, provision_timeout_s=timeout_s, wait_for_capacity=True, max_oom_retries=0, server_seen=server_seen
+    )
+
+
+def capacity_wait(
+    failed: tuple[Transport, BaseException] | None,
+    state: RetryState,
+    now: float,
+    *,
+    gpu: str,
+    poll_interval_s: float,
+    base_url: str,
+) -> float:
+    """How long ``wait_for_capacity(gpu)`` sleeps before it looks at ``/health`` again, after an
+    answer without workers of ``gpu`` (``failed`` None) or a failed look. Raises when the wait ends:
+    ``SIEConnectionError`` when the server was never reached (after the quick retries of any
+    call), ``ProvisioningError`` when the budget is spent."""
+    if failed is not None:
+        kind, exc = failed
+        # GET /health is safe to repeat: every failure after the connection is worth the budget
+        kind = Transport.UNREACHED if kind is Transport.UNREACHED else Transport.RETRYABLE
+        decision = decide(Answer(transport=kind), state, now)
+        reason = W.describe(exc.__cause__ or exc)
+        if decision.retry:
+            W.announce(decision, state, now, what=f"wait_for_capacity {gpu} at {base_url} ({reason})")
+            return decision.delay
+        if decision.rule is Rule.UNREACHABLE:
+            raise W.unreachable("wait_for_capacity", base_url, reason, state) from exc
+    else:
+        state.server_seen = True
+    remaining = state.remaining(now)
+    if remaining <= 0:
+        raise ProvisioningError(capacity_timeout_message(gpu, state.budget_s - remaining), gpu=gpu)
+    delay = min(poll_interval_s, remaining)
+    state.retries += 1
+    state.waited_s += delay
+    W.log.log(
+        logging.WARNING if state.waited_s >= VISIBLE_WAIT_S else logging.DEBUG,
+        "wait_for_capacity %s: no worker of %s at %s yet; next look in %.1f s (%.0f s of the %.0f s budget left)",
+        gpu, gpu, base_url, delay, remaining - delay, state.budget_s,
+    )  # fmt: skip
+    return delay

@@ -62,6 +62,7 @@ class Liveness(Readiness):
             loaded_models=list(self.worker.ping.loaded_models or []),
             model_states=dict(self.worker.ping.model_states or {}),
             failed_models=dict(self.worker.ping.failed_models or {}),
+            weights=dict(self.worker.ping.weights or {}),
             queue_depth=self.queue_depth(),
             pending_cost=self.pending_cost(),
             inflight_batches=self.inflight_batches,

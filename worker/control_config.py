@@ -77,6 +77,7 @@ class ControlConfig(ModelStates):
         old = self.catalog.get(config.sie_id)
         self.catalog.put(config)
         self._note_support(config)
+        self.recheck_weights()
         if old is not None and old != config:
             await self._drop_stale_entries(config.sie_id)
 
@@ -92,6 +93,7 @@ class ControlConfig(ModelStates):
         else:
             self.catalog.remove(model_id)
             self.unsupported_models.discard(model_id)
+        self.recheck_weights()
         log.info(
             "model %s removed by the control plane%s",
             model_id,
@@ -112,6 +114,7 @@ class ControlConfig(ModelStates):
         self.unsupported_models = set()
         for config in wanted.values():
             self._note_support(config)
+        self.recheck_weights()
         for model_id, old in before.items():
             if wanted.get(model_id) != old:
                 await self._drop_stale_entries(model_id)

@@ -49,6 +49,8 @@ class WorkerRuntime(Protocol):
 
     def profile_states(self) -> dict[str, tuple[str, str | None]]: ...
 
+    def weights_status(self) -> dict[str, str]: ...
+
     async def ensure_ready(self, spec: str) -> EnsureResult: ...
 
     async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]: ...
@@ -128,6 +130,7 @@ class IpcHandler(ConfigCalls):
             loading_models=list(self.runtime.loading_models()),
             model_states={spec: state for spec, (state, _) in states.items()},
             failed_models={spec: err for spec, (state, err) in states.items() if state == "failed" and err},
+            weights=self.runtime.weights_status(),
         ).to_map()
 
     async def ensure_model_ready(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ holds the state every layer shares) → :mod:`worker.recovery` (OOM) → :mod:`w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import heap
+from protocol import weights as weights_vocab
 from protocol.adapter_options import loadtime_problems
 from protocol.catalog import Catalog, Resolved
 from protocol.errors import ErrorCode, SIEError
@@ -40,7 +42,7 @@ from worker.memory import MemoryManager, cuda_usage, host_usage
 from worker.metrics import WorkerMetrics
 from worker.results import EnsureResult
 from worker.settings import WorkerSettings
-from worker.weights import Source, WeightCache, WeightsError, weight_bytes
+from worker.weights import Source, WeightCache, WeightsError, WeightsReport, weight_bytes
 
 log = logging.getLogger("worker.runtime")
 
@@ -60,6 +62,9 @@ class ModelStates:
         self._lora_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lora-load")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.weights = WeightCache.from_settings(self.settings)
+        self.weights_report = WeightsReport(self.weights)
+        self._weights_task: asyncio.Task | None = None
+        self._weights_recheck = asyncio.Event()
         self.memory = MemoryManager(
             self.memory_usage,
             self.loaded,
@@ -98,6 +103,8 @@ class ModelStates:
             self._monitor = self._loop.create_task(
                 self.memory.monitor(self.settings.memory_monitor_interval_s), name="memory-monitor"
             )
+        if self.settings.weights_check_interval_s > 0:
+            self._weights_task = self._loop.create_task(self._check_weights(), name="weights-check")
         for spec in self.settings.preload_list():
             resolved = self.catalog.resolve(spec)
             entry = self._entry(resolved)
@@ -112,6 +119,8 @@ class ModelStates:
         self.ready = False
         if self._monitor is not None:
             self._monitor.cancel()
+        if self._weights_task is not None:
+            self._weights_task.cancel()
         for entry in list(self._entries.values()):
             if entry.task and not entry.task.done():
                 entry.task.cancel()
@@ -121,6 +130,29 @@ class ModelStates:
         self._load_pool.shutdown(wait=False, cancel_futures=True)
         self._lora_pool.shutdown(wait=False, cancel_futures=True)
         self.weights.close()
+
+    # ---- where the weights are (GET /v1/models "weights") -------------------------------------
+    async def _check_weights(self) -> None:
+        """Every ``weights_check_interval_s``, or at once after a config change: where each model's
+        weights are (worker.weights.WeightsReport; network probes, so in a thread)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._weights_recheck.clear()
+            try:
+                await loop.run_in_executor(None, self.weights_report.check, self.catalog.models())
+            except Exception:  # noqa: BLE001 - a report, never worth the worker
+                log.exception("checking where the weights are failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._weights_recheck.wait(), self.settings.weights_check_interval_s)
+
+    def recheck_weights(self) -> None:
+        """A model config changed: check its weights now rather than at the next interval."""
+        self._weights_recheck.set()
+
+    def weights_status(self) -> dict[str, str]:
+        """Model id → where its weights are (protocol.weights); ``unknown`` until checked."""
+        latest = self.weights_report.latest
+        return {m.sie_id: latest.get(m.sie_id, weights_vocab.UNKNOWN) for m in self.catalog.models()}
 
     # ---- model states ----------------------------------------------------------------------
     def _entry(self, resolved: Resolved) -> ModelEntry:

@@ -116,6 +116,9 @@ class WorkerSettings(BaseSettings):
     disk_budget_bytes: int = Field(default=0, ge=0)  # >0: synthetic disk, usage = size of the cache's entries
     cluster_cache_url: str = ""  # shared directory, file://, s3:// or gs:// (fsspec); "" = none
     download_progress_interval_s: float = Field(default=10.0, gt=0)  # progress log period while downloading
+    weights_check_interval_s: float = Field(
+        default=60.0, ge=0
+    )  # how often /v1/models re-checks where each model's weights are (one short hub probe, one cluster-cache listing; nothing downloaded); 0 = never (weights: unknown)
     log_level: str = "INFO"  # logging level
     log_format: Literal["text", "json"] = (
         "text"  # log lines: text, or json (one object per line with request_id and trace_id)

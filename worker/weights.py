@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol import weights as W
 from protocol.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,12 @@ class ClusterCache:
         except Exception as exc:
             log.warning("cluster cache %s: reading %s failed: %s", self.url, key, exc)
             return None
+
+    def keys(self) -> frozenset[str]:
+        """The complete entries (those with a manifest), in one listing. Raises OSError and the like."""
+        return frozenset(
+            path.rstrip("/").rsplit("/", 2)[-2] for path in self.fs.glob(f"{self.root}/*/{MANIFEST}")
+        )
 
     def fetch(self, key: str, files: dict[str, int], dest: Path) -> None:
         for rel in files:
@@ -459,6 +466,99 @@ class WeightCache:
 
         self._pending = [f for f in self._pending if not f.done()]
         self._pending.append(self._uploads.submit(upload))
+
+
+# ---- where the weights are, without fetching them (GET /v1/models "weights") ----------------
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def hub_answers(endpoint: str | None = None, timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the Hugging Face hub (``endpoint``, default ``HF_ENDPOINT`` or huggingface.co) answers
+    one bounded request; any HTTP answer, an error status included, means it is reachable."""
+    import urllib.error
+    import urllib.request
+
+    if endpoint is None:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    try:
+        with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _local(source: str | None) -> bool:
+    if not source:
+        return False
+    try:
+        return resolve_path(source).exists()
+    except WeightsError:  # pkg:// of a package that is not installed
+        return False
+
+
+def _in_hub_cache(hub_id: str, revision: str | None) -> bool:
+    """Offline, the loader reads the hub client's own cache: is the snapshot there? (Nothing is fetched.)"""
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(hub_id, revision=revision, local_files_only=True)
+        return True
+    except Exception:  # noqa: BLE001 - not cached (LocalEntryNotFoundError) or unreadable
+        return False
+
+
+def weights_status(
+    config: ModelConfig, cache: WeightCache, *, cluster_keys: frozenset[str] | None, hub: bool
+) -> str:
+    """Where ``config``'s weights would come from now (protocol.weights), checked without fetching
+    anything, through the places the loader looks: on this machine (``weights_path``, the local disk
+    cache, the hub client's cache when offline, the packaged fallback, or code in a package), the
+    cluster cache (``cluster_keys``; None: it could not be read), the hub (``hub``: it answered)."""
+    if config.package_backed and not (config.weights_path or config.hf_id or config.weights_fallback):
+        return W.CACHED
+    source = Source.of_model(config)
+    offline = hub_offline(cache.offline)
+    if (
+        _local(source.local_path)
+        or (cache.disk_dir / source.key).is_dir()
+        or (source.hub_id and offline and _in_hub_cache(source.hub_id, source.revision))
+        or _local(source.fallback)
+    ):
+        return W.CACHED
+    if cluster_keys is not None and source.key in cluster_keys:
+        return W.CLUSTER_CACHE
+    if source.hub_id and not offline and hub:
+        return W.HUB
+    return W.UNKNOWN if cluster_keys is None else W.MISSING
+
+
+class WeightsReport:
+    """``weights_status`` of every model, checked together: one hub probe and one cluster-cache
+    listing per check. ``check`` blocks (run it in a thread); ``latest`` is the last result ({}
+    before the first check)."""
+
+    def __init__(self, cache: WeightCache, probe: Callable[[], bool] = hub_answers) -> None:
+        self.cache = cache
+        self.probe = probe
+        self.latest: dict[str, str] = {}
+
+    def check(self, configs: Iterable[ModelConfig]) -> dict[str, str]:
+        cluster_keys: frozenset[str] | None = frozenset()
+        if self.cache.cluster is not None:
+            try:
+                cluster_keys = self.cache.cluster.keys()
+            except Exception as exc:  # noqa: BLE001 - a bucket without access: say unknown
+                log.warning("cluster cache %s: listing failed: %s", self.cache.cluster.url, exc)
+                cluster_keys = None
+        hub = not hub_offline(self.cache.offline) and self.probe()
+        self.latest = {
+            c.sie_id: weights_status(c, self.cache, cluster_keys=cluster_keys, hub=hub) for c in configs
+        }
+        return self.latest
 
 
 _clock_lock = threading.Lock()

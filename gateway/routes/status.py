@@ -15,6 +15,7 @@ from gateway.http_common import (
 )
 from protocol import SERVER_VERSION, openai
 from protocol.http import READY_PID_HEADER, index_body, stream_status
+from protocol.weights import best as best_weights
 
 #: the open ``/ws/cluster-status`` sockets (closed at shutdown)
 STATUS_SOCKETS = web.AppKey("status_sockets", set)
@@ -34,15 +35,20 @@ INDEX_ROUTES = [
 
 
 def model_view(gw: Gateway, spec: str) -> dict[str, Any]:
-    """``loaded``/``state``/``last_error``/``worker_count`` of one routable name over the healthy workers.
+    """``loaded``/``state``/``last_error``/``worker_count``/``weights`` of one routable name over the
+    healthy workers.
 
     Per profile from the heartbeats' ``model_states`` (loaded > loading > failed > available); a
-    heartbeat without them (an older sidecar) counts by model id.
+    heartbeat without them (an older sidecar) counts by model id. ``weights``: the best any of them
+    reports for the model id (protocol.weights), ``unknown`` when none does.
     """
     model_id = spec.split(":")[0]
     states: list[str] = []
     errors: list[str] = []
+    weights: list[str] = []
     for w in gw.workers.healthy():
+        if found := w.heartbeat.weights.get(model_id):
+            weights.append(found)
         per_profile = w.profile_states()
         if per_profile:
             if spec in per_profile:
@@ -56,7 +62,13 @@ def model_view(gw: Gateway, spec: str) -> dict[str, Any]:
     last_error = (
         {"code": "MODEL_LOAD_FAILED", "message": errors[-1]} if state == "failed" and errors else None
     )
-    return {"loaded": n > 0, "state": state, "last_error": last_error, "worker_count": n}
+    return {
+        "loaded": n > 0,
+        "state": state,
+        "last_error": last_error,
+        "worker_count": n,
+        "weights": best_weights(weights),  # beside the contract's fields: can a load find them?
+    }
 
 
 async def handle_models(request: web.Request) -> web.Response:

@@ -148,3 +148,33 @@ def test_log_echo_prints_the_progress_lines_appended_after_it_starts(tmp_path):
         echo.close()
     assert len(seen) == 2  # neither the line before it started nor the unfinished one
     assert log_message("plain text without a logger") == "plain text without a logger"
+
+
+def test_each_run_starts_its_own_logs_and_keeps_the_previous_runs(tmp_path):
+    """Issue 36: a log is this run's alone; the run before's moves to logs/previous/, and a restart
+    within the run appends to the run's log."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "crasher.log").write_text("from the run before\n")
+    sup = Supervisor(tmp_path, FAST, say=lambda s: None)
+    try:
+        sup.spawn("crasher", CRASHER, dict(os.environ))
+        _until(lambda: (sup.check(), sup.children["crasher"].restarts >= 1)[1])
+        _until(lambda: (logs / "crasher.log").read_text().count("boom") >= 2)
+    finally:
+        sup.stop_all(timeout_s=5)
+    assert "from the run before" not in (logs / "crasher.log").read_text()
+    assert (logs / "previous" / "crasher.log").read_text() == "from the run before\n"
+
+
+def test_fresh_log_keeps_one_run_before(tmp_path):
+    from deploy.supervisor import fresh_log
+
+    path = tmp_path / "logs" / "sie-up.log"
+    assert fresh_log(path) == path and not path.exists() and path.parent.is_dir()
+    path.write_text("run 1\n")
+    fresh_log(path)
+    path.write_text("run 2\n")
+    fresh_log(path)
+    assert not path.exists()
+    assert (path.parent / "previous" / "sie-up.log").read_text() == "run 2\n"

@@ -49,6 +49,7 @@ from protocol.openai import (
     resolve_model,
 )
 from protocol.priority import PRIORITY_HEADER, request_priority
+from protocol.weights import UNKNOWN
 from worker.runtime import Result, Runtime
 from worker.serve.metrics import ServeMetrics
 from worker.serve.result_cache import ResultLRU, encode_cached
@@ -226,13 +227,13 @@ async def tokenize(request: web.Request) -> web.Response:
 
 def _entries(runtime: Runtime) -> list[dict[str, Any]]:
     out = []
+    weights = runtime.weights_status()
     for config, profile in runtime.catalog.routable_names():
         state, err = runtime.model_state(config.sie_id, profile)
-        out.append(
-            runtime.catalog.model_entry(
-                config, profile, loaded=state == "loaded", state=state, last_error=err
-            )
+        entry = runtime.catalog.model_entry(
+            config, profile, loaded=state == "loaded", state=state, last_error=err
         )
+        out.append({**entry, "weights": weights.get(config.sie_id, UNKNOWN)})  # beside the contract's fields
     return out
 
 
@@ -248,6 +249,7 @@ async def get_model(request: web.Request) -> web.Response:
     entry = runtime.catalog.model_entry(
         config, profile, loaded=state == "loaded", state=state, last_error=err
     )
+    entry["weights"] = runtime.weights_status().get(config.sie_id, UNKNOWN)
     return json_response(entry, headers=base_headers())
 
 

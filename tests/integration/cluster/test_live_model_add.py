@@ -370,9 +370,12 @@ def test_sie_models_list_show_delete_cli(cluster, tmp_path):
     assert sie("add", str(path)).returncode == 0
     listed = sie("list")
     assert listed.returncode == 0, listed.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in listed.stdout.splitlines()[1:]}
-    assert rows["acme/fake-to-delete"] == ["api", "default"]
-    assert rows["sie-fake"][0] == "filesystem"
+    header, *lines = listed.stdout.splitlines()
+    assert header.split() == ["MODEL", "WEIGHTS", "SOURCE", "PROFILES"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines}
+    # weights come from the gateway of a sie up found through its state; with --url: unknown
+    assert rows["acme/fake-to-delete"] == ["unknown", "api", "default"]
+    assert rows["sie-fake"][1] == "filesystem"
     shown = sie("show", "acme/fake-to-delete")
     assert shown.returncode == 0 and "sie_id: acme/fake-to-delete" in shown.stdout
     encode_until_ok(cluster.gateway_url, "acme/fake-to-delete", time.monotonic() + 35)

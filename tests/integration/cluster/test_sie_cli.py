@@ -8,11 +8,14 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.cluster import wait_for_worker
@@ -103,6 +106,7 @@ def detached(tmp_path_factory):
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         assert f"sie-cluster is up: point a client at {d.gateway}" in started.stdout
+        d.started = started
         pids = d.pids()
         wait_for_worker(d.gateway)
         yield d
@@ -148,6 +152,22 @@ def test_status_and_logs_find_the_cluster_from_another_directory(detached):
     assert bad.returncode == 1 and "unknown process 'gatway': one of nats, config" in bad.stderr
 
 
+def test_the_commands_sie_up_prints_run_as_printed(detached):
+    """Issue 36: the hints name a sie that runs from where the user is (here, a directory outside
+    the checkout), whether or not the venv's bin/ is on PATH."""
+    hint = re.search(r"\(`(.+?) status`, `(.+?) logs -f`, `(.+?) down`\)", detached.started.stdout)
+    assert hint and len(set(hint.groups())) == 1, detached.started.stdout
+    st = subprocess.run(
+        [*shlex.split(hint.group(1)), "status"],
+        cwd=detached.user.cwd,
+        env=detached.user.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert st.returncode == 0 and "running" in st.stdout, st.stdout + st.stderr
+
+
 def test_models_add_from_another_directory_uses_the_running_clusters_token(detached, tmp_path):
     path = tmp_path / "fake.yaml"
     path.write_text(FAKE_YAML)
@@ -161,6 +181,26 @@ def test_models_add_from_another_directory_uses_the_running_clusters_token(detac
     lost = detached.user.run("models", "add", str(path), XDG_STATE_HOME=str(tmp_path / "empty"))
     assert lost.returncode == 1 and "no sie up found" in lost.stderr and "--state-dir" in lost.stderr
     assert not (detached.user.cwd / ".sie-state").exists()
+
+
+def test_models_list_and_the_gateway_say_where_the_weights_are(detached):
+    """Issue 36: offline, the listing tells the models that can load from the hub-only ones; the
+    gateway learns it from the workers' heartbeats."""
+    while True:  # until the first heartbeat with the worker's check of the weights (test timeout bounds it)
+        listed = httpx.get(f"{detached.gateway}/v1/models", timeout=30).json()["models"]
+        models = {m["name"]: m for m in listed}
+        if models["sie-fake"]["weights"] != "unknown":
+            break
+        time.sleep(0.2)
+    assert models["sie-fake"]["weights"] == "cached"
+    assert models["sentence-transformers/all-MiniLM-L6-v2"]["weights"] == "cached"  # a pip package's
+    assert models["BAAI/bge-m3"]["weights"] == "missing" and models["BAAI/bge-m3"]["state"] == "available"
+    out = detached.user.run("models", "list")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["MODEL", "WEIGHTS", "SOURCE", "PROFILES"]
+    weights = {ln.split()[0]: ln.split()[1] for ln in lines[1:]}
+    assert weights["sie-fake"] == "cached" and weights["BAAI/bge-m3"] == "missing", out.stdout
 
 
 def test_sie_down_stops_the_cluster_gateway_first(detached):

@@ -87,3 +87,26 @@ async def test_malformed_pool_body_is_a_400(start_gateway, body):
         raw = await resp.read()
         assert resp.status == 400, raw
         assert resp.headers["X-SIE-Error-Code"] == "INVALID_INPUT"
+
+
+async def test_an_item_over_the_queue_message_limit_is_a_400_that_names_the_limit(nats_server, start_gateway):
+    """One item travels as one JetStream message: over the NATS server's max_payload (less 1 KiB
+    for headers) it is refused before publishing, with the limit in the message (issue 36)."""
+    h = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1").start()
+    try:
+        await wait_workers(h)
+        max_payload = h.gateway.nc.max_payload
+        assert max_payload == 1024 * 1024  # nats-server's default, as `sie up` runs it
+        body = {"items": [{"text": "ok"}, {"text": "x" * max_payload}]}
+        async with h.session.post(h.url(f"/v1/encode/{DENSE}"), data=json.dumps(body), headers=JSON) as resp:
+            doc = json.loads(await resp.read())
+            assert resp.status == 400 and doc["detail"]["code"] == "INVALID_INPUT", doc
+        message = doc["detail"]["message"]
+        assert message.startswith("Item 1 is ") and "work-queue message" in message, message
+        assert f"at most {max_payload - 1024} bytes per item" in message
+        assert f"max_payload of {max_payload} bytes" in message
+        status, _, good = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "y" * 500_000}]})
+        assert status == 200, good  # under the limit: served
+    finally:
+        await w.stop()

@@ -66,3 +66,28 @@ async def test_llamaindex_async_embedding(server):
     assert await embed.aget_query_embedding("ab") == [2.0, 0.0, 1.0, 2.0]
     assert await embed.aget_text_embedding_batch(["a", "bb"]) == [[1.0, 0.0, 1.0, 2.0], [2.0, 1.0, 1.0, 2.0]]
     await embed._async().close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex"])
+def test_framework_classes_fail_fast_when_nothing_listens(framework):
+    """Issue 36: the adapters inherit the client's quick failure on a refused connection."""
+    import socket
+
+    from sdk import SIEConnectionError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    if framework == "langchain":
+        pytest.importorskip("langchain_core")
+        from sdk.integrations.langchain import SIEEmbeddings
+
+        embed = SIEEmbeddings(MODEL, base_url=url).embed_query
+    else:
+        pytest.importorskip("llama_index.core")
+        from sdk.integrations.llamaindex import SIEEmbedding
+
+        embed = SIEEmbedding(MODEL, base_url=url).get_query_embedding
+    with pytest.raises(SIEConnectionError, match=f"cannot connect to {url}"):
+        embed("hello")

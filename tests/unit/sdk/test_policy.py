@@ -8,7 +8,18 @@ from email.utils import format_datetime
 
 import pytest
 
-from sdk._retry import Answer, RetryState, Rule, Transport, attempt_timeout, classify, decide
+from sdk._retry import (
+    UNREACHABLE_DELAYS_S,
+    VISIBLE_WAIT_S,
+    Answer,
+    RetryState,
+    Rule,
+    Transport,
+    attempt_timeout,
+    classify,
+    decide,
+    retry_note,
+)
 from sdk._wire import parse_retry_after, routing_headers
 
 
@@ -35,6 +46,7 @@ def state(**kw) -> RetryState:
         (Answer(status=429, code="ANY"), Rule.RATE_LIMITED),
         (Answer(status=504), Rule.GATEWAY_TIMEOUT),
         (Answer(status=301), Rule.CLIENT_ERROR),
+        (Answer(transport=Transport.UNREACHED), Rule.UNREACHABLE),
         (Answer(transport=Transport.RETRYABLE), Rule.TRANSPORT),
         (Answer(transport=Transport.FATAL), Rule.TRANSPORT_FATAL),
     ],
@@ -84,6 +96,7 @@ def test_waiting_rows_fail_at_once_without_wait_for_capacity():
         Answer(status=503, code="PROVISIONING"),
         Answer(status=504),
         Answer(transport=Transport.RETRYABLE),
+        Answer(transport=Transport.UNREACHED),
     ):
         assert not decide(answer, s, 0.0).retry
     assert decide(Answer(status=503, code="MODEL_LOADING"), s, 0.0).retry
@@ -142,3 +155,69 @@ def test_importing_the_sdk_pulls_no_server_or_model_code():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+# --------------------------------------------------------------------------- a server that never answered
+
+
+def test_a_server_never_reached_gets_a_few_quick_retries_not_the_budget():
+    s = state(provision_timeout_s=900.0)
+    unreached = Answer(transport=Transport.UNREACHED)
+    delays = []
+    while (d := decide(unreached, s, now=sum(delays))).retry:
+        delays.append(d.delay)
+    assert d.rule is Rule.UNREACHABLE
+    assert tuple(delays) == UNREACHABLE_DELAYS_S and sum(delays) < 10  # seconds, not the 900 s budget
+    assert s.retries == s.unreached_retries == len(UNREACHABLE_DELAYS_S)
+    assert s.waited_s == sum(UNREACHABLE_DELAYS_S)
+
+
+def test_quick_retries_are_capped_by_a_smaller_budget():
+    s = state(provision_timeout_s=0.3)
+    d = decide(Answer(transport=Transport.UNREACHED), s, 0.0)
+    assert d.retry and d.delay == 0.3
+    assert not decide(Answer(transport=Transport.UNREACHED), s, 0.3).retry
+
+
+@pytest.mark.parametrize("seen_by", ["an earlier call", "this call"])
+def test_a_refused_connection_after_the_server_answered_is_a_restart_worth_the_budget(seen_by):
+    s = state(provision_timeout_s=900.0, server_seen=seen_by == "an earlier call")
+    if seen_by == "this call":
+        assert decide(Answer(status=503, code="PROVISIONING", retry_after=1), s, 0.0).retry
+    now = 1.0
+    for _ in range(10):  # far more than the quick retries: the budget bounds it
+        d = decide(Answer(transport=Transport.UNREACHED), s, now)
+        assert d.retry and d.rule is Rule.TRANSPORT and 3.75 <= d.delay <= 5.0
+        now += d.delay
+    assert s.unreached_retries == 0
+    assert not decide(Answer(transport=Transport.UNREACHED), s, 901.0).retry
+
+
+def test_retry_notes_turn_loud_once_the_call_has_waited_a_few_seconds():
+    s = state(provision_timeout_s=900.0)
+    notes = []
+    now = 0.0
+    while (d := decide(Answer(transport=Transport.UNREACHED), s, now)).retry:
+        notes.append(retry_note(d, s, now, what="encode m at http://h:1"))
+        now += d.delay
+    waited = 0.0
+    for (loud, line), delay in zip(notes, UNREACHABLE_DELAYS_S, strict=True):
+        waited += delay
+        assert loud is (waited >= VISIBLE_WAIT_S)
+        assert line.startswith("encode m at http://h:1: waiting for the server to accept connections")
+    assert [loud for loud, _ in notes][-1] is True  # the last quick retry is seen without any logging setup
+    assert "0 quick retries left after it" in notes[-1][1] and "2 quick retries left" in notes[0][1]
+
+
+def test_a_provisioning_wait_is_loud_at_once_and_says_what_it_waits_for_and_what_is_left():
+    s = state(provision_timeout_s=900.0)
+    d = decide(Answer(status=503, code="PROVISIONING", retry_after=5), s, 100.0)
+    loud, line = retry_note(d, s, 100.0, what="encode m (HTTP 503 PROVISIONING)")
+    assert loud
+    assert line == (
+        "encode m (HTTP 503 PROVISIONING): waiting for capacity (the cluster is provisioning a worker); "
+        "retry 1 in 5.0 s (waited 0.0 s so far; 795 s of the 900 s budget left after it)"
+    )
+    short = state(provision_timeout_s=900.0)
+    d = decide(Answer(status=503, code="MODEL_LOADING", retry_after=1), short, 0.0)
+    assert retry_note(d, short, 0.0, what="encode m")[0] is False  # a 1 s wait stays quiet
