@@ -119,7 +119,7 @@ class LaneConsumer:
             stats=self.stats,
             clock=clock,
         )
-        self.readiness = Readiness(self.link, settings, self.worker, self.settlement, self.stopping)
+        self.readiness = Readiness(self.link, settings, self.worker, self.settlement, self.stopping, clock)
         self.scheduler = Scheduler(
             settings,
             worker=self.link,

@@ -96,8 +96,8 @@ class Liveness:
         """
         interval = self.settings.progress_interval_s
         while not self.stopping.is_set():
-            await asyncio.sleep(interval / 2)
-            if not self.worker.fresh():
+            await self.clock.wait(self.stopping, interval / 2)
+            if self.stopping.is_set() or not self.worker.fresh():
                 continue
             now = self.clock.now()
             for d in list(self.held):

@@ -8,15 +8,14 @@ readiness changed through the ``announce`` callback given to :meth:`Readiness.pi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from protocol import ipc
 from protocol.errors import ErrorCode
 from protocol.work import WorkResult
+from sidecar.clock import Clock
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
 from sidecar.settings import SidecarSettings
@@ -28,11 +27,11 @@ class WorkerHealth:
     """What the last Pings said about the worker."""
 
     def __init__(self) -> None:
-        self.last_ok: float | None = None  # monotonic
+        self.last_ok: float | None = None  # the lane's clock (sidecar.clock)
         self.ping: ipc.PingResponse = ipc.PingResponse()
 
-    def fresh(self, stale_after_s: float) -> bool:
-        return self.last_ok is not None and time.monotonic() - self.last_ok <= stale_after_s
+    def fresh(self, now: float, stale_after_s: float) -> bool:
+        return self.last_ok is not None and now - self.last_ok <= stale_after_s
 
     def forget(self) -> None:
         """The worker is gone: nothing it said holds any more."""
@@ -73,17 +72,19 @@ class Readiness:
         health: WorkerHealth,
         settlement: ReadinessSettler,
         stopping: asyncio.Event,
+        clock: Clock,
     ) -> None:
         self.worker = worker
         self.settings = settings
         self.health = health
         self.settlement = settlement
         self.stopping = stopping  # set once the lane stops: not ready from then on
+        self.clock = clock
         self.stale_after_s = settings.worker_ping_interval_ms / 1000.0 * settings.worker_readyz_stale_mult
 
     def fresh(self) -> bool:
         """Whether the worker answered a Ping lately (it is there, ready or not)."""
-        return self.health.fresh(self.stale_after_s)
+        return self.health.fresh(self.clock.now(), self.stale_after_s)
 
     @property
     def ready(self) -> bool:
@@ -108,7 +109,7 @@ class Readiness:
             was_ready = self.ready
             try:
                 self.health.ping = await self.worker.ping(timeout_s=max(1.0, interval))
-                self.health.last_ok = time.monotonic()
+                self.health.last_ok = self.clock.now()
                 if failures:
                     log.info("worker answers Ping again after %d failed Ping(s)", failures)
                 failures = 0
@@ -118,7 +119,9 @@ class Readiness:
                     log.warning("worker Ping failed (%d in a row): %s", failures, exc)
             if self.ready != was_ready:
                 await announce()
-            await asyncio.sleep(interval if self.health.last_ok is not None else min(interval, 0.2))
+            await self.clock.wait(
+                self.stopping, interval if self.health.last_ok is not None else min(interval, 0.2)
+            )
 
     async def ensure_ready(self, sched: ModelScheduler) -> bool:
         """EnsureModelReady for a scheduler with pending items; settles them when it cannot become ready."""
@@ -154,8 +157,7 @@ class Readiness:
             for d in sched.pending():
                 await self.settlement.progress(d)
             base = s.model_loading_recheck_s * (1 if resp.state == ipc.STATE_LOADING_STARTED else 2)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), min(base, s.loading_recheck_cap_s))
+            await self.clock.wait(self.stopping, min(base, s.loading_recheck_cap_s))
             return False
         if resp.state == ipc.STATE_FAILED:
             code = resp.error_code or ErrorCode.MODEL_LOAD_FAILED
