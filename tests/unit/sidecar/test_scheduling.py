@@ -20,7 +20,7 @@ from sidecar.settings import SidecarSettings
 from sidecar.tombstones import Tombstones
 from tests.support.clock import ManualClock
 from tests.support.polling import wait_until
-from tests.unit.sidecar.parts import MODEL, GatedWorker, ReadyModel, RecordingSettler, delivery, quiesce
+from tests.unit.sidecar.parts import GatedWorker, ReadyModel, RecordingSettler, delivery, quiesce
 
 
 @dataclass
@@ -166,13 +166,8 @@ async def test_the_gather_wait_is_bounded():
 async def test_two_idle_forwards_share_what_is_pending():
     """Six items pending and two forwards free: two batches of three (``protocol.ipc.lane_share``)."""
     async with rig(depth=2, forwards=2) as r:
-        sched = r.scheduler._scheduler(MODEL)
-        sched.ready, sched.generation, sched.depth, sched.concurrent_forwards = True, 1, 2, 2
-        sched.task.cancel()  # queue all six before the scheduler looks
-        sched.task = None
-        for _ in range(6):
+        for _ in range(6):  # submit does not yield: all six are queued before the scheduler looks
             r.submit()
-        sched.task = asyncio.create_task(r.scheduler._run_scheduler(sched))
         await wait_until(lambda: r.worker.sizes == [3, 3], what="two shares")
 
 
