@@ -1,1 +1,2 @@
-"""The per-pod sidecar: JetStream pull consumer, lane batcher, IPC client of the worker, settlement."""
+"""The per-pod sidecar: the lane consumer (JetStream pulls, batches per model, operation and group
+key, RunBatch over IPC, settlement), heartbeats and config deltas."""

@@ -1,12 +1,13 @@
-"""Batch formation, free of I/O: one Batcher per (operation, group key) inside a model's scheduler.
+"""Batch formation, free of I/O: one Batcher per (operation, group key, priority class) inside a
+model's scheduler.
 
 The group key (:attr:`protocol.work.WorkItem.group_key`) covers everything that decides how an item
 runs (LoRA, options, instruction, output types, ...), so a batch cut here is what the worker runs:
 the one batching decision of the cluster path (the worker only bands it by token length).
 
 Flush rules: total cost >= max_batch_cost, count >= max_batch_requests, or the oldest pending item has
-waited max_batch_wait_ms; and at once when the caller says so (``flush_now``: the worker has a lane
-free, or the lane drains), except while a request's items are still arriving. A request's items are
+waited max_batch_wait_ms; and at once when the caller says so (``flush_now``: the worker has a
+forward free for the model, or the sidecar stops), except while a request's items are still arriving. A request's items are
 published together but reach the sidecar one message at a time, over up to a few milliseconds; cut
 between two of them, the request would wait a whole extra forward for its last items. So an idle
 flush waits, at most ``gather_s`` after a request's first item came, for the rest of it (the
@@ -16,13 +17,17 @@ pulling the lane: with several, JetStream deals the items round their pull reque
 Packing sorts the pending items by cost and takes greedily under both caps; an item larger than the
 cost cap on its own leaves alone. The remainder stays queued and its wait timer is re-anchored to its
 oldest item.
+
+Time is an argument (``now``), never read here: the scheduler passes its clock's reading
+(:mod:`sidecar.clock`), so tests step through the rules with the times they choose.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
 from protocol.subjects import BULK, INTERACTIVE
 
@@ -38,6 +43,9 @@ class Costed(Protocol):
     def request_items(self) -> int: ...  # items of its request to expect here (1: nothing to wait for)
 
 
+E = TypeVar("E", bound=Costed)
+
+
 @dataclass
 class BatchLimits:
     max_cost: int
@@ -46,29 +54,31 @@ class BatchLimits:
     gather_s: float = 0.0  # how long an idle flush waits for the rest of a request (after its first item)
 
 
-class Batcher:
+class Batcher(Generic[E]):
     """Pending items of one (op, group key, priority class) for one model."""
 
     def __init__(self, op: str, group: str, priority: str = INTERACTIVE) -> None:
         self.op = op
         self.group = group
         self.priority = priority
-        self.pending: list[Any] = []
+        self.pending: list[E] = []
         self.pending_cost = 0
-        # requests of several items not all here yet: request id -> [items seen, first one's arrival]
-        self._arriving: dict[str, list[Any]] = {}
+        # requests of several items not all here yet: request id -> (items seen, first one's arrival)
+        self._arriving: dict[str, tuple[int, float]] = {}
 
     def __len__(self) -> int:
         return len(self.pending)
 
-    def add(self, entry: Costed) -> None:
+    def add(self, entry: E) -> None:
         self.pending.append(entry)
         self.pending_cost += entry.cost
         if entry.request_items > 1:
-            seen = self._arriving.setdefault(entry.request_id, [0, entry.arrived])
-            seen[0] += 1
-            if seen[0] >= entry.request_items:
-                del self._arriving[entry.request_id]
+            rid = entry.request_id
+            seen, first = self._arriving.get(rid, (0, entry.arrived))
+            if seen + 1 >= entry.request_items:
+                self._arriving.pop(rid, None)
+            else:
+                self._arriving[rid] = (seen + 1, first)
 
     def gathering_until(self, now: float, limits: BatchLimits) -> float | None:
         """While some pending item's request has more items on the way (its first came less than
@@ -102,7 +112,7 @@ class Batcher:
 
     def ready(self, now: float, limits: BatchLimits, *, flush_now: bool = False) -> bool:
         """Whether to cut a batch now: full, oversize, waited ``max_wait_s``, or ``flush_now``
-        (the lane drains, or the worker has nothing of this model to run, so waiting for more
+        (the sidecar stops, or the worker has a forward free for the model, so waiting for more
         items would only add latency) unless a pending request's items are still arriving."""
         if not self.pending:
             return False
@@ -115,7 +125,7 @@ class Batcher:
             return True
         return flush_now and self.gathering_until(now, limits) is None
 
-    def take(self, limits: BatchLimits) -> list[Any]:
+    def take(self, limits: BatchLimits) -> list[E]:
         """Pack one batch: ascending cost, greedily under both caps, at least one item."""
         if not self.pending:
             return []
@@ -138,7 +148,7 @@ class Batcher:
         self.pending_cost -= total
         return batch
 
-    def remove(self, predicate) -> list[Any]:
+    def remove(self, predicate: Callable[[E], bool]) -> list[E]:
         """Take out every pending entry for which ``predicate(entry)`` holds."""
         gone = [e for e in self.pending if predicate(e)]
         if gone:
@@ -148,19 +158,19 @@ class Batcher:
 
 
 def oldest_ready(
-    batchers: list[Batcher],
+    batchers: list[Batcher[E]],
     now: float,
     limits: BatchLimits,
     *,
     flush_now: bool = False,
     bulk_after_s: float = math.inf,
-) -> Batcher | None:
+) -> Batcher[E] | None:
     """Interactive first, then first-come-first-served: the ready batcher whose head is oldest among
     the interactive ones, else among the bulk ones. A bulk batcher whose head has waited
     ``bulk_after_s`` counts as interactive (bulk is never starved)."""
     ready = [b for b in batchers if b.ready(now, limits, flush_now=flush_now)]
 
-    def rank(b: Batcher) -> tuple[bool, float]:
+    def rank(b: Batcher[E]) -> tuple[bool, float]:
         head = b.head_time or 0.0
         return (b.priority == BULK and now - head < bulk_after_s, head)
 
@@ -168,7 +178,7 @@ def oldest_ready(
 
 
 def next_due(
-    batchers: list[Batcher], limits: BatchLimits, now: float, *, flush_now: bool = False
+    batchers: list[Batcher[E]], limits: BatchLimits, now: float, *, flush_now: bool = False
 ) -> float | None:
     dues = [d for d in (b.due_at(limits, now, flush_now=flush_now) for b in batchers) if d is not None]
     return min(dues) if dues else None

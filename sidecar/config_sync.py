@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from nats.aio.msg import Msg
 
 from protocol import ipc
 from protocol.config_delta import (
@@ -96,7 +97,7 @@ class ConfigApplier:
         self._reconcile_now = asyncio.Event()
         self._stop = asyncio.Event()
         self._sub = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._rewind = False
 
@@ -139,7 +140,7 @@ class ConfigApplier:
         self.stats[key] = self.stats.get(key, 0) + 1
 
     # ------------------------------------------------------------------ deltas
-    async def _on_msg(self, msg) -> None:
+    async def _on_msg(self, msg: Msg) -> None:
         # Queue and return: the subscription's callback task never blocks on the barrier.
         self._queue.put_nowait(msg.data)
 

@@ -1,8 +1,10 @@
-"""What the sidecar holds: one JetStream delivery, and the per-model queues of held deliveries."""
+"""What the sidecar holds: one JetStream delivery, the set of held deliveries, and the per-model
+queues of them."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
@@ -18,9 +20,9 @@ class Delivery:
     route: RoutingHeader  # the message's routing header: the sidecar never decodes the body
     spec: str
     cost: int  # predicted tokens (scheduler's cost_of the character estimate)
-    arrived: float  # monotonic, for batching
+    arrived: float  # the lane's clock (sidecar.clock), for batching
     received_wall: float  # unix seconds, for queue_ms
-    last_progress: float
+    last_progress: float  # the lane's clock: when its lease was last renewed (progress-ACK)
     settled: bool = False
     in_flight: bool = False
     estimate: int = 0  # the character estimate the cost was predicted from
@@ -45,11 +47,55 @@ class Delivery:
             return 1
 
 
+class Held:
+    """Every delivery the sidecar holds (queued, in a batch, or being settled), until it is settled.
+
+    A pull loop that waits for room to pull more watches it with an event (:meth:`watch`): every
+    release sets the events of the loops watching.
+    """
+
+    def __init__(self) -> None:
+        self._deliveries: set[Delivery] = set()
+        self._watchers: dict[str, asyncio.Event] = {}
+
+    def __len__(self) -> int:
+        return len(self._deliveries)
+
+    def __bool__(self) -> bool:
+        return bool(self._deliveries)
+
+    def __iter__(self) -> Iterator[Delivery]:
+        return iter(self._deliveries)
+
+    def __contains__(self, d: object) -> bool:
+        return d in self._deliveries
+
+    def add(self, d: Delivery) -> None:
+        self._deliveries.add(d)
+
+    def release(self, d: Delivery) -> None:
+        """``d`` is settled: no longer held; wake the loops waiting for room."""
+        d.settled = True
+        self._deliveries.discard(d)
+        for event in self._watchers.values():
+            event.set()
+
+    def count(self, priority: str) -> int:
+        return sum(1 for d in self._deliveries if d.priority == priority)
+
+    def watch(self, key: str, event: asyncio.Event) -> None:
+        """Set ``event`` at every release from now until :meth:`unwatch` of ``key``."""
+        self._watchers[key] = event
+
+    def unwatch(self, key: str) -> None:
+        self._watchers.pop(key, None)
+
+
 @dataclass(eq=False)
 class ModelScheduler:
     spec: str
     limits: BatchLimits
-    batchers: dict[tuple[str, str, str], Batcher] = field(
+    batchers: dict[tuple[str, str, str], Batcher[Delivery]] = field(
         default_factory=dict
     )  # (operation, group key, class)
     ready: bool = False
@@ -57,13 +103,13 @@ class ModelScheduler:
     running: int = 0  # batches of this model on the worker now
     bulk_running: int = 0  # of which bulk batches
     depth: int = 0  # interactive batches the worker takes at once for this model (0 = not told)
-    lanes: int = 1  # of those, how many run at once (its forward lanes)
+    concurrent_forwards: int = 1  # of those, how many forward passes run at once
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     # tokens per unit of the character estimate, learned from what the worker counted: batches are
     # cut on tokens (the worker's unit) without the sidecar tokenising
     tokens_per_estimate: float = 1.0
-    last_interactive: float = float("-inf")  # monotonic arrival of the newest interactive item
+    last_interactive: float = float("-inf")  # arrival (the lane's clock) of the newest interactive item
 
     def cost_of(self, estimate: int) -> int:
         return max(1, round(estimate * self.tokens_per_estimate))
@@ -73,7 +119,7 @@ class ModelScheduler:
         if estimate > 0 and tokens > 0:
             self.tokens_per_estimate += 0.02 * (tokens / estimate - self.tokens_per_estimate)
 
-    def batcher(self, op: str, group: str, priority: str = INTERACTIVE) -> Batcher:
+    def batcher(self, op: str, group: str, priority: str = INTERACTIVE) -> Batcher[Delivery]:
         key = (op, group, priority)
         b = self.batchers.get(key)
         if b is None:
@@ -91,7 +137,7 @@ class ModelScheduler:
         return sum(b.pending_cost for b in self.batchers.values())
 
     def take_all(self) -> list[Delivery]:
-        out = []
+        out: list[Delivery] = []
         for b in self.batchers.values():
             out.extend(b.remove(lambda _e: True))
         return out

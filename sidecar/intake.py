@@ -1,70 +1,176 @@
-"""Pulling from the lane durables, validating each delivery and queueing it; cancellations.
+"""Pulling from the lane's durables, validating each delivery and handing it to the scheduler; cancels.
 
 Two pull loops, one per priority class: interactive work from the lane durable, bulk work from the
 lane's ``_bulk`` durable. They share the held budget (``max_held_messages``) by weight: bulk may fill
 ``bulk_max_held_share`` of it, so room is always left for interactive work to be pulled at once, and
 interactive work leaves ``bulk_min_held_share`` to bulk, so bulk is never starved of deliveries.
+
+:class:`Intake` sees the scheduler through :class:`Queue` (submit, cancel), the worker's presence
+through :class:`WorkerPresence` and settles what it refuses through :class:`IntakeSettler`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from typing import Protocol
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from protocol import tracing
 from protocol.errors import ErrorCode
-from protocol.subjects import BULK, INTERACTIVE, in_lane, is_valid_reply_subject, subject_priority
-from protocol.work import OPERATIONS, RoutingHeader
-from sidecar.deliveries import Delivery
+from protocol.subjects import (
+    BULK,
+    INTERACTIVE,
+    WORK_CANCEL_PREFIX,
+    in_lane,
+    is_valid_reply_subject,
+    lane_prefix,
+    subject_priority,
+)
+from protocol.work import OPERATIONS, RoutingHeader, WorkResult
+from sidecar.clock import Clock
+from sidecar.deliveries import Delivery, Held
+from sidecar.metrics import SidecarMetrics
 from sidecar.puller import Puller
-from sidecar.scheduling import Scheduling
+from sidecar.settings import SidecarSettings
 from sidecar.streams import ensure_lane_consumer, ensure_stream
-from sidecar.tombstones import request_id_from_cancel_subject
+from sidecar.tombstones import Tombstones, request_id_from_cancel_subject
 
 log = logging.getLogger("sie.sidecar")
 
 
-class Intake(Scheduling):
+class Queue(Protocol):
+    """:class:`sidecar.scheduling.Scheduler`, as intake uses it."""
+
+    def submit(self, d: Delivery) -> bool: ...
+
+    async def cancel(self, request_id: str) -> None: ...
+
+
+class WorkerPresence(Protocol):
+    """:class:`sidecar.readiness.Readiness`, as intake uses it."""
+
+    def fresh(self) -> bool: ...
+
+    def transport_nak_delay(self) -> float: ...
+
+
+class IntakeSettler(Protocol):
+    """:class:`sidecar.settlement.Settlement`, as intake uses it."""
+
+    def error_result(self, d: Delivery, code: str, message: str) -> WorkResult: ...
+
+    async def publish_and_ack(
+        self, d: Delivery, result: WorkResult | bytes, *, success: bool = False
+    ) -> None: ...
+
+    async def nak(self, d: Delivery, delay_s: float) -> None: ...
+
+    async def ack_msg(self, msg: Msg, *, drop: bool = False) -> None: ...
+
+    async def nak_msg(self, msg: Msg, delay_s: float) -> None: ...
+
+    async def dead_letter(self, msg: Msg, reason: str) -> None: ...
+
+
+class Intake:
+    def __init__(
+        self,
+        nc: NATS,
+        settings: SidecarSettings,
+        *,
+        queue: Queue,
+        worker: WorkerPresence,
+        settlement: IntakeSettler,
+        held: Held,
+        tombstones: Tombstones,
+        metrics: SidecarMetrics,
+        stats: dict[str, int],
+        stopping: asyncio.Event,
+        clock: Clock,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.settings = settings
+        self.queue = queue
+        self.worker = worker
+        self.settlement = settlement
+        self.held = held
+        self.tombstones = tombstones
+        self.metrics = metrics
+        self.stats = stats
+        self.stopping = stopping
+        self.clock = clock
+        self.stream = ""
+        self.durable = ""
+        self.bulk_durable = ""
+        self._lane_prefix = lane_prefix(settings.pool, settings.machine_profile, settings.bundle)
+        # per priority class: set when its pull request ends, or, while its loop waits for room, when
+        # a delivery is settled (Held.watch)
+        self._wakes: dict[str, asyncio.Event] = {INTERACTIVE: asyncio.Event(), BULK: asyncio.Event()}
+        self._pullers: dict[str, Puller] = {}
+        self._cancel_sub: Subscription | None = None
+
+    # ------------------------------------------------------------------ start and stop
     async def ensure_jetstream(self) -> None:
         self.stream = await ensure_stream(self.js, self.settings)
         self.durable = await ensure_lane_consumer(self.js, self.stream, self.settings)
         self.bulk_durable = await ensure_lane_consumer(self.js, self.stream, self.settings, BULK)
 
-    async def start_pullers(self) -> None:
+    async def start(self) -> None:
+        """Subscribe to cancellations and open the two pullers (their loops are :meth:`pull_loop`)."""
+        self._cancel_sub = await self.nc.subscribe(f"{WORK_CANCEL_PREFIX}.>", cb=self.on_cancel)
         for priority, durable in ((INTERACTIVE, self.durable), (BULK, self.bulk_durable)):
             puller = Puller(
                 self.nc,
                 self.stream,
                 durable,
-                self._delivered,
+                self.delivered,
                 expires_s=self.settings.nats_fetch_timeout_s,
                 wake=self._wakes[priority],
             )
             await puller.start()
             self._pullers[priority] = puller
 
+    def forget_requests(self) -> None:
+        """After a NATS reconnect the open pull requests may have died with the old connection (a
+        restarted server has none): open new ones now rather than at their expiry."""
+        for puller in self._pullers.values():
+            puller.forget()
+
+    async def stop(self) -> None:
+        """Close the pullers and the cancel subscription (the pull loops are stopped already)."""
+        for puller in self._pullers.values():
+            with contextlib.suppress(Exception):
+                await puller.stop()
+        if self._cancel_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._cancel_sub.unsubscribe()
+
     # ------------------------------------------------------------------ pulling
-    def _free(self, priority: str) -> int:
+    def free(self, priority: str) -> int:
         """How many more deliveries of ``priority`` may be pulled now."""
         s = self.settings
         limit = max(1, s.max_held_messages)
-        bulk_held = sum(1 for d in self.held if d.priority == BULK)
+        bulk_held = self.held.count(BULK)
         if priority == BULK:
             return min(max(1, int(limit * s.bulk_max_held_share)) - bulk_held, limit - len(self.held))
         kept_for_bulk = max(0, int(limit * s.bulk_min_held_share) - bulk_held)
         return limit - len(self.held) - kept_for_bulk
 
-    async def _pull_loop(self, priority: str = INTERACTIVE) -> None:
+    async def pull_loop(self, priority: str = INTERACTIVE) -> None:
         """Keep one pull request open on the lane durable of ``priority`` while there is room:
         deliveries are handed to :meth:`intake` as they arrive (:mod:`sidecar.puller`)."""
         puller = self._pullers[priority]
         wake = self._wakes[priority]
         reported = 0
-        while not self._stop.is_set():
-            if not self.worker.fresh(self._worker_stale_after_s()):
+        while not self.stopping.is_set():
+            if not self.worker.fresh():
                 # No worker to run anything: leave the work in the stream for the lane's other pods
                 # instead of pulling it only to NAK it and burn its deliveries.
                 await asyncio.sleep(self.settings.worker_ping_interval_ms / 1000.0 / 2)
@@ -83,7 +189,7 @@ class Intake(Scheduling):
             elif puller.failures == 0:
                 reported = 0
             wake.clear()  # before looking: a change from here on wakes the wait below
-            free = self._free(priority)
+            free = self.free(priority)
             if not puller.is_open and free > 0:
                 try:
                     await puller.request(min(self.settings.nats_fetch_budget, free))
@@ -96,19 +202,19 @@ class Intake(Scheduling):
             # a request is open (deliveries come to intake by themselves; wait for it to end or be
             # overdue), or there is no room (wait for a settlement to make some)
             if not puller.is_open:
-                self._room_wanted.add(priority)
+                self.held.watch(priority, wake)
             try:
                 async with asyncio.timeout(puller.seconds_left()):
                     await wake.wait()
             except TimeoutError:
                 pass
             finally:
-                self._room_wanted.discard(priority)
+                self.held.unwatch(priority)
 
-    async def _delivered(self, msg: Msg) -> None:
+    async def delivered(self, msg: Msg) -> None:
         """A delivery from a pull request: intake, or straight back to the stream once stopping."""
-        if self._stop.is_set():
-            await self._raw_nak(msg, self.settings.overflow_nak_delay_s)
+        if self.stopping.is_set():
+            await self.settlement.nak_msg(msg, self.settings.overflow_nak_delay_s)
             return
         try:
             await self.intake(msg)
@@ -118,16 +224,16 @@ class Intake(Scheduling):
     async def intake(self, msg: Msg) -> None:
         """Validate one delivery and queue it on its model's scheduler (or settle it right away)."""
         self.stats["received"] += 1
-        now = time.monotonic()
+        now = self.clock.now()
         if not in_lane(msg.subject, self._lane_prefix):
             log.warning("NAK message on unexpected subject %s", msg.subject)
-            await self._raw_nak(msg, self.settings.nak_delay_s)
+            await self.settlement.nak_msg(msg, self.settings.nak_delay_s)
             return
         try:
             route = RoutingHeader.from_headers(msg.headers)
         except ValueError as exc:
             log.warning("dead-lettering undecodable work item on %s: %s", msg.subject, exc)
-            await self._dead_letter(msg, f"undecodable work item: {exc}")
+            await self.settlement.dead_letter(msg, f"undecodable work item: {exc}")
             return
         if not is_valid_reply_subject(route.reply_subject) or (
             route.results_subject is not None and not is_valid_reply_subject(route.results_subject)
@@ -138,14 +244,14 @@ class Intake(Scheduling):
                 route.reply_subject,
                 route.results_subject,
             )
-            await self._raw_ack(msg, drop=True)
+            await self.settlement.ack_msg(msg, drop=True)
             return
         if route.request_id in self.tombstones:
-            await self._raw_ack(msg, drop=True)
+            await self.settlement.ack_msg(msg, drop=True)
             return
-        if not self.worker.fresh(self._worker_stale_after_s()):
+        if not self.worker.fresh():
             # fetched just as the worker went away: give it back for other pods
-            await self._raw_nak(msg, self._transport_nak_delay())
+            await self.settlement.nak_msg(msg, self.worker.transport_nak_delay())
             return
         d = Delivery(
             msg=msg,
@@ -155,6 +261,7 @@ class Intake(Scheduling):
             arrived=now,
             received_wall=time.time(),
             last_progress=now,
+            estimate=route.cost,
             priority=subject_priority(msg.subject),
         )
         self.held.add(d)
@@ -174,32 +281,20 @@ class Intake(Scheduling):
                 attributes={"delivery": delivered},
             )
         if route.operation not in OPERATIONS:
-            await self._publish_and_ack(
-                d, self._error_result(d, ErrorCode.INVALID_INPUT, f"unknown operation {route.operation!r}")
+            await self.settlement.publish_and_ack(
+                d,
+                self.settlement.error_result(
+                    d, ErrorCode.INVALID_INPUT, f"unknown operation {route.operation!r}"
+                ),
             )
             return
-        sched = self._scheduler(d.spec)
-        d.estimate = route.cost
-        d.cost = sched.cost_of(d.estimate)
-        cap = max(1, sched.limits.max_requests) * self.settings.max_concurrent_batches * 2
-        # per class: a bulk backlog never turns interactive work away
-        if sched.pending_count(d.priority) >= cap and d.num_delivered < max(
-            2, self.settings.max_deliver // 2
-        ):
-            await self._nak(d, self.settings.overflow_nak_delay_s)
-            return
-        if d.priority != BULK:
-            sched.last_interactive = now
-        sched.batcher(route.operation, d.group, d.priority).add(d)
-        sched.wake.set()
+        if not self.queue.submit(d):  # over the model's held budget
+            await self.settlement.nak(d, self.settings.overflow_nak_delay_s)
 
     # ------------------------------------------------------------------ cancellation
-    async def _on_cancel(self, msg: Msg) -> None:
+    async def on_cancel(self, msg: Msg) -> None:
         request_id = request_id_from_cancel_subject(msg.subject)
         if not request_id:
             return
         self.tombstones.add(request_id)
-        for sched in self.schedulers.values():
-            for b in sched.batchers.values():
-                for d in b.remove(lambda e: e.route.request_id == request_id):
-                    await self._ack(d, drop=True)
+        await self.queue.cancel(request_id)

@@ -46,8 +46,8 @@ class IpcClient:
         self.generation = 0
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._read_task: asyncio.Task | None = None
-        self._pending: dict[str, asyncio.Future] = {}
+        self._read_task: asyncio.Task[None] | None = None
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
         self._connect_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
@@ -134,7 +134,7 @@ class IpcClient:
         *,
         timeout_s: float | None = None,
         traceparent: str | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Send one request and wait for its response body."""
         await self._ensure_connected()
         writer = self._writer

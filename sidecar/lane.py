@@ -26,10 +26,26 @@ permanent load failure                                error result MODEL_LOAD_FA
 cancelled request                                     ACK-drop
 ====================================================  =================================================
 
-The consumer is built in layers, one job per module: :mod:`sidecar.lane_state` (shared state) →
-:mod:`sidecar.settlement` → :mod:`sidecar.readiness` → :mod:`sidecar.liveness` (leases,
-heartbeats) → :mod:`sidecar.scheduling` (per-model batches, RunBatch) → :mod:`sidecar.intake`
-(pull, validate, cancel) → :class:`LaneConsumer` (start and stop).
+The consumer is composed of parts, each a plain class that takes its collaborators in
+``__init__`` (each typed by a ``Protocol`` in the part's module) and can be built and tested alone:
+
+==============================  ===============================================================
+part                            job
+==============================  ===============================================================
+``intake.Intake``               pull requests on the lane's two durables, validate the routing
+                                header, hand each delivery to the scheduler; cancellations
+``scheduling.Scheduler``        per-model batchers by operation, group key and priority; RunBatch
+``readiness.Readiness``         Pings; EnsureModelReady per model
+``liveness.Liveness``           progress-ACK leases; heartbeats
+``settlement.Settlement``       publish results; ACK, NAK, TERM; DLQ copies
+``worker_link.WorkerLink``      every IPC call to the worker, typed
+==============================  ===============================================================
+
+They share three plain objects: the :class:`~sidecar.deliveries.Held` set, the counters
+(``stats``) and the ``stopping`` event; time comes from one :class:`~sidecar.clock.Clock`.
+:class:`LaneConsumer` builds them, wires the parts and owns start and stop. A lane is one JetStream
+route: pool, machine profile and bundle (:func:`protocol.subjects.lane_prefix`), with an
+interactive and a bulk durable.
 """
 
 from __future__ import annotations
@@ -37,79 +53,202 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
-from protocol import ipc
-from protocol.subjects import BULK, INTERACTIVE, WORK_CANCEL_PREFIX
-from sidecar.deliveries import Delivery, ModelScheduler
+from nats.aio.client import Client as NATS
+
+from protocol.subjects import BULK, INTERACTIVE
+from sidecar.barrier import ExecutionBarrier
+from sidecar.clock import Clock, MonotonicClock
+from sidecar.deliveries import Delivery, Held, ModelScheduler
 from sidecar.intake import Intake
-from sidecar.lane_state import WorkerHealth
+from sidecar.ipc_client import IpcClient
+from sidecar.liveness import ConfigView, Liveness
+from sidecar.metrics import SidecarMetrics
+from sidecar.readiness import Readiness, WorkerHealth
+from sidecar.scheduling import Scheduler, cancel_and_wait
+from sidecar.settings import SidecarSettings
+from sidecar.settlement import Settlement
+from sidecar.tombstones import Tombstones
+from sidecar.worker_link import WorkerLink
+
+if TYPE_CHECKING:
+    from protocol.work import Heartbeat
 
 log = logging.getLogger("sie.sidecar")
 
 __all__ = ["Delivery", "LaneConsumer", "ModelScheduler", "WorkerHealth"]
 
+STATS = ("received", "published", "acked", "naked", "dropped", "batches", "progress", "dead_lettered")
 
-class LaneConsumer(Intake):
+
+class LaneConsumer:
+    def __init__(
+        self,
+        nc: NATS,
+        ipc_client: IpcClient,
+        settings: SidecarSettings,
+        *,
+        barrier: ExecutionBarrier | None = None,
+        worker: WorkerHealth | None = None,
+        config: ConfigView | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.ipc = ipc_client
+        self.settings = settings
+        # Batches hold it shared on the worker; config applies hold it exclusively.
+        self.barrier = barrier or ExecutionBarrier()
+        self.worker = worker or WorkerHealth()
+        self.config = config  # None: no config deltas applied (the worker's own hash is advertised)
+        self.link = WorkerLink(ipc_client)
+        self.held = Held()
+        self.tombstones = Tombstones(settings.cancel_tombstone_ttl_s)
+        self.stats: dict[str, int] = dict.fromkeys(STATS, 0)  # counters (observability and tests)
+        self.metrics = SidecarMetrics(settings.pool, settings.machine_profile, settings.bundle)
+        self.stopping = asyncio.Event()
+        clock = clock or MonotonicClock()
+        self.settlement = Settlement(
+            nc,
+            self.js,
+            worker_id=settings.worker_id,
+            nak_delay_s=settings.nak_delay_s,
+            oom_nak_delay_s=settings.oom_nak_delay_s,
+            held=self.held,
+            stats=self.stats,
+            clock=clock,
+        )
+        self.readiness = Readiness(self.link, settings, self.worker, self.settlement, self.stopping, clock)
+        self.scheduler = Scheduler(
+            settings,
+            worker=self.link,
+            readiness=self.readiness,
+            settlement=self.settlement,
+            barrier=self.barrier,
+            tombstones=self.tombstones,
+            metrics=self.metrics,
+            stats=self.stats,
+            stopping=self.stopping,
+            clock=clock,
+        )
+        self.liveness = Liveness(
+            nc,
+            settings,
+            worker=self.readiness,
+            load=self.scheduler,
+            config=config,
+            held=self.held,
+            leases=self.settlement,
+            stopping=self.stopping,
+            clock=clock,
+        )
+        self.intake = Intake(
+            nc,
+            settings,
+            queue=self.scheduler,
+            worker=self.readiness,
+            settlement=self.settlement,
+            held=self.held,
+            tombstones=self.tombstones,
+            metrics=self.metrics,
+            stats=self.stats,
+            stopping=self.stopping,
+            clock=clock,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self.metrics.watch(self)
+
+    # ------------------------------------------------------------------ what others read
+    @property
+    def stream(self) -> str:
+        return self.intake.stream
+
+    @property
+    def durable(self) -> str:
+        return self.intake.durable
+
+    @property
+    def bulk_durable(self) -> str:
+        return self.intake.bulk_durable
+
+    @property
+    def schedulers(self) -> dict[str, ModelScheduler]:
+        return self.scheduler.schedulers
+
+    @property
+    def inflight_batches(self) -> int:
+        return self.scheduler.inflight_batches
+
+    @property
+    def saturated(self) -> bool:
+        return self.scheduler.saturated
+
+    @property
+    def ready(self) -> bool:
+        return self.readiness.ready
+
+    def queue_depth(self) -> int:
+        return self.scheduler.queue_depth()
+
+    def heartbeat(self, *, terminated: bool = False) -> Heartbeat:
+        return self.liveness.heartbeat(terminated=terminated)
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.ipc.on_disconnect = self._worker_lost
-        await self.ensure_jetstream()
-        self._cancel_sub = await self.nc.subscribe(f"{WORK_CANCEL_PREFIX}.>", cb=self._on_cancel)
-        await self.start_pullers()
+        await self.intake.ensure_jetstream()
+        await self.intake.start()
         self._tasks = [
-            asyncio.create_task(self._pull_loop(INTERACTIVE), name="sidecar-pull"),
-            asyncio.create_task(self._pull_loop(BULK), name="sidecar-pull-bulk"),
-            asyncio.create_task(self._progress_loop(), name="sidecar-progress"),
-            asyncio.create_task(self._ping_loop(), name="sidecar-ping"),
-            asyncio.create_task(self._heartbeat_loop(), name="sidecar-heartbeat"),
+            asyncio.create_task(self.intake.pull_loop(INTERACTIVE), name="sidecar-pull"),
+            asyncio.create_task(self.intake.pull_loop(BULK), name="sidecar-pull-bulk"),
+            asyncio.create_task(self.liveness.progress_loop(), name="sidecar-progress"),
+            asyncio.create_task(self.readiness.ping_loop(self.liveness.announce), name="sidecar-ping"),
+            asyncio.create_task(self.liveness.heartbeat_loop(), name="sidecar-heartbeat"),
         ]
 
     def on_reconnect(self) -> None:
-        """After a NATS reconnect the open pull requests may have died with the old connection (a
-        restarted server has none): open new ones now rather than at their expiry."""
-        for puller in self._pullers.values():
-            puller.forget()
+        """After a NATS reconnect: open new pull requests now (:meth:`Intake.forget_requests`)."""
+        self.intake.forget_requests()
+
+    def _worker_lost(self, reason: str) -> None:
+        """The IPC connection closed (the worker died or restarts): not ready at once, stop pulling,
+        and give back every queued item now (in-flight batches fail with the connection and NAK
+        theirs), instead of holding them until Pings go stale and leases run out."""
+        if self.stopping.is_set():
+            return
+        log.warning(
+            "worker connection lost (%s): not ready, returning %d held item(s)", reason, len(self.held)
+        )
+        self.worker.forget()
+        self.scheduler.unready_all()
+        self.scheduler.spawn(self._give_back_queued())
+
+    async def _give_back_queued(self) -> None:
+        await self.liveness.announce()
+        await self.scheduler.give_back_queued(self.readiness.transport_nak_delay)
 
     async def stop(self, *, drain_timeout_s: float | None = None) -> None:
         """Tombstone heartbeat, stop pulling, Drain the worker, finish in-flight batches, NAK the rest."""
-        if self._stop.is_set():
+        if self.stopping.is_set():
             return
         budget = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
-        self.draining = True
-        self._stop.set()
+        overflow = self.settings.overflow_nak_delay_s
+        self.stopping.set()
         if self.config is not None:
             with contextlib.suppress(Exception):
                 await self.config.stop()
         with contextlib.suppress(Exception):
-            await self.publish_heartbeat(terminated=True)
+            await self.liveness.publish_heartbeat(terminated=True)
             await self.nc.flush(timeout=2)
-        await self._cancel_all(self._tasks)
+        await cancel_and_wait(self._tasks)
         # Queued items go back at once so another pod can take them.
-        for sched in self.schedulers.values():
-            for d in sched.take_all():
-                await self._nak(d, self.settings.overflow_nak_delay_s)
-            sched.wake.set()
+        await self.scheduler.give_back_queued(lambda: overflow)
         with contextlib.suppress(Exception):
-            await self.ipc.call(ipc.DRAIN, {"deadline_ms": int(budget * 1000)}, timeout_s=budget + 1)
-        if self._batch_tasks:
-            await asyncio.wait(list(self._batch_tasks), timeout=budget)
-        await self._cancel_all([sched.task for sched in self.schedulers.values() if sched.task])
+            await self.link.drain(budget)
+        await self.scheduler.finish(budget)
         for d in list(self.held):
-            await self._nak(d, self.settings.overflow_nak_delay_s)
-        for puller in self._pullers.values():
-            with contextlib.suppress(Exception):
-                await puller.stop()
-        if self._cancel_sub is not None:
-            with contextlib.suppress(Exception):
-                await self._cancel_sub.unsubscribe()
+            await self.settlement.nak(d, overflow)
+        await self.intake.stop()
         with contextlib.suppress(Exception):
             await self.nc.flush(timeout=2)
-
-    @staticmethod
-    async def _cancel_all(tasks: list[asyncio.Task]) -> None:
-        """Cancel and wait, bounded: on Python 3.11 ``wait_for`` can swallow a cancel that races with
-        a result, so every loop also checks the stop flag and this wait never hangs shutdown."""
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)

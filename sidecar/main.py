@@ -17,8 +17,8 @@ from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
-from sidecar.lane_state import WorkerHealth
 from sidecar.metrics import start_metrics_server
+from sidecar.readiness import WorkerHealth
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sie.sidecar")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sized
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import (
@@ -31,7 +31,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol import ipc
+if TYPE_CHECKING:
+    from nats.js.api import ConsumerInfo
 
 log = logging.getLogger("sie.sidecar.metrics")
 
@@ -39,10 +40,57 @@ SCRAPE_CALL_TIMEOUT_S = 2.0
 LANE_LABELS = ("pool", "machine_profile", "bundle")
 
 
+class ConsumerInfoSource(Protocol):
+    async def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo: ...
+
+
+class WorkerMetricsSource(Protocol):
+    async def metrics_text(self, timeout_s: float) -> bytes: ...
+
+
+class LaneView(Protocol):
+    """What a scrape reads of the lane consumer (:class:`sidecar.lane.LaneConsumer`)."""
+
+    stats: dict[str, int]
+
+    @property
+    def held(self) -> Sized: ...
+
+    @property
+    def inflight_batches(self) -> int: ...
+
+    @property
+    def saturated(self) -> bool: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    def queue_depth(self) -> int: ...
+
+
+class ScrapedLane(LaneView, Protocol):
+    """What the metrics server needs of the lane consumer: the above, its durable and the worker."""
+
+    @property
+    def js(self) -> ConsumerInfoSource: ...
+
+    @property
+    def stream(self) -> str: ...
+
+    @property
+    def durable(self) -> str: ...
+
+    @property
+    def link(self) -> WorkerMetricsSource: ...
+
+    @property
+    def metrics(self) -> SidecarMetrics: ...
+
+
 class _LaneState(Collector):
     """Counters and gauges read from the lane consumer at scrape time."""
 
-    def __init__(self, lane: Any) -> None:
+    def __init__(self, lane: LaneView) -> None:
         self.lane = lane
 
     def collect(self) -> Iterator[Any]:
@@ -115,11 +163,11 @@ class SidecarMetrics:
         )
         ProcessCollector(namespace="sie_sidecar", registry=r)  # CPU seconds, resident memory
 
-    def watch(self, lane: Any) -> None:
+    def watch(self, lane: LaneView) -> None:
         """Read the lane consumer's counters and gauges at every scrape."""
         self.registry.register(_LaneState(lane))
 
-    async def refresh_lane(self, lane: Any) -> None:
+    async def refresh_lane(self, lane: ScrapedLane) -> None:
         """The lane durable's depth from JetStream (left as it was when NATS does not answer)."""
         if not lane.stream or not lane.durable:
             return
@@ -134,12 +182,9 @@ class SidecarMetrics:
         self.lane_ack_pending.labels(*self.lane_labels).set(info.num_ack_pending or 0)
         self.lane_redelivered.labels(*self.lane_labels).set(info.num_redelivered or 0)
 
-    async def worker_text(self, client: Any) -> bytes:
+    async def worker_text(self, worker: WorkerMetricsSource) -> bytes:
         try:
-            body = await client.call(ipc.METRICS, {}, timeout_s=SCRAPE_CALL_TIMEOUT_S)
-            text = body.get("text")
-            if not isinstance(text, bytes):
-                raise ValueError("Metrics answer without text")
+            text = await worker.metrics_text(SCRAPE_CALL_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - the sidecar's own metrics are served regardless
             log.debug("worker metrics unavailable: %s", exc)
             self.worker_metrics_up.set(0)
@@ -147,13 +192,13 @@ class SidecarMetrics:
         self.worker_metrics_up.set(1)
         return text
 
-    async def render(self, lane: Any) -> bytes:
+    async def render(self, lane: ScrapedLane) -> bytes:
         await self.refresh_lane(lane)
-        worker = await self.worker_text(lane.ipc)
+        worker = await self.worker_text(lane.link)
         return generate_latest(self.registry) + worker
 
 
-async def start_metrics_server(lane: Any, host: str, port: int) -> web.AppRunner:
+async def start_metrics_server(lane: ScrapedLane, host: str, port: int) -> web.AppRunner:
     """Serve ``GET /metrics`` for the pod on ``host:port``; returns the runner to clean up."""
 
     async def metrics(_: web.Request) -> web.Response:

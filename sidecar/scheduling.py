@@ -1,25 +1,172 @@
-"""Per-model scheduling: one task per model spec forms batches and runs them over IPC (RunBatch)."""
+"""Per-model scheduling: one task per model spec forms batches and runs them on the worker (RunBatch).
+
+:class:`Scheduler` takes deliveries from intake (:meth:`Scheduler.submit`), queues them per model in
+batchers keyed by (operation, group key, priority class), cuts batches by the rules of
+:mod:`sidecar.batcher` and runs them. It sees the worker through :class:`BatchRunner`, model
+readiness through :class:`ModelReadiness` (EnsureModelReady before a model's first batch and after a
+worker restart), and settles through :class:`BatchSettler`; time comes from a
+:class:`sidecar.clock.Clock`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Container, Coroutine
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 from protocol import ipc, tracing
 from protocol.subjects import BULK
 from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
+from sidecar.clock import Clock
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
-from sidecar.liveness import Liveness
+from sidecar.metrics import SidecarMetrics
+from sidecar.settings import SidecarSettings
+from sidecar.worker_link import Outcome
 
 log = logging.getLogger("sie.sidecar")
 
 
-class Scheduling(Liveness):
+class BatchRunner(Protocol):
+    """RunBatch on the worker (:class:`sidecar.worker_link.WorkerLink`)."""
+
+    @property
+    def generation(self) -> int: ...
+
+    async def run_batch(
+        self, request: ipc.RunBatchRequest, timeout_s: float, traceparent: str | None
+    ) -> dict[str, list[Outcome]]: ...
+
+
+class ModelReadiness(Protocol):
+    """:class:`sidecar.readiness.Readiness`, as the scheduler uses it."""
+
+    async def ensure_ready(self, sched: ModelScheduler) -> bool: ...
+
+    def transport_nak_delay(self) -> float: ...
+
+
+class BatchSettler(Protocol):
+    """:class:`sidecar.settlement.Settlement`, as the scheduler uses it."""
+
+    async def ack(self, d: Delivery, *, drop: bool = False) -> None: ...
+
+    async def nak(self, d: Delivery, delay_s: float) -> None: ...
+
+    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: Outcome) -> None: ...
+
+    def goes_with_others(self, d: Delivery, outcome: Outcome) -> bool: ...
+
+    async def publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None: ...
+
+
+class SharedGate(Protocol):
+    """Held shared by every batch on the worker (:class:`sidecar.barrier.ExecutionBarrier`)."""
+
+    def shared(self) -> AbstractAsyncContextManager[None]: ...
+
+
+async def cancel_and_wait(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel and wait, bounded: on Python 3.11 ``wait_for`` can swallow a cancel that races with
+    a result, so every loop also checks the stop flag and this wait never hangs shutdown."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5.0)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: SidecarSettings,
+        *,
+        worker: BatchRunner,
+        readiness: ModelReadiness,
+        settlement: BatchSettler,
+        barrier: SharedGate,
+        tombstones: Container[str],
+        metrics: SidecarMetrics,
+        stats: dict[str, int],
+        stopping: asyncio.Event,
+        clock: Clock,
+    ) -> None:
+        self.settings = settings
+        self.worker = worker
+        self.readiness = readiness
+        self.settlement = settlement
+        self.barrier = barrier
+        self.tombstones = tombstones
+        self.metrics = metrics
+        self.stats = stats
+        self.stopping = stopping  # set: flush what is pending at once, end each model's task when empty
+        self.clock = clock
+        self.schedulers: dict[str, ModelScheduler] = {}
+        self.inflight_batches = 0
+        self.saturated = False
+        self._slots = asyncio.Semaphore(settings.max_concurrent_batches)
+        self._tasks: set[asyncio.Task[None]] = set()  # batches, and work spawned to run beside them
+
+    # ------------------------------------------------------------------ intake's side
+    def submit(self, d: Delivery) -> bool:
+        """Queue ``d`` on its model's batcher; False (nothing queued) when that model's queue of
+        ``d``'s priority class is full, unless half of ``d``'s deliveries are spent already."""
+        sched = self._scheduler(d.spec)
+        d.cost = sched.cost_of(d.estimate)
+        cap = max(1, sched.limits.max_requests) * self.settings.max_concurrent_batches * 2
+        # per class: a bulk backlog never turns interactive work away
+        if sched.pending_count(d.priority) >= cap and d.num_delivered < max(
+            2, self.settings.max_deliver // 2
+        ):
+            return False
+        if d.priority != BULK:
+            sched.last_interactive = d.arrived
+        sched.batcher(d.route.operation, d.group, d.priority).add(d)
+        sched.wake.set()
+        return True
+
+    async def cancel(self, request_id: str) -> None:
+        """ACK-drop what is queued of a cancelled request (a batch already cut drops it before RunBatch)."""
+        for sched in self.schedulers.values():
+            for b in sched.batchers.values():
+                for d in b.remove(lambda e: e.route.request_id == request_id):
+                    await self.settlement.ack(d, drop=True)
+
+    # ------------------------------------------------------------------ the lane's side
+    def queue_depth(self) -> int:
+        return sum(s.pending_count() for s in self.schedulers.values())
+
+    def pending_cost(self) -> int:
+        return sum(s.pending_cost() for s in self.schedulers.values())
+
+    def unready_all(self) -> None:
+        """Every model needs EnsureModelReady again before its next batch (the worker restarts)."""
+        for sched in self.schedulers.values():
+            sched.ready = False
+
+    async def give_back_queued(self, delay_s: Callable[[], float]) -> None:
+        """NAK everything queued (not yet in a batch), each with the delay ``delay_s()`` says then."""
+        for sched in self.schedulers.values():
+            for d in sched.take_all():
+                await self.settlement.nak(d, delay_s())
+            sched.wake.set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` beside the batches: :meth:`finish` waits for it as for them."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def finish(self, budget_s: float) -> None:
+        """Wait up to ``budget_s`` for the batches running, then end every model's task."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=budget_s)
+        await cancel_and_wait([sched.task for sched in self.schedulers.values() if sched.task])
+
+    # ------------------------------------------------------------------ scheduling
     def _scheduler(self, spec: str) -> ModelScheduler:
         sched = self.schedulers.get(spec)
         if sched is None:
@@ -37,27 +184,27 @@ class Scheduling(Liveness):
             sched.task = asyncio.create_task(self._run_scheduler(sched), name=f"sidecar-sched-{spec}")
         return sched
 
-    # ------------------------------------------------------------------ scheduling
     async def _run_scheduler(self, sched: ModelScheduler) -> None:
-        while not (self._stop.is_set() and sched.pending_count() == 0):
+        while not (self.stopping.is_set() and sched.pending_count() == 0):
             if sched.pending_count() == 0:
                 sched.wake.clear()
                 await sched.wake.wait()
                 continue
-            needs_ensure = not sched.ready or sched.generation != self.ipc.generation
-            if needs_ensure and not await self._ensure_ready(sched):
+            needs_ensure = not sched.ready or sched.generation != self.worker.generation
+            if needs_ensure and not await self.readiness.ensure_ready(sched):
                 continue
-            await self._batch_slots.acquire()
+            await self._slots.acquire()
             handed_off = False
             try:
                 batcher = None
                 while True:
                     await self._drop_cancelled(sched)
-                    now = time.monotonic()
+                    now = self.clock.now()
                     batchers = self._eligible(sched)
-                    # a worker with an idle lane (no interactive batch on it) gets what is pending at
-                    # once (a request's items still arriving are waited for); a busy one lets batches fill
-                    flush_now = self.draining or self._idle_lanes(sched) > 0
+                    # a worker with a forward free (no interactive batch on it) gets what is pending
+                    # at once (a request's items still arriving are waited for); a busy one lets
+                    # batches fill
+                    flush_now = self.stopping.is_set() or self._idle_forwards(sched) > 0
                     batcher = oldest_ready(
                         batchers, now, sched.limits, flush_now=flush_now,
                         bulk_after_s=self.settings.bulk_max_wait_ms / 1000.0,
@@ -74,8 +221,7 @@ class Scheduling(Liveness):
                     if due is None:
                         break
                     sched.wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(sched.wake.wait(), max(0.0, due - now))
+                    await self.clock.wait(sched.wake, max(0.0, due - now))
                 if batcher is None:
                     continue
                 limits = sched.limits
@@ -83,8 +229,8 @@ class Scheduling(Liveness):
                     limits = dataclasses.replace(
                         limits, max_requests=min(limits.max_requests, self._bulk_cap(sched))
                     )
-                else:  # with several lanes idle, an equal share for each (ipc.lane_share)
-                    share = ipc.lane_share(len(batcher), self._idle_lanes(sched), limits.max_requests)
+                else:  # with several forwards free, an equal share for each (ipc.lane_share)
+                    share = ipc.lane_share(len(batcher), self._idle_forwards(sched), limits.max_requests)
                     limits = dataclasses.replace(limits, max_requests=share)
                 batch = batcher.take(limits)
                 if not batch:
@@ -95,30 +241,30 @@ class Scheduling(Liveness):
                 bulk = batcher.priority == BULK
                 sched.bulk_running += bulk
                 task = asyncio.create_task(self._run_batch(sched, batch, bulk))
-                self._batch_tasks.add(task)
-                task.add_done_callback(self._batch_tasks.discard)
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
                 handed_off = True
             finally:
                 if not handed_off:
-                    self._batch_slots.release()
+                    self._slots.release()
 
     @staticmethod
-    def _idle_lanes(sched: ModelScheduler) -> int:
-        """The worker's forward lanes for this model that run no interactive batch now."""
-        return sched.lanes - (sched.running - sched.bulk_running)
+    def _idle_forwards(sched: ModelScheduler) -> int:
+        """The worker's concurrent forwards for this model that run no interactive batch now."""
+        return sched.concurrent_forwards - (sched.running - sched.bulk_running)
 
     def _bulk_cap(self, sched: ModelScheduler) -> int:
         """Items per bulk batch: the mixed size while interactive work of this model is arriving (the
         next interactive item waits behind at most that), else the full bulk size."""
         s = self.settings
-        mixed = time.monotonic() - sched.last_interactive <= s.bulk_mixed_window_s
+        mixed = self.clock.now() - sched.last_interactive <= s.bulk_mixed_window_s
         return (
             min(s.bulk_mixed_batch_requests, s.bulk_max_batch_requests)
             if mixed
             else s.bulk_max_batch_requests
         )
 
-    def _eligible(self, sched: ModelScheduler) -> list[Batcher]:
+    def _eligible(self, sched: ModelScheduler) -> list[Batcher[Delivery]]:
         """The batchers a batch may come from now: bulk ones only while fewer than
         ``bulk_max_concurrent_batches`` bulk batches of the model are on the worker, so an interactive
         batch never queues there behind more bulk work than that; interactive ones only while fewer
@@ -132,7 +278,14 @@ class Scheduling(Liveness):
     async def _drop_cancelled(self, sched: ModelScheduler) -> None:
         for b in sched.batchers.values():
             for d in b.remove(lambda e: e.route.request_id in self.tombstones):
-                await self._ack(d, drop=True)
+                await self.settlement.ack(d, drop=True)
+
+    def _update_saturation(self) -> None:
+        cap = max(1, self.settings.max_concurrent_batches)
+        if self.inflight_batches >= 0.9 * cap:
+            self.saturated = True
+        elif self.inflight_batches < 0.7 * cap:
+            self.saturated = False
 
     async def _run_batch(self, sched: ModelScheduler, batch: list[Delivery], bulk: bool = False) -> None:
         s = self.settings
@@ -154,7 +307,7 @@ class Scheduling(Liveness):
             live = []
             for d in batch:
                 if d.route.request_id in self.tombstones:
-                    await self._ack(d, drop=True)
+                    await self.settlement.ack(d, drop=True)
                 else:
                     live.append(d)
             if not live:
@@ -192,53 +345,43 @@ class Scheduling(Liveness):
                     attributes={"model": sched.spec, "batch_size": len(live)},
                 ):
                     async with self.barrier.shared():
-                        body = await self.ipc.call(
-                            ipc.RUN_BATCH,
-                            request.to_map(),
-                            timeout_s=timeout,
-                            traceparent=tracing.traceparent(),
-                        )
+                        by_id = await self.worker.run_batch(request, timeout, tracing.traceparent())
                 self.metrics.run_batch_seconds.labels(sched.spec).observe(time.time() - dispatched)
             except IpcTransportError as exc:
                 off_worker()
                 log.warning("RunBatch of %d items for %s failed: %s", len(live), sched.spec, exc)
                 sched.ready = False
-                delay = self._transport_nak_delay()
+                delay = self.readiness.transport_nak_delay()
                 for d in live:
-                    await self._nak(d, delay)
+                    await self.settlement.nak(d, delay)
                 return
             except IpcRemoteError as exc:
                 off_worker()
                 delay = s.overflow_nak_delay_s if exc.code == ipc.IPC_DRAINING else s.nak_delay_s
                 log.warning("worker refused RunBatch for %s: %s", sched.spec, exc)
                 for d in live:
-                    await self._nak(d, delay)
+                    await self.settlement.nak(d, delay)
                 return
             off_worker()
-            outcomes = body.get("outcomes") if isinstance(body, dict) else None
-            by_id: dict[str, list[dict[str, Any]]] = {}
-            for out in outcomes if isinstance(outcomes, list) else []:
-                if isinstance(out, dict):
-                    by_id.setdefault(str(out.get("work_item_id")), []).append(out)
             together: list[tuple[Delivery, bytes, bool]] = []  # results that share a message
             for d in live:
                 queue = by_id.get(d.route.work_item_id)
                 if not queue:
                     log.warning("no outcome for %s", d.route.work_item_id)
-                    await self._nak(d, s.nak_delay_s)
+                    await self.settlement.nak(d, s.nak_delay_s)
                     continue
                 outcome = queue.pop(0)
                 tokens = outcome.get("input_tokens")
                 if isinstance(tokens, int):
                     sched.learn(d.estimate, tokens)
-                if self._goes_with_others(d, outcome):
+                if self.settlement.goes_with_others(d, outcome):
                     together.append((d, outcome["result"], outcome["disposition"] == ipc.PUBLISH_AND_ACK))
                 else:
-                    await self._settle(sched, d, outcome)
-            await self._publish_together(together)
+                    await self.settlement.settle(sched, d, outcome)
+            await self.settlement.publish_together(together)
         finally:
             off_worker()
             self.inflight_batches -= 1
             self._update_saturation()
-            self._batch_slots.release()
+            self._slots.release()
             sched.wake.set()

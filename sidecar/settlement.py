@@ -1,13 +1,16 @@
-"""Settling held deliveries: publish a result then ACK, NAK with a delay, ACK-drop, progress-ACK.
+"""Settling held deliveries: publish a result then ACK, NAK with a delay, ACK-drop, progress-ACK,
+dead-letter (DLQ copy, then TERM).
 
-See :mod:`sidecar.lane` for the table of which situation gets which settlement.
+:class:`Settlement` sees NATS through two small Protocols (:class:`Publisher` for core publishes,
+:class:`JetStreamPublisher` for the DLQ copy) and knows nothing of pulling or scheduling; it owns the
+release of a delivery from :class:`sidecar.deliveries.Held`. See :mod:`sidecar.lane` for the table of
+which situation gets which settlement.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any
+from typing import Any, Protocol
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -23,47 +26,97 @@ from protocol.subjects import (
     work_model_token,
 )
 from protocol.work import WorkResult, pack_results, results_chunks
-from sidecar.deliveries import Delivery, ModelScheduler
-from sidecar.lane_state import LaneState
+from sidecar.clock import Clock
+from sidecar.deliveries import Delivery, Held, ModelScheduler
+from sidecar.worker_link import Outcome
 
 log = logging.getLogger("sie.sidecar")
 
 
-class Settlement(LaneState):
-    async def _settle(self, sched: ModelScheduler, d: Delivery, outcome: dict[str, Any]) -> None:
-        s = self.settings
+class Publisher(Protocol):
+    """Core NATS publishes (a connected ``nats.aio.client.Client``)."""
+
+    @property
+    def max_payload(self) -> int: ...
+
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None: ...
+
+
+class JetStreamPublisher(Protocol):
+    """JetStream publishes (``nats.js.JetStreamContext``): the DLQ copy of a dead message."""
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float | None = None,
+        stream: str | None = None,
+        headers: dict[str, Any] | None = None,
+    ) -> object: ...
+
+
+class Settlement:
+    def __init__(
+        self,
+        nc: Publisher,
+        js: JetStreamPublisher,
+        *,
+        worker_id: str,
+        nak_delay_s: float,
+        oom_nak_delay_s: float,
+        held: Held,
+        stats: dict[str, int],
+        clock: Clock,
+    ) -> None:
+        self.nc = nc
+        self.js = js
+        self.worker_id = worker_id
+        self.nak_delay_s = nak_delay_s
+        self.oom_nak_delay_s = oom_nak_delay_s
+        self.held = held
+        self.stats = stats
+        self.clock = clock
+
+    # ------------------------------------------------------------------ outcomes of RunBatch
+    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: Outcome) -> None:
+        """Settle ``d`` as the worker's ``outcome`` for it says (one at a time: see
+        :meth:`goes_with_others` and :meth:`publish_together` for results that share a message)."""
         disposition = outcome.get("disposition")
         if disposition in (ipc.PUBLISH_AND_ACK, ipc.PUBLISH_ERROR_AND_ACK):
             result = outcome.get("result")
             if not isinstance(result, bytes):
                 log.warning("outcome of %s carries no result", d.route.work_item_id)
-                await self._nak(d, s.nak_delay_s)
+                await self.nak(d, self.nak_delay_s)
                 return
             # the worker's bytes, as they are
-            await self._publish_and_ack(d, result, success=disposition == ipc.PUBLISH_AND_ACK)
+            await self.publish_and_ack(d, result, success=disposition == ipc.PUBLISH_AND_ACK)
             return
         if disposition == ipc.DEAD_LETTER:
             # the worker could not decode the body: no retry can fix it. The routing header still
             # names the item and its inbox, so the request is answered now rather than at its deadline.
             reason = str(outcome.get("error") or "undecodable work item")
-            await self._publish_result(d, self._error_result(d, ErrorCode.INTERNAL_ERROR, reason))
-            self._release(d)  # published or not, the DLQ copy below is what must happen
-            await self._dead_letter(d.msg, reason)
+            await self.publish_result(d, self.error_result(d, ErrorCode.INTERNAL_ERROR, reason))
+            self.held.release(d)  # published or not, the DLQ copy below is what must happen
+            await self.dead_letter(d.msg, reason)
             return
         code = outcome.get("error_code")
         if code == ErrorCode.RESOURCE_EXHAUSTED:
-            delay = s.oom_nak_delay_s
+            delay = self.oom_nak_delay_s
         else:
             delay_ms = outcome.get("nak_delay_ms")
             delay = (
-                delay_ms / 1000.0 if isinstance(delay_ms, (int, float)) and delay_ms >= 0 else s.nak_delay_s
+                delay_ms / 1000.0
+                if isinstance(delay_ms, (int, float)) and delay_ms >= 0
+                else self.nak_delay_s
             )
         if code in (ErrorCode.MODEL_NOT_LOADED, ErrorCode.MODEL_LOADING, ErrorCode.LORA_LOADING):
             sched.ready = False  # re-ensure before the next batch
-        await self._nak(d, delay)
+        await self.nak(d, delay)
 
     @staticmethod
-    def _goes_with_others(d: Delivery, outcome: dict[str, Any]) -> bool:
+    def goes_with_others(d: Delivery, outcome: Outcome) -> bool:
         """A result the worker encoded, for a gateway that takes several in one message."""
         return (
             d.route.results_subject is not None
@@ -71,8 +124,8 @@ class Settlement(LaneState):
             and isinstance(outcome.get("result"), bytes)
         )
 
-    async def _publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None:
-        """Publish the results of a batch's deliveries (``_goes_with_others``) to their gateways'
+    async def publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None:
+        """Publish the results of a batch's deliveries (:meth:`goes_with_others`) to their gateways'
         results subjects, in as few messages as the max payload allows, then ACK each. One alone in
         its message goes to its reply subject, as any other. A failed publish leaves its items
         un-acked: JetStream redelivers them after ack_wait."""
@@ -86,7 +139,7 @@ class Settlement(LaneState):
             for chunk in results_chunks([len(data) for _, data, _ in entries], limit):
                 if len(chunk) == 1:
                     d, data, success = entries[chunk[0]]
-                    await self._publish_and_ack(d, data, success=success)
+                    await self.publish_and_ack(d, data, success=success)
                     continue
                 part = [entries[i] for i in chunk]
                 # one span per message: a child of its first item's request, linked to the others'
@@ -105,23 +158,17 @@ class Settlement(LaneState):
                     except Exception as exc:  # noqa: BLE001 - redelivered; nothing else to do
                         log.warning("publishing %d results to %s failed: %s", len(part), subject, exc)
                         for d, _, _ in part:
-                            self._release(d)
+                            self.held.release(d)
                         continue
                 self.stats["published"] += len(part)
                 for d, _, _ in part:
-                    await self._ack(d)
+                    await self.ack(d)
 
-    # ------------------------------------------------------------------ settlement primitives
-    def _error_result(self, d: Delivery, code: str, message: str) -> WorkResult:
-        return WorkResult.failure(d.route, code, message, worker_id=self.settings.worker_id)
+    # ------------------------------------------------------------------ settling a held delivery
+    def error_result(self, d: Delivery, code: str, message: str) -> WorkResult:
+        return WorkResult.failure(d.route, code, message, worker_id=self.worker_id)
 
-    def _release(self, d: Delivery) -> None:
-        d.settled = True
-        self.held.discard(d)
-        for priority in self._room_wanted:
-            self._wakes[priority].set()
-
-    async def _publish_and_ack(
+    async def publish_and_ack(
         self, d: Delivery, result: WorkResult | bytes, *, success: bool = False
     ) -> None:
         """Publish the result (a WorkResult, or one the worker encoded, whose ``success`` the caller
@@ -133,15 +180,12 @@ class Settlement(LaneState):
             bind(request_id=d.route.request_id),
             tracing.span("sidecar.result_publish", parent=d.route.traceparent, attributes={"success": ok}),
         ):
-            await self._publish_result_and_ack(d, result)
+            if not await self.publish_result(d, result):
+                self.held.release(d)  # no ACK: JetStream redelivers after ack_wait
+                return
+            await self.ack(d)
 
-    async def _publish_result_and_ack(self, d: Delivery, result: WorkResult | bytes) -> None:
-        if not await self._publish_result(d, result):
-            self._release(d)  # no ACK: JetStream redelivers after ack_wait
-            return
-        await self._ack(d)
-
-    async def _publish_result(self, d: Delivery, result: WorkResult | bytes) -> bool:
+    async def publish_result(self, d: Delivery, result: WorkResult | bytes) -> bool:
         """Publish ``result`` to the item's reply inbox (a compact error in its place when it is
         over the NATS max payload); False, logged, when the publish failed."""
         try:
@@ -149,7 +193,7 @@ class Settlement(LaneState):
             try:
                 await self.nc.publish(d.route.reply_subject, data)
             except nats.errors.MaxPayloadError:
-                compact = self._error_result(
+                compact = self.error_result(
                     d, ErrorCode.INTERNAL_ERROR, "result larger than the NATS max payload"
                 )
                 await self.nc.publish(d.route.reply_subject, compact.to_msgpack())
@@ -159,49 +203,59 @@ class Settlement(LaneState):
         self.stats["published"] += 1
         return True
 
-    async def _ack(self, d: Delivery, *, drop: bool = False) -> None:
+    async def ack(self, d: Delivery, *, drop: bool = False) -> None:
         if d.settled:
             return
-        self._release(d)
-        await self._raw_ack(d.msg, drop=drop)
+        self.held.release(d)
+        await self.ack_msg(d.msg, drop=drop)
 
-    async def _nak(self, d: Delivery, delay_s: float) -> None:
+    async def nak(self, d: Delivery, delay_s: float) -> None:
         if d.settled:
             return
-        self._release(d)
-        await self._raw_nak(d.msg, delay_s)
+        self.held.release(d)
+        await self.nak_msg(d.msg, delay_s)
 
-    async def _progress(self, d: Delivery) -> None:
+    async def progress(self, d: Delivery) -> None:
+        """Progress-ACK: JetStream restarts the delivery's ack_wait (the lease stays with this pod)."""
         if d.settled:
             return
-        d.last_progress = time.monotonic()
+        d.last_progress = self.clock.now()
         try:
             await d.msg.in_progress()
             self.stats["progress"] += 1
         except Exception as exc:  # noqa: BLE001
             log.debug("progress ack failed: %s", exc)
 
-    async def _raw_ack(self, msg: Msg, *, drop: bool = False) -> None:
+    # ------------------------------------------------------------------ settling a message not held
+    async def ack_msg(self, msg: Msg, *, drop: bool = False) -> None:
         self.stats["dropped" if drop else "acked"] += 1
         try:
             await msg.ack()
         except Exception as exc:  # noqa: BLE001 - redelivered later; nothing else to do
             log.warning("ack failed: %s", exc)
 
-    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+    async def nak_msg(self, msg: Msg, delay_s: float) -> None:
+        self.stats["naked"] += 1
+        try:
+            await msg.nak(delay=delay_s if delay_s > 0 else None)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("nak failed: %s", exc)
+
+    async def dead_letter(self, msg: Msg, reason: str) -> None:
         """A message no retry can fix (undecodable): write it to the DLQ with ``reason``, then
         terminate it, which also removes it from the work stream, instead of NAKing it until
         max_deliver runs out."""
         self.stats["dead_lettered"] += 1
         reason = " ".join(reason.encode("ascii", "backslashreplace").decode().split())[:400] or "dead"
         try:
-            seq = msg.metadata.sequence.stream
+            meta = msg.metadata
+            stream, seq = meta.stream, meta.sequence.stream
         except Exception:  # noqa: BLE001 - not a JetStream delivery: nothing to terminate
-            seq = None
+            stream, seq = "", None
         headers = {DLQ_REASON_HEADER: reason, DLQ_SUBJECT_HEADER: msg.subject}
         if seq is not None:
             headers[DLQ_STREAM_SEQ_HEADER] = str(seq)
-            headers["Nats-Msg-Id"] = f"dlq-term:{self.stream}:{seq}"
+            headers["Nats-Msg-Id"] = f"dlq-term:{stream}:{seq}"
         try:
             await self.js.publish(
                 dlq_subject(work_model_token(msg.subject)), msg.data, headers=headers, timeout=2
@@ -212,10 +266,3 @@ class Settlement(LaneState):
             await self.nc.publish(msg.reply, b"+TERM " + reason.encode())
         except Exception as exc:  # noqa: BLE001
             log.warning("term failed: %s", exc)
-
-    async def _raw_nak(self, msg: Msg, delay_s: float) -> None:
-        self.stats["naked"] += 1
-        try:
-            await msg.nak(delay=delay_s if delay_s > 0 else None)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("nak failed: %s", exc)

@@ -31,7 +31,7 @@ async def ensure_stream(js: JetStreamContext, settings: SidecarSettings) -> str:
         max_age_s=settings.stream_max_age_s,
         replicas=settings.stream_replicas,
     )
-    name = cfg["name"]
+    name = str(cfg["name"])
     try:
         info = await js.stream_info(name)
     except NotFoundError:
@@ -77,4 +77,4 @@ async def ensure_lane_consumer(
         log.warning("recreating consumer %s: %s", cfg["durable_name"], exc)
         await js.delete_consumer(stream, cfg["durable_name"])
         await js.add_consumer(stream, ConsumerConfig(**cfg))
-    return cfg["durable_name"]
+    return str(cfg["durable_name"])

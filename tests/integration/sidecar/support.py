@@ -25,6 +25,7 @@ from protocol.work import RoutingHeader, WorkItem, WorkResult, unpack_results
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
 from sidecar.settings import SidecarSettings
+from tests.support.polling import wait_until
 from worker.ipc_server import serve_ipc
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
@@ -254,19 +255,9 @@ async def settled_consumer(js, stream: str, durable: str, timeout: float = 10.0)
 
     A result reaches the gateway before the sidecar's ack for it reaches the server (the ack
     follows the publish), so a check made the moment the last result arrives would race it."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def settled():
         info = await js.consumer_info(stream, durable)
-        if info.num_ack_pending == 0 and info.num_pending == 0:
-            return info
-        if time.monotonic() > deadline:
-            raise AssertionError(f"consumer {durable} never settled: {info}")
-        await asyncio.sleep(0.05)
+        return info if info.num_ack_pending == 0 and info.num_pending == 0 else None
 
-
-async def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(interval)
+    return await wait_until(settled, timeout, what=f"consumer {durable} settled")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from protocol.config_delta import ConfigDelta, encode_config_delta
 from protocol.model_config import Bundle, bundle_config_hash, parse_model_yaml
@@ -21,8 +20,8 @@ from tests.integration.sidecar.support import (
     socket_path,
     start_lane,
     stop_lane,
-    wait_until,
 )
+from tests.support.polling import wait_until
 
 ADAPTERS = ["worker.adapters.fake"]
 BUNDLE = Bundle(name="default", adapters=ADAPTERS)
@@ -151,17 +150,23 @@ async def test_apply_waits_for_the_batch_in_flight(nats_server):
             await gw.wait_for(["warm.0"], timeout=30)
             await gw.publish(gw.item("req", 0, model_id="test/slow", text="slow one"))
             await wait_until(lambda: lane.inflight_batches == 1 and lane.barrier.shared_holders == 1, 15)
-            sent = time.monotonic()
             await pub.publish(
                 config_subject("default"), delta("test/extra", extra, 1, expected_hash(slow, extra))
             )
             await pub.flush()
+            # The first moment the worker has the new model, the slow batch (1.5 s on the worker)
+            # is off the worker: the apply waited for it. Without the barrier the apply would land
+            # within milliseconds, while the batch still runs.
+            batches_on_worker = await wait_until(
+                lambda: "test/extra" in worker.runtime.catalog and [lane.schedulers["test/slow"].running],
+                15,
+                interval_s=0.005,
+                what="the apply",
+            )
+            assert batches_on_worker == [0]
             await wait_until(lambda: lane.config.stats.get("applied", 0) == 1, 15)
-            applied_at = time.monotonic()
             # the result was published before the apply could take the barrier
             assert "req.0" in gw.results
-            assert applied_at - sent > 0.3
-            assert "test/extra" in worker.runtime.catalog
         finally:
             await stop_lane(lane, nc, client)
             await pub.close()

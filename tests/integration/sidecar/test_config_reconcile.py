@@ -27,8 +27,8 @@ from tests.integration.sidecar.support import (
     socket_path,
     start_lane,
     stop_lane,
-    wait_until,
 )
+from tests.support.polling import wait_until
 from worker.ipc_server import serve_ipc
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings

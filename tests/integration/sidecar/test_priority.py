@@ -19,8 +19,8 @@ from tests.integration.sidecar.support import (
     socket_path,
     start_lane,
     stop_lane,
-    wait_until,
 )
+from tests.support.polling import wait_until
 
 MODEL = "test/fake-priority"
 

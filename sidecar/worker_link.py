@@ -1,0 +1,79 @@
+"""The lane's calls to the worker over IPC, typed: Ping, EnsureModelReady, RunBatch, Drain, Metrics.
+
+Every IPC method the lane consumer uses goes through :class:`WorkerLink`, which sees the
+connection only through :class:`IpcCaller` (:class:`sidecar.ipc_client.IpcClient`). The parts
+above it take and return the typed messages of :mod:`protocol.ipc`; a change of those types is a
+change of this module. Failures are the client's: :class:`sidecar.ipc_client.IpcTransportError`
+(no answer) and :class:`sidecar.ipc_client.IpcRemoteError` (the worker said no, with its code).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from protocol import ipc
+
+# an outcome of RunBatch, one per work item, as the worker encodes it (protocol.ipc)
+Outcome = dict[str, Any]
+
+
+class IpcCaller(Protocol):
+    @property
+    def generation(self) -> int:
+        """Increases with every new connection (a restarted worker has no models loaded)."""
+        ...
+
+    async def call(
+        self,
+        method: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        traceparent: str | None = None,
+    ) -> dict[str, Any]: ...
+
+
+class WorkerLink:
+    def __init__(self, client: IpcCaller) -> None:
+        self.client = client
+
+    @property
+    def generation(self) -> int:
+        return self.client.generation
+
+    async def ping(self, timeout_s: float) -> ipc.PingResponse:
+        body = await self.client.call(
+            ipc.PING, {"timestamp_ms": int(time.time() * 1000)}, timeout_s=timeout_s
+        )
+        return ipc.PingResponse.from_map(body)
+
+    async def ensure_model_ready(self, spec: str, timeout_s: float) -> ipc.EnsureModelReadyResponse:
+        body = await self.client.call(ipc.ENSURE_MODEL_READY, {"model_id": spec}, timeout_s=timeout_s)
+        return ipc.EnsureModelReadyResponse.from_map(body)
+
+    async def run_batch(
+        self, request: ipc.RunBatchRequest, timeout_s: float, traceparent: str | None
+    ) -> dict[str, list[Outcome]]:
+        """Run one batch; the outcomes by work item id (in the worker's order for an id sent twice)."""
+        body = await self.client.call(
+            ipc.RUN_BATCH, request.to_map(), timeout_s=timeout_s, traceparent=traceparent
+        )
+        outcomes = body.get("outcomes") if isinstance(body, dict) else None
+        by_id: dict[str, list[Outcome]] = {}
+        for out in outcomes if isinstance(outcomes, list) else []:
+            if isinstance(out, dict):
+                by_id.setdefault(str(out.get("work_item_id")), []).append(out)
+        return by_id
+
+    async def drain(self, deadline_s: float) -> None:
+        """Ask the worker to finish what it holds within ``deadline_s`` and take nothing new."""
+        await self.client.call(ipc.DRAIN, {"deadline_ms": int(deadline_s * 1000)}, timeout_s=deadline_s + 1)
+
+    async def metrics_text(self, timeout_s: float) -> bytes:
+        """The worker's Prometheus exposition (``sie_worker_*``)."""
+        body = await self.client.call(ipc.METRICS, {}, timeout_s=timeout_s)
+        text = body.get("text")
+        if not isinstance(text, bytes):
+            raise ValueError("Metrics answer without text")
+        return text

@@ -1,0 +1,152 @@
+"""Building blocks for the unit tests of the lane consumer's parts: deliveries, a loop that has run
+everything it can, and scripted stand-ins for a part's collaborators at its Protocol seams (the
+real collaborators are exercised together in tests/integration/sidecar)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from nats.aio.msg import Msg
+
+from protocol import ipc
+from protocol.subjects import INTERACTIVE
+from protocol.work import RoutingHeader, WorkResult
+from sidecar.deliveries import Delivery, ModelScheduler
+from sidecar.worker_link import Outcome
+
+MODEL = "test/model"
+_ids = itertools.count()
+
+
+def delivery(
+    now: float,
+    *,
+    request_id: str | None = None,
+    request_items: int = 1,
+    cost: int = 10,
+    operation: str = "encode",
+    group: str = "",
+    priority: str = INTERACTIVE,
+    reply_subject: str = "_INBOX.router.r",
+    results_subject: str | None = None,
+    msg: Msg | None = None,
+) -> Delivery:
+    """A delivery as intake makes it, arrived at ``now`` on the lane's clock."""
+    n = next(_ids)
+    request_id = request_id or f"req-{n}"
+    route = RoutingHeader(
+        work_item_id=f"{request_id}.{n}",
+        request_id=request_id,
+        item_index=0,
+        reply_subject=reply_subject,
+        model_spec=MODEL,
+        operation=operation,
+        group_key=group,
+        cost=cost,
+        request_items=request_items,
+        results_subject=results_subject,
+    )
+    return Delivery(
+        msg=msg if msg is not None else Msg(None, subject="sie.work.x", data=b"body"),
+        route=route,
+        spec=MODEL,
+        cost=1,
+        arrived=now,
+        received_wall=0.0,
+        last_progress=now,
+        estimate=cost,
+        priority=priority,
+        request_items=request_items,
+    )
+
+
+async def quiesce() -> None:
+    """Let every task run until each waits on something only the test can give (an event, the
+    manual clock): nothing here does I/O, so a bounded number of loop turns is enough."""
+    for _ in range(200):
+        await asyncio.sleep(0)
+
+
+class GatedWorker:
+    """RunBatch that records each batch's item ids and answers only once the test opens its gate."""
+
+    def __init__(self) -> None:
+        self.generation = 1
+        self.batches: list[list[str]] = []
+        self.gate = asyncio.Event()
+
+    async def run_batch(
+        self, request: ipc.RunBatchRequest, timeout_s: float, traceparent: str | None
+    ) -> dict[str, list[Outcome]]:
+        ids = list(request.item_ids or [])
+        self.batches.append(ids)
+        await self.gate.wait()
+        return {i: [{"work_item_id": i, "disposition": ipc.PUBLISH_AND_ACK, "result": b"r"}] for i in ids}
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(b) for b in self.batches]
+
+
+class ReadyModel:
+    """EnsureModelReady that always says ready, with the worker's depth and concurrent forwards."""
+
+    def __init__(self, *, depth: int = 1, forwards: int = 1) -> None:
+        self.depth = depth
+        self.forwards = forwards
+        self.ensured = 0
+
+    async def ensure_ready(self, sched: ModelScheduler) -> bool:
+        self.ensured += 1
+        sched.ready = True
+        sched.generation = 1
+        sched.depth = self.depth
+        sched.concurrent_forwards = self.forwards
+        return True
+
+    def transport_nak_delay(self) -> float:
+        return 0.5
+
+
+class RecordingSettler:
+    """Settles by recording what it was asked: (action, work item id)."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, str]] = []
+
+    def _mark(self, action: str, d: Delivery) -> None:
+        if not d.settled:
+            d.settled = True
+            self.done.append((action, d.route.work_item_id))
+
+    async def ack(self, d: Delivery, *, drop: bool = False) -> None:
+        self._mark("drop" if drop else "ack", d)
+
+    async def nak(self, d: Delivery, delay_s: float) -> None:
+        self._mark(f"nak {delay_s}", d)
+
+    async def progress(self, d: Delivery) -> None:
+        self.done.append(("progress", d.route.work_item_id))
+
+    def error_result(self, d: Delivery, code: str, message: str) -> WorkResult:
+        return WorkResult.failure(d.route, code, message, worker_id="w")
+
+    async def publish_and_ack(
+        self, d: Delivery, result: WorkResult | bytes, *, success: bool = False
+    ) -> None:
+        assert isinstance(result, WorkResult)
+        self._mark(f"publish {result.error_code}", d)
+
+    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: Outcome) -> None:
+        self._mark(f"settle {outcome.get('disposition')}", d)
+
+    def goes_with_others(self, d: Delivery, outcome: Outcome) -> bool:
+        return False
+
+    async def publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None:
+        for d, _, _ in results:
+            self._mark("together", d)
+
+    def actions(self, action: str) -> list[str]:
+        return [i for a, i in self.done if a == action]
