@@ -274,7 +274,7 @@ class Cluster:
         for pod in self.pods:  # the workers load their models side by side
             self._spawn(
                 pod.worker,
-                [py, "-m", "worker.ipc_server"],
+                [py, "-m", "worker.ipc"],
                 {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp},
             )
         for pod in self.pods:

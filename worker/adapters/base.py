@@ -149,7 +149,7 @@ class Adapter:
         raise NotImplementedError
 
     # ---- LoRA (adapters that support it override) ------------------------------------------
-    # The runtime (worker/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
+    # The runtime (worker/models/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
     # an inference lane while no forward runs, so they never race a forward pass. Batches are
     # homogeneous in LoRA: ``forward`` activates ``ctx.lora`` (or none: the base model) before it
     # computes.
@@ -163,13 +163,13 @@ class Adapter:
         """Drop a loaded LoRA adapter (the runtime evicted it from its LRU)."""
 
     def runs_packed(self, ctx: RequestContext) -> bool:
-        """Whether ``forward`` runs ``ctx``'s batches packed (no padding, worker/packed.py): the
+        """Whether ``forward`` runs ``ctx``'s batches packed (no padding, worker/modeling/packed.py): the
         batchers then cut them by total tokens instead of into length bands."""
         return False
 
     def forwards_share_state(self) -> bool:
         """Whether a forward changes state that a forward on another lane would see (it activates
-        a LoRA): such forwards run one at a time (worker/lanes.py)."""
+        a LoRA): such forwards run one at a time (worker/batching/lanes.py)."""
         return False
 
 

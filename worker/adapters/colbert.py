@@ -27,7 +27,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
-from worker.checkpoint import read_state_dict
+from worker.modeling.checkpoint import read_state_dict
 
 
 def _read_json(path: Path) -> dict[str, Any]:

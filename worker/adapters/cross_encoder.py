@@ -21,7 +21,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext, apply_template
 from worker.adapters.hf import HFTextAdapter
-from worker.packed import classifier_head
+from worker.modeling.packed import classifier_head
 
 
 def default_activation(config_path: Path, num_labels: int) -> str:

@@ -18,8 +18,8 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
-from worker.checkpoint import read_state_dict
-from worker.packed import pool_packed
+from worker.modeling.checkpoint import read_state_dict
+from worker.modeling.packed import pool_packed
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:

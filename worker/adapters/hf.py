@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from worker.adapters.base import Adapter, InputTooLong, Prepared, RequestContext, apply_template
-from worker.checkpoint import checkpoint_config
-from worker.gte_new import is_new_model, load_new_model
-from worker.packed import PackedBatch, PackedEncoder, try_packed
+from worker.modeling.checkpoint import checkpoint_config
+from worker.modeling.gte_new import is_new_model, load_new_model
+from worker.modeling.packed import PackedBatch, PackedEncoder, try_packed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,7 +57,7 @@ class HFTextAdapter(Adapter):
         """The tokenizer, then the transformers model (``auto_cls``: AutoModel, AutoModelFor...) in
         eval mode on the device.
 
-        A bare encoder of an architecture we implement ourselves (GTE NewModel, worker/gte_new.py,
+        A bare encoder of an architecture we implement ourselves (GTE NewModel, worker/modeling/gte_new.py,
         whose own code is remote) is built from the checkpoint's config and weights instead.
         """
         self.load_tokenizer()
@@ -267,7 +267,7 @@ class HFTextAdapter(Adapter):
         return self.packed is not None and ctx.lora is None
 
     def enable_packed(self, model: torch.nn.Module) -> None:
-        """Run ``model``'s encoder packed (worker/packed.py) where wanted and supported.
+        """Run ``model``'s encoder packed (worker/modeling/packed.py) where wanted and supported.
 
         Load-time option ``packed: true|false`` forces it; by default it is on for CUDA.
         """

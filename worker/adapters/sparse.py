@@ -9,7 +9,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
-from worker.packed import mlm_head, segment_max
+from worker.modeling.packed import mlm_head, segment_max
 
 
 def splade_vectors(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from aiohttp import web
 from protocol import eventloop, tracing
 from protocol.logs import setup_logging
 from worker import CUDA_PROCESSES
-from worker.loaded import pick_device
+from worker.models.loaded import pick_device
 from worker.runtime import Runtime
 from worker.serve.app import create_app
 from worker.settings import WorkerSettings
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def build_runtime(settings: WorkerSettings | None = None) -> Runtime:
-    """The runtime as every worker front door builds it (HTTP here, IPC in worker.ipc_server)."""
+    """The runtime as every worker front door builds it (HTTP here, IPC in worker.ipc)."""
     return Runtime(settings or WorkerSettings())
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from protocol.priority import INTERACTIVE
 from protocol.result_cache import model_config_hash, result_key
-from worker.results import Result, Timing
 from worker.runtime import Runtime
+from worker.runtime.results import Result, Timing
 
 
 class ResultLRU:

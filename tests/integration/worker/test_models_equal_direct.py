@@ -60,7 +60,7 @@ async def test_minilm_bf16_profile_stays_close(runtime):
 async def test_splade_equals_direct_computation(runtime):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    from worker.weights import resolve_path
+    from worker.models.weights import resolve_path
 
     path = resolve_path("pkg://cognition/model")
     res = await _ready(

@@ -197,7 +197,7 @@ def test_llm_reranker_scores_long_documents_by_their_best_window(checkpoints, tm
     """``overflow_policy: chunk`` on an LLM reranker (MaxP): each window of a long document scored
     beside the query, the document's score its best window's, with that window's span; the same
     scores as sending the windows as documents of their own."""
-    from worker.chunking import windows, word_starts
+    from worker.runtime.chunking import windows, word_starts
 
     yaml = (
         f"sie_id: t/rr\nweights_path: {checkpoints['reranker']}\nmax_sequence_length: 64\ntasks:\n  score: {{}}\n"

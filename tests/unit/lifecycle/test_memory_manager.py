@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from worker.memory import MemoryManager, host_usage, pick_victim
+from worker.models.memory import MemoryManager, host_usage, pick_victim
 
 
 @dataclass

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from worker.adapters.base import Prepared, RequestContext
-from worker.batching import BatchFormer, BatchStats, chunk_by_cost
+from worker.batching.former import BatchFormer, BatchStats, chunk_by_cost
 
 
 def units(*costs):

@@ -6,7 +6,7 @@ import pytest
 
 from protocol.errors import SIEError
 from protocol.params import ChunkSpec, chunking
-from worker.chunking import char_spans, windows, word_starts
+from worker.runtime.chunking import char_spans, windows, word_starts
 
 
 @pytest.mark.parametrize(

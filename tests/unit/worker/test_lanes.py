@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from worker.lanes import ForwardGate, lane_plan
+from worker.batching.lanes import ForwardGate, lane_plan
 
 
 def test_lane_plan_shares_the_threads_on_cpu_and_keeps_one_lane_on_cuda():

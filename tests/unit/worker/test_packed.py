@@ -27,7 +27,7 @@ from transformers import (
 
 from protocol.model_config import ModelConfig
 from worker.adapters.base import LoadSpec, RequestContext
-from worker.packed import (
+from worker.modeling.packed import (
     PackedBatch,
     classifier_head,
     mlm_head,

@@ -1,6 +1,6 @@
 """Reading a checkpoint directory's own files: its ``config.json`` and its tensors.
 
-For the networks and heads the worker builds itself (worker/gte_new.py, sentence-transformers
+For the networks and heads the worker builds itself (worker/modeling/gte_new.py, sentence-transformers
 ``Dense`` projections, ColBERT's linear layer) rather than through transformers' loaders.
 """
 

@@ -12,10 +12,10 @@ from protocol.errors import invalid_input
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared
 from worker.adapters.hf import HFTextAdapter
-from worker.chunking import Chunking
-from worker.plans import Plan, plan_encode, plan_extract, plan_score, requested_outputs
-from worker.postprocess import encode_item
-from worker.results import Result, Timing, extract_item, rank_scores, truncation
+from worker.runtime.chunking import Chunking
+from worker.runtime.plans import Plan, plan_encode, plan_extract, plan_score, requested_outputs
+from worker.runtime.postprocess import encode_item
+from worker.runtime.results import Result, Timing, extract_item, rank_scores, truncation
 
 
 class Operations(Chunking):

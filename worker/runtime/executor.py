@@ -12,10 +12,10 @@ from protocol.catalog import Resolved
 from protocol.errors import invalid_input
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared, RequestContext
-from worker.batching import BatchInfo, chunk_by_cost, token_counts
-from worker.loaded import LoadedModel
-from worker.recovery import OomRecovery
-from worker.results import Timing
+from worker.batching.former import BatchInfo, chunk_by_cost, token_counts
+from worker.models.loaded import LoadedModel
+from worker.models.recovery import OomRecovery
+from worker.runtime.results import Timing
 
 # what runs on a batch's outputs before they leave the worker: (units, outputs) -> outputs
 Post = Callable[[list[Prepared], list[Any]], list[Any]]

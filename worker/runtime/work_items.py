@@ -11,8 +11,8 @@ from protocol.api import truncation_totals
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.work import WorkItem, WorkResult
-from worker.operations import Operations
-from worker.results import Timing
+from worker.runtime.operations import Operations
+from worker.runtime.results import Timing
 
 log = logging.getLogger("worker.runtime")
 

@@ -26,11 +26,11 @@ from protocol.params import ChunkSpec
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import RequestContext, apply_template
 from worker.adapters.hf import HFTextAdapter
-from worker.execution import Execution
-from worker.loaded import LoadedModel
-from worker.plans import Plan, requested_outputs
-from worker.postprocess import encode_item
-from worker.results import Timing, rank_scores
+from worker.models.loaded import LoadedModel
+from worker.runtime.executor import Execution
+from worker.runtime.plans import Plan, requested_outputs
+from worker.runtime.postprocess import encode_item
+from worker.runtime.results import Timing, rank_scores
 
 Span = tuple[int, int]  # [start, end) characters of a chunk in its item's text
 

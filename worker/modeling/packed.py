@@ -264,7 +264,9 @@ def try_packed(model: Any, spec_device: str, option: Any) -> PackedEncoder | Non
     if not wanted:
         return None
     base = getattr(model, "base_model", model)
-    own = getattr(base, "packed_encoder", None)  # encoders written here (worker/gte_new.py) pack themselves
+    own = getattr(
+        base, "packed_encoder", None
+    )  # encoders written here (worker/modeling/gte_new.py) pack themselves
     if callable(own):
         return own()
     reason = unsupported_reason(base)

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 from protocol.model_config import ModelConfig, parse_model_yaml
 
 if TYPE_CHECKING:
-    from worker.ipc_server import WorkerRuntime
+    from worker.ipc.server import WorkerRuntime
 
 log = logging.getLogger("sie.worker.ipc")
 
 
 class ConfigCalls:
-    """Mixed into :class:`worker.ipc_server.IpcHandler`."""
+    """Mixed into :class:`worker.ipc.server.IpcHandler`."""
 
     runtime: WorkerRuntime
     config_version: int

@@ -1,9 +1,9 @@
 """The runtime's model state machine: absent → loading → loaded | failed, unload and eviction, memory.
 
 The runtime is built in layers, one job per module: :class:`ModelStates` (this module; it also
-holds the state every layer shares) → :mod:`worker.recovery` (OOM) → :mod:`worker.execution`
-(tokenise and run) → :mod:`worker.operations` (encode, score, extract) → :mod:`worker.work_items`
-(the sidecar path); :mod:`worker.control_config` (config deltas) sits beside them on ModelStates.
+holds the state every layer shares) → :mod:`worker.models.recovery` (OOM) → :mod:`worker.runtime.executor`
+(tokenise and run) → :mod:`worker.runtime.operations` (encode, score, extract) → :mod:`worker.runtime.work_items`
+(the sidecar path); :mod:`worker.runtime.control_config` (config deltas) sits beside them on ModelStates.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from protocol.catalog import Catalog, Resolved
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig, model_spec
 from worker.adapters.base import Adapter, LoadSpec, Prepared, RequestContext, is_oom
-from worker.batching import BatchStats
-from worker.lanes import lane_plan
-from worker.loaded import (
+from worker.batching.former import BatchStats
+from worker.batching.lanes import lane_plan
+from worker.metrics import WorkerMetrics
+from worker.models.loaded import (
     ON_LOOP_TIMEOUT_S,
     LoadedModel,
     ModelEntry,
@@ -36,11 +37,10 @@ from worker.loaded import (
     pick_device,
     tune_process_for_cuda,
 )
-from worker.memory import MemoryManager, cuda_usage, host_usage
-from worker.metrics import WorkerMetrics
-from worker.results import EnsureResult
+from worker.models.memory import MemoryManager, cuda_usage, host_usage
+from worker.models.weights import Source, WeightCache, WeightsError, weight_bytes
+from worker.runtime.results import EnsureResult
 from worker.settings import WorkerSettings
-from worker.weights import Source, WeightCache, WeightsError, weight_bytes
 
 log = logging.getLogger("worker.runtime")
 
@@ -80,7 +80,7 @@ class ModelStates:
         import torch
 
         threads = self.settings.torch_threads or torch.get_num_threads()
-        # forwards of one model that run at once (worker/lanes.py), and the intra-op threads of each
+        # forwards of one model that run at once (worker/batching/lanes.py), and the intra-op threads of each
         self.forward_lanes, lane_threads = lane_plan(self.on_cuda, self.settings.forward_lanes, threads)
         torch.set_num_threads(lane_threads)
         if self.on_cuda:
@@ -270,7 +270,7 @@ class ModelStates:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=ON_LOOP_TIMEOUT_S)
 
     def forward_with_recovery(self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
-        """One forward pass with OOM recovery, on an inference lane: see worker.recovery."""
+        """One forward pass with OOM recovery, on an inference lane: see worker.models.recovery."""
         raise NotImplementedError
 
     # ---- memory ----------------------------------------------------------------------------

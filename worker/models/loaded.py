@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from protocol.catalog import Resolved
 from protocol.errors import SIEError
 from worker.adapters.base import Adapter, Prepared, RequestContext
-from worker.batching import BatchFormer, BatchStats
-from worker.lanes import ForwardGate
-from worker.lora import LoraSet
+from worker.batching.former import BatchFormer, BatchStats
+from worker.batching.lanes import ForwardGate
+from worker.models.lora import LoraSet
 
 if TYPE_CHECKING:
-    from worker.model_states import ModelStates
+    from worker.models.registry import ModelStates
 
 
 T = TypeVar("T")
@@ -59,7 +59,7 @@ class LoadedModel:
         self.model_id = resolved.model_id
         self.resolved = resolved
         self.adapter = adapter
-        # the inference lanes (worker/lanes.py): forwards run on these threads, together through
+        # the inference lanes (worker/batching/lanes.py): forwards run on these threads, together through
         # the gate unless one changes state the others see
         self.lanes = runtime.forward_lanes
         self.executor = ThreadPoolExecutor(

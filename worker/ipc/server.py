@@ -5,7 +5,7 @@ worker Runtime and its answers into ItemOutcomes. Every request runs as its own 
 connection multiplexes concurrent calls (a slow batch never delays a Ping); responses carry the
 request's ``request_id``.
 
-``python -m worker.ipc_server`` builds the worker settings and runtime like ``sie serve`` does and
+``python -m worker.ipc`` builds the worker settings and runtime like ``sie serve`` does and
 serves ``WorkerSettings.ipc_socket_path`` (``SIE_IPC_SOCKET_PATH``, default ``/tmp/sie-ipc.sock``) until SIGTERM/SIGINT.
 """
 
@@ -26,9 +26,9 @@ from protocol.errors import ErrorCode, SIEError
 from protocol.logs import setup_logging
 from protocol.model_config import ModelConfig
 from protocol.work import WorkItem, WorkResult
-from worker.ipc_config import ConfigCalls
+from worker.ipc.config_calls import ConfigCalls
 from worker.metrics import WorkerMetrics
-from worker.results import EnsureResult
+from worker.runtime.results import EnsureResult
 
 log = logging.getLogger("sie.worker.ipc")
 
@@ -69,7 +69,7 @@ class WorkerRuntime(Protocol):
 
 
 class IpcHandler(ConfigCalls):
-    """Method dispatch over a :class:`WorkerRuntime` (config calls: :mod:`worker.ipc_config`)."""
+    """Method dispatch over a :class:`WorkerRuntime` (config calls: :mod:`worker.ipc.config_calls`)."""
 
     def __init__(self, runtime: WorkerRuntime, *, worker_id: str | None = None) -> None:
         self.runtime = runtime

@@ -8,8 +8,8 @@ import logging
 
 from protocol.catalog import Resolved
 from protocol.model_config import Bundle, ModelConfig, bundle_config_hash
-from worker.loaded import load_signature
-from worker.model_states import ModelStates
+from worker.models.loaded import load_signature
+from worker.models.registry import ModelStates
 
 log = logging.getLogger("worker.runtime")
 

@@ -13,7 +13,7 @@ from protocol import params as request_params
 from protocol.catalog import Resolved, model_dims
 from protocol.errors import invalid_input
 from worker.adapters.base import RequestContext
-from worker.postprocess import matryoshka
+from worker.runtime.postprocess import matryoshka
 
 
 @dataclass
@@ -41,7 +41,7 @@ def plan_encode(resolved: Resolved, params: dict[str, Any]) -> Plan:
     dtype = request_params.output_dtype(params.get("output_dtype"), options)
     is_query = bool(options.get("is_query", False))
     if "muvera" in options and "dense" in requested:
-        from worker.muvera import MuveraConfig
+        from worker.runtime.muvera import MuveraConfig
 
         # a bad MUVERA option is a 400 before any forward pass, not an error after it
         MuveraConfig.from_options(resolved.loadtime_options.get("muvera_config"), options["muvera"])
@@ -133,7 +133,7 @@ def requested_outputs(plan: Plan, raws: list[dict[str, Any]]) -> list[dict[str, 
     quantisation, then only the outputs the client asked for (intermediate ones dropped)."""
     requested = plan.requested_outputs
     if "muvera" in plan.options and "dense" in requested:
-        from worker.muvera import muvera_outputs
+        from worker.runtime.muvera import muvera_outputs
 
         raws = muvera_outputs(plan, raws)
     if plan.options.get("output_dim") is not None and "dense" in requested:

@@ -7,8 +7,8 @@ from typing import Any
 
 from protocol.errors import ErrorCode, SIEError
 from worker.adapters.base import Prepared, RequestContext, is_oom
-from worker.loaded import LoadedModel
-from worker.model_states import ModelStates
+from worker.models.loaded import LoadedModel
+from worker.models.registry import ModelStates
 
 log = logging.getLogger("worker.runtime")
 

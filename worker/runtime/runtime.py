@@ -5,15 +5,15 @@
 passes with concurrent requests; with ``direct=True`` (sidecar path, which has already batched)
 they run at once. ``run_work_items`` executes a batch of NATS work items for the IPC front door.
 
-The runtime is built in layers, one job per module; see :mod:`worker.model_states` for the map.
+The runtime is built in layers, one job per module; see :mod:`worker.models.registry` for the map.
 """
 
 from __future__ import annotations
 
-from worker.control_config import ControlConfig
-from worker.loaded import LoadedModel
-from worker.results import EnsureResult, Result, Timing
-from worker.work_items import WorkItemRunner
+from worker.models.loaded import LoadedModel
+from worker.runtime.control_config import ControlConfig
+from worker.runtime.results import EnsureResult, Result, Timing
+from worker.runtime.work_items import WorkItemRunner
 
 
 class Runtime(ControlConfig, WorkItemRunner):

@@ -26,7 +26,7 @@ The architecture (GTE v1.5; the facts the implementation rests on):
   frequency ``i`` (counted from 1) is divided by ``exp(ln(f)/(d/2)^b · i^b)``.
 
 Two forwards share the layers: padded ``[B, S]`` batches with an attention mask (what the dense
-adapter and late chunking run) and packed rows (``worker.packed``: variable-length attention, no
+adapter and late chunking run) and packed rows (``worker.modeling.packed``: variable-length attention, no
 padding), which the adapters pick as they do for BERT.
 """
 
@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.checkpoint import checkpoint_config, read_state_dict
-from worker.packed import PackedBatch, PackedEncoder, varlen_attention
+from worker.modeling.checkpoint import checkpoint_config, read_state_dict
+from worker.modeling.packed import PackedBatch, PackedEncoder, varlen_attention
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ class GteNewModel(nn.Module):
 
 
 class NewPackedEncoder(PackedEncoder):
-    """:class:`worker.packed.PackedEncoder`'s interface (``pack``, call) over a :class:`GteNewModel`."""
+    """:class:`worker.modeling.packed.PackedEncoder`'s interface (``pack``, call) over a :class:`GteNewModel`."""
 
     def __init__(self, model: GteNewModel) -> None:  # not super().__init__: it reads BERT's weights
         self.model = model

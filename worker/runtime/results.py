@@ -17,7 +17,7 @@ class EnsureResult:
     max_batch_tokens: int = 0
     max_batch_requests: int = 0
     forwards_in_flight: int = 0  # batches handed to the model's inference lanes at once
-    forward_lanes: int = 0  # forwards of the model that run at once (worker/lanes.py)
+    forward_lanes: int = 0  # forwards of the model that run at once (worker/batching/lanes.py)
 
 
 @dataclass
