@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from protocol.ipc import lane_share
 from protocol.priority import BULK, INTERACTIVE, PRIORITIES
 from worker.adapters.base import Prepared, RequestContext
+from worker.batching.clock import MONOTONIC, Clock
 
 
 @dataclass
@@ -153,6 +153,7 @@ class BatchFormer:
         bulk_mixed_window_s: float = 2.0,
         bulk_max_wait_ms: float = 2000.0,
         name: str = "",
+        clock: Clock = MONOTONIC,
     ) -> None:
         #: requests announced with ``expect()`` that have not submitted yet (still tokenising)
         self.preparing = 0
@@ -168,6 +169,7 @@ class BatchFormer:
         self.bulk_mixed_window = bulk_mixed_window_s
         self.bulk_max_wait = bulk_max_wait_ms / 1000.0
         self.name = name
+        self.clock = clock
         self._last_interactive = float("-inf")  # monotonic time of the newest interactive submit
         self._bulk_running = 0  # bulk batches handed over and not finished (at most one)
         self._queues: dict[tuple, _Queue] = {}
@@ -175,7 +177,8 @@ class BatchFormer:
         # batches handed to the inference lanes and not finished: on one lane (CUDA) a second is
         # already queued when a forward pass ends, so an accelerator never waits for the loop; on
         # several (CPU) each runs its own, and a queue found with lanes idle is spread over them
-        self._slots = asyncio.Semaphore(max(1, in_flight))
+        self.in_flight = max(1, in_flight)
+        self._handed = 0  # batches handed over and not finished (at most ``in_flight``)
         self.lanes = max(1, lanes)
         self._running: set[asyncio.Task] = set()
         self._closed = False
@@ -215,7 +218,7 @@ class BatchFormer:
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         loop = asyncio.get_running_loop()
-        now = time.monotonic()
+        now = self.clock.now()
         if priority == INTERACTIVE:
             self._last_interactive = now
         key = (priority, ctx.batch_key())
@@ -286,43 +289,39 @@ class BatchFormer:
         ]
 
     async def _loop(self) -> None:
+        """Every wait of the former goes through its clock: for a deadline, or for ``_wakeup`` (a
+        submit, an unexpect, a finished batch)."""
         while True:
             self._queues = {k: q for k, q in self._queues.items() if q.items}
             eligible = self._eligible()
-            if not eligible:  # nothing pending, or only bulk while a bulk batch runs (its end wakes us)
+            # nothing pending, only bulk while a bulk batch runs, or the lanes full: a submit or
+            # the end of a batch wakes the loop
+            if not eligible or self._handed >= self.in_flight:
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                await self.clock.wait(self._wakeup, None)
                 continue
-            now = time.monotonic()
+            now = self.clock.now()
             wait = min(self._due(q, now) for q in eligible)
             if wait > 0:
                 self._wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
+                await self.clock.wait(self._wakeup, wait)
                 continue
-            # flush the best due queue, once the inference lanes have room
-            await self._slots.acquire()
-            now = time.monotonic()
-            due = [q for q in self._eligible() if self._due(q, now) == 0.0]
-            queue = min(due, key=lambda q: self._rank(q, now)) if due else None
-            taken = (
-                self._take(queue, self._spread(queue, self._max_count(queue, now)))
-                if queue is not None
-                else None
-            )
-            if queue is None or taken is None:
-                self._slots.release()
+            # flush the best due queue
+            queue = min((q for q in eligible if self._due(q, now) == 0.0), key=lambda q: self._rank(q, now))
+            taken = self._take(queue, self._spread(queue, self._max_count(queue, now)))
+            if taken is None:
                 continue
             queue.last_cut = now
             bulk = queue.priority == BULK
             self._bulk_running += bulk
+            self._handed += 1
             task = asyncio.create_task(self._execute(*taken, bulk=bulk))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
     def _spread(self, queue: _Queue, max_count: int) -> int:
         """Units for the next batch: with several lanes idle, an equal share of the queue each."""
-        return lane_share(len(queue.items), self.lanes - len(self._running), max_count)
+        return lane_share(len(queue.items), self.lanes - self._handed, max_count)
 
     def _take(self, queue: _Queue, max_count: int) -> tuple[RequestContext, list[_Pending]] | None:
         """Remove the chunk (at most ``max_count`` units) holding the queue's oldest live unit; None
@@ -348,7 +347,7 @@ class BatchFormer:
 
     async def _execute(self, ctx: RequestContext, batch: list[_Pending], *, bulk: bool = False) -> None:
         try:
-            started = time.monotonic()
+            started = self.clock.now()
             try:
                 outputs = await self._run(ctx, [p.unit for p in batch])
             except Exception as exc:  # the whole batch shares the failure
@@ -356,11 +355,11 @@ class BatchFormer:
                     if not p.future.done():
                         p.future.set_exception(exc)
                 return
-            info = BatchInfo(started, time.monotonic(), len(batch))
+            info = BatchInfo(started, self.clock.now(), len(batch))
             for p, out in zip(batch, outputs, strict=True):
                 if not p.future.done():
                     p.future.set_result((out, info))
         finally:
             self._bulk_running -= bulk
-            self._slots.release()
+            self._handed -= 1
             self._wakeup.set()
