@@ -28,7 +28,7 @@ from protocol.model_config import ModelConfig
 from protocol.work import WorkItem, WorkResult
 from worker.ipc.config_calls import ConfigCalls
 from worker.metrics import WorkerMetrics
-from worker.runtime.results import EnsureResult
+from worker.models.registry import EnsureResult
 
 log = logging.getLogger("sie.worker.ipc")
 

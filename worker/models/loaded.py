@@ -6,87 +6,84 @@ import asyncio
 import contextvars
 import functools
 import importlib
-import importlib.util
 import itertools
 import json
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 from protocol.catalog import Resolved
 from protocol.errors import SIEError
 from worker.adapters.base import Adapter, Prepared, RequestContext
 from worker.batching.former import BatchFormer, BatchStats
 from worker.batching.lanes import ForwardGate
+from worker.metrics import WorkerMetrics
 from worker.models.lora import LoraSet
-
-if TYPE_CHECKING:
-    from worker.models.registry import ModelStates
-
+from worker.models.placement import Placement
+from worker.settings import WorkerSettings
 
 T = TypeVar("T")
 
-ON_LOOP_TIMEOUT_S = 300.0  # a worker thread waiting on the loop (evictions) never hangs past this
 _use_clock = itertools.count(1)  # orders models by last use (the memory manager's LRU)
 
-
-def pick_device(setting: str) -> str:
-    if setting != "auto":
-        return setting
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+#: one forward pass of a loaded model on the calling inference lane, OOM recovery included
+#: (:class:`worker.models.recovery.OomRecovery`)
+ForwardFn = Callable[["LoadedModel", RequestContext, list[Prepared]], list[Any]]
 
 
-def tune_process_for_cuda() -> None:
-    """Process-wide CUDA choices for serving: no attention backend that compiles per shape.
+@dataclass(frozen=True)
+class ModelEnv:
+    """What every loaded model is built with: the worker's settings and placement, its metrics, the
+    forward pass with recovery, and where LoRAs come from."""
 
-    PyTorch's SDPA picks cuDNN attention for half precision, and cuDNN builds a plan for every new
-    (batch, width) shape: tens to hundreds of milliseconds on the hot path of mixed traffic.
-    """
-    import torch
-
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    settings: WorkerSettings
+    placement: Placement
+    metrics: WorkerMetrics
+    forward: ForwardFn
+    resolve_lora: Callable[[str], Path]
+    lora_pool: Executor
 
 
 class LoadedModel:
     """A loaded adapter with its own inference lanes and batcher."""
 
-    def __init__(self, runtime: ModelStates, key: tuple, resolved: Resolved, adapter: Adapter) -> None:
+    def __init__(self, key: tuple, resolved: Resolved, adapter: Adapter, env: ModelEnv) -> None:
         self.key = key
         self.model_id = resolved.model_id
         self.resolved = resolved
         self.adapter = adapter
-        # the inference lanes (worker/batching/lanes.py): forwards run on these threads, together through
-        # the gate unless one changes state the others see
-        self.lanes = runtime.forward_lanes
+        s = env.settings
+        # the inference lanes (worker/batching/lanes.py): forwards run on these threads, together
+        # through the gate unless one changes state the others see
+        self.lanes = env.placement.forward_lanes
         self.executor = ThreadPoolExecutor(
             max_workers=self.lanes, thread_name_prefix=f"infer-{resolved.model_id}"
         )
         self.gate = ForwardGate()
-        s = runtime.settings
         self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
         self.max_requests = s.max_batch_requests
         self.stats = BatchStats()
         self.last_used = next(_use_clock)
         self.closed = False
-        self._runtime = runtime
-        self._forward_seconds = runtime.metrics.forward_seconds.labels(self.model_id)
+        self._forward_fn = env.forward
+        self._metrics = env.metrics
+        self._forward_seconds = env.metrics.forward_seconds.labels(self.model_id)
         self.loras = LoraSet(
             resolved.model_id,
             adapter,
             max_loras=s.max_loras_per_model,
-            resolve=runtime.resolve_lora,
-            resolve_pool=runtime._lora_pool,
+            resolve=env.resolve_lora,
+            resolve_pool=env.lora_pool,
             on_inference_thread=self.alone,
             retry_after_s=s.lora_loading_retry_after_s,
             failure_cooldown_s=s.load_failure_cooldown_s,
         )
         # batches handed to the lanes at once: on CUDA the next one queued while a forward runs,
         # on CPU one per lane
-        self.forwards_in_flight = s.forwards_in_flight or (2 if runtime.on_cuda else self.lanes)
+        self.forwards_in_flight = s.forwards_in_flight or (2 if env.placement.on_cuda else self.lanes)
         self.former = BatchFormer(
             self.run,
             max_cost=self.max_cost,
@@ -121,7 +118,7 @@ class LoadedModel:
         real = padded = 0
         if self.adapter.token_costed:
             real, padded = self.stats.record(units, packed=self.adapter.runs_packed(ctx))
-        self._runtime.metrics.observe_batch(self.model_id, len(units), real, padded)
+        self._metrics.observe_batch(self.model_id, len(units), real, padded)
 
     def forward(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
         """One forward pass, with OOM recovery, on the calling inference lane."""
@@ -136,7 +133,7 @@ class LoadedModel:
         the counter takes its own lock)."""
         started = time.monotonic()
         try:
-            return self._runtime.forward_with_recovery(self, ctx, units)
+            return self._forward_fn(self, ctx, units)
         finally:
             self._forward_seconds.inc(time.monotonic() - started)
 
@@ -148,6 +145,15 @@ class LoadedModel:
                 return fn(*args)
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
+    async def close(self, reason: SIEError) -> None:
+        """Unload: queued requests fail with ``reason``, the adapter lets its weights go (on a lane,
+        while no forward runs), the lanes stop."""
+        self.closed = True
+        self.loras.close()
+        await self.former.close(reason)
+        await self.alone(self.adapter.unload)
+        self.executor.shutdown(wait=False)
 
     def touch(self) -> None:
         self.last_used = next(_use_clock)
@@ -166,7 +172,6 @@ class ModelEntry:
     error: SIEError | None = None
     attempts: int = 0
     failed_at: float = 0.0
-    waiters: list[asyncio.Future] = field(default_factory=list)
 
 
 def load_signature(resolved: Resolved) -> tuple:

@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: how long an OOM recovery waits for an eviction already in progress before giving up on it
 EVICT_LOCK_TIMEOUT_S = 10.0
@@ -142,6 +144,54 @@ class MemoryManager:
 
 def _name(key: Hashable) -> str:
     return str(key[0]) if isinstance(key, tuple) and key else str(key)
+
+
+class MemoryUsage:
+    """The ``usage()`` of a worker: with a synthetic budget (``SIE_MEMORY_BUDGET_BYTES``) the resident
+    models' own ``memory_bytes()`` against it, else the CUDA device's or the host's memory."""
+
+    def __init__(self, device: str, budget_bytes: int, loaded: LoadedFn) -> None:
+        self.device = device
+        self.budget_bytes = budget_bytes
+        self.loaded = loaded
+
+    def __call__(self) -> tuple[int, int]:
+        if self.budget_bytes > 0:
+            return sum(m.memory_bytes() for m in self.loaded()), self.budget_bytes
+        if self.device.startswith("cuda"):
+            return cuda_usage(self.device)
+        return host_usage()
+
+
+class RunOnLoop(Protocol):
+    """:class:`worker.models.loop_bridge.LoopBridge`"""
+
+    @property
+    def bound(self) -> bool: ...
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+
+class SiblingEviction:
+    """OOM recovery's way to memory (:class:`worker.models.recovery.Siblings`): from an inference
+    lane, have the manager evict the least recently used model other than the one that ran out."""
+
+    def __init__(self, memory: MemoryManager, loop: RunOnLoop) -> None:
+        self.memory = memory
+        self.loop = loop
+
+    def evict_for(self, keep: Resident) -> bool:
+        if not self.loop.bound:
+            return False
+        try:
+            victim = self.loop.run(self.memory.evict_lru(keep=keep.key))
+        except Exception:
+            log.exception("evicting a sibling of %s failed", _name(keep.key))
+            return False
+        if victim is None:
+            return False
+        log.warning("evicted %s to recover from OOM in %s", _name(victim), _name(keep.key))
+        return True
 
 
 # ---- usage probes ----------------------------------------------------------------------------

@@ -16,23 +16,42 @@ window's ``span``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.params import ChunkSpec
 from protocol.priority import INTERACTIVE
-from worker.adapters.base import RequestContext, apply_template
+from worker.adapters.base import Prepared, RequestContext, apply_template
 from worker.adapters.hf import HFTextAdapter
 from worker.models.loaded import LoadedModel
-from worker.runtime.executor import Execution
 from worker.runtime.plans import Plan, requested_outputs
 from worker.runtime.postprocess import encode_item
 from worker.runtime.results import Timing, rank_scores
 
 Span = tuple[int, int]  # [start, end) characters of a chunk in its item's text
+
+T = TypeVar("T")
+
+
+class Inference(Protocol):
+    """How the chunker runs its chunks (:class:`worker.runtime.executor.Executor`)."""
+
+    async def infer(
+        self,
+        lm: LoadedModel,
+        ctx: RequestContext,
+        inputs: list[Any],
+        direct: bool,
+        timing: Timing,
+        *,
+        priority: str = INTERACTIVE,
+    ) -> tuple[list[Prepared], list[Any]]: ...
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T: ...
 
 
 def word_starts(offsets: list[list[int]]) -> list[bool]:
@@ -88,7 +107,11 @@ def _pool(vectors: np.ndarray, mode: str, normalize: bool) -> np.ndarray:
     return pooled.astype(np.float32)
 
 
-class Chunking(Execution):
+class Chunker:
+    def __init__(self, inference: Inference, *, max_chunks_per_item: int) -> None:
+        self.inference = inference
+        self.max_chunks_per_item = max_chunks_per_item
+
     def _text_adapter(self, lm: LoadedModel) -> HFTextAdapter:
         if not isinstance(lm.adapter, HFTextAdapter) or lm.adapter.tokenizer is None:
             raise invalid_input(
@@ -105,7 +128,7 @@ class Chunking(Execution):
         if size < 1:
             raise invalid_input("the model's limit leaves no room for a chunk", param="chunk_size")
         overlap = min(spec.overlap, size // 2)
-        limit = self.settings.max_chunks_per_item
+        limit = self.max_chunks_per_item
         chars, toks = [], []
         for i, (text, tokens) in enumerate(
             zip(texts, adapter.token_spans(texts, special=False), strict=True)
@@ -131,6 +154,7 @@ class Chunking(Execution):
     # ---- encode ------------------------------------------------------------------------------
     async def encode_chunked(
         self,
+        lm: LoadedModel,
         plan: Plan,
         items: list[dict[str, Any]],
         direct: bool,
@@ -140,11 +164,12 @@ class Chunking(Execution):
     ) -> tuple[list[dict[str, Any]], int]:
         """Encode answers with chunks, and the input tokens the forward passes saw."""
         assert plan.chunk is not None
-        lm = await self._ready_model(plan.resolved)
         adapter = self._text_adapter(lm)
         texts = [item.get("text") or "" for item in items]
         room = self._room(adapter, plan.ctx)
-        spans, token_windows = await self._postprocess(self._chunk_spans, adapter, plan.chunk, texts, room)
+        spans, token_windows = await self.inference.offload(
+            self._chunk_spans, adapter, plan.chunk, texts, room
+        )
         if plan.chunk.late:
             vectors, tokens = await self._late_vectors(
                 lm, adapter, plan, texts, spans, token_windows, room, direct, timing, priority=priority
@@ -155,7 +180,7 @@ class Chunking(Execution):
                 for text, item_spans in zip(texts, spans, strict=True)
                 for s, e in item_spans
             ]
-            units, raws = await self._infer(lm, plan.ctx, sub, direct, timing, priority=priority)
+            units, raws = await self.inference.infer(lm, plan.ctx, sub, direct, timing, priority=priority)
             vectors = [np.asarray(r["dense"], dtype=np.float32) for r in requested_outputs(plan, raws)]
             tokens = sum(u.input_tokens for u in units)
         normalize = bool(plan.options.get("normalize", True))
@@ -212,8 +237,8 @@ class Chunking(Execution):
             groups.append((i, spans[i][current[0]][0], current))
         sub = [{"text": texts[i][start : spans[i][chunks[-1]][1]]} for i, start, chunks in groups]
         ctx = replace(plan.ctx, output_types=("token_states",))
-        units, raws = await self._infer(lm, ctx, sub, direct, timing, priority=priority)
-        window_tokens = await self._postprocess(adapter.token_spans, [x["text"] for x in sub], True)
+        units, raws = await self.inference.infer(lm, ctx, sub, direct, timing, priority=priority)
+        window_tokens = await self.inference.offload(adapter.token_spans, [x["text"] for x in sub], True)
         normalize = bool(plan.options.get("normalize", True))
         per_chunk: dict[tuple[int, int], np.ndarray] = {}
         for (i, start, chunks), raw, toks in zip(groups, raws, window_tokens, strict=True):
@@ -232,6 +257,7 @@ class Chunking(Execution):
     # ---- score -------------------------------------------------------------------------------
     async def score_chunked(
         self,
+        lm: LoadedModel,
         plan: Plan,
         query: dict[str, Any],
         items: list[dict[str, Any]],
@@ -242,7 +268,6 @@ class Chunking(Execution):
     ) -> tuple[list[dict[str, Any]], int]:
         """MaxP: every document's windows scored beside the query; a document scores its best window
         and says which (``span``: start/end characters) and of how many (``chunks``)."""
-        lm = await self._ready_model(plan.resolved)
         adapter = self._text_adapter(lm)
         room = adapter.document_room(plan.ctx, query.get("text") or "")
         if room is None:
@@ -252,13 +277,13 @@ class Chunking(Execution):
             )
         assert plan.chunk is not None
         texts = [item.get("text") or "" for item in items]
-        spans, _ = await self._postprocess(self._chunk_spans, adapter, plan.chunk, texts, room)
+        spans, _ = await self.inference.offload(self._chunk_spans, adapter, plan.chunk, texts, room)
         pairs = [
             (query, {"text": text[s:e]})
             for text, item_spans in zip(texts, spans, strict=True)
             for s, e in item_spans
         ]
-        units, scores = await self._infer(lm, plan.ctx, pairs, direct, timing, priority=priority)
+        units, scores = await self.inference.infer(lm, plan.ctx, pairs, direct, timing, priority=priority)
         best_scores, best_units, extra, k = [], [], [], 0
         for item_spans in spans:
             mine = [float(x) for x in scores[k : k + len(item_spans)]]

@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
+from typing import Protocol
 
-from protocol.catalog import Resolved
+from protocol.catalog import Catalog
 from protocol.model_config import Bundle, ModelConfig, bundle_config_hash
-from worker.models.loaded import load_signature
-from worker.models.registry import ModelStates
 
 log = logging.getLogger("worker.runtime")
 
 
-class ControlConfig(ModelStates):
-    # ---- control-plane config ---------------------------------------------------------------
+class StaleModels(Protocol):
+    """Loaded models a config change leaves behind (:class:`worker.models.registry.ModelRegistry`)."""
+
+    async def drop_stale(self, model_id: str) -> None:
+        """Unload (or forget) the model's instances that no longer match the catalog's config."""
+        ...
+
+
+class ControlConfig:
+    """The catalog as the control plane changes it (ApplyModelConfig / ReplaceModelConfigs from the
+    sidecar), the bundle hash it is compared by, and which models this image cannot run."""
+
+    def __init__(self, catalog: Catalog, *, bundle: str, pool: str, stale: StaleModels) -> None:
+        """``bundle``, ``pool``: this worker's (``SIE_BUNDLE``, ``SIE_POOL``)."""
+        self.catalog = catalog
+        self.bundle = bundle
+        self.pool = pool
+        self.stale = stale
+        # the image's own models, what a tombstone or an export brings back
+        self._baseline: dict[str, ModelConfig] = {m.sie_id: m for m in catalog.models()}
+        self._control_adapters: list[str] | None = None  # the bundle's adapters as the config service sees it
+        self.unsupported_models: set[str] = set()
+        self._importable: dict[str, bool] = {}
+
     def bundle_config_hash(self, *, pool: str | None = "", adapters: list[str] | None = None) -> str:
         """This worker's hash of its bundle, scoped to ``pool``.
 
@@ -28,14 +48,14 @@ class ControlConfig(ModelStates):
         bundle = self._bundle(adapters)
         if bundle is None:
             return ""
-        scope = self.settings.pool if pool == "" else pool
+        scope = self.pool if pool == "" else pool
         return bundle_config_hash(bundle, self.catalog.models(), pool=scope)
 
     def _bundle(self, adapters: list[str] | None = None) -> Bundle | None:
         adapters = adapters if adapters is not None else self._control_adapters
         if adapters is not None:
-            return Bundle(name=self.settings.bundle, adapters=list(adapters))
-        return self.catalog.get_bundle(self.settings.bundle)
+            return Bundle(name=self.bundle, adapters=list(adapters))
+        return self.catalog.get_bundle(self.bundle)
 
     def _module_importable(self, module: str) -> bool:
         ok = self._importable.get(module)
@@ -78,7 +98,7 @@ class ControlConfig(ModelStates):
         self.catalog.put(config)
         self._note_support(config)
         if old is not None and old != config:
-            await self._drop_stale_entries(config.sie_id)
+            await self.stale.drop_stale(config.sie_id)
 
     async def remove_model_config(self, model_id: str, *, bundle_adapters: list[str] | None = None) -> None:
         """A tombstone: the model goes (the image's own config of that id, if any, comes back) and
@@ -97,7 +117,7 @@ class ControlConfig(ModelStates):
             model_id,
             " (image config restored)" if baseline else "",
         )
-        await self._drop_stale_entries(model_id)
+        await self.stale.drop_stale(model_id)
 
     async def replace_model_configs(
         self, configs: list[ModelConfig], *, bundle_adapters: list[str] | None = None
@@ -114,32 +134,4 @@ class ControlConfig(ModelStates):
             self._note_support(config)
         for model_id, old in before.items():
             if wanted.get(model_id) != old:
-                await self._drop_stale_entries(model_id)
-
-    async def _drop_stale_entries(self, model_id: str) -> None:
-        """Unload (or forget) the model's entries whose load-time state differs from the catalog's."""
-        config = self.catalog.get(model_id)
-        current: dict[tuple, ModelConfig] = {}
-        if config is not None:
-            for name in config.profiles:
-                try:
-                    current[load_signature(Resolved(config, name, config.resolved_profile(name)))] = config
-                except Exception:  # noqa: BLE001 - an unresolvable profile has no valid entry
-                    continue
-        model_fields = config.model_dump(exclude={"profiles"}) if config is not None else None
-        for key, entry in list(self._entries.items()):
-            if entry.model_id != model_id:
-                continue
-            loaded_fields = (
-                entry.loaded.resolved.config.model_dump(exclude={"profiles"})
-                if entry.loaded
-                else model_fields
-            )
-            if key in current and loaded_fields == model_fields and entry.state != "failed":
-                continue
-            log.info("config of %s changed: dropping its %s entry %s", model_id, entry.state, key[1:])
-            if entry.task is not None and not entry.task.done():
-                entry.task.cancel()
-            if entry.loaded is not None:
-                await self._unload(entry)
-            self._entries.pop(key, None)
+                await self.stale.drop_stale(model_id)

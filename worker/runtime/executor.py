@@ -1,27 +1,36 @@
-"""Running inputs: LoRA check, tokenisation, the batcher or a direct run on an inference lane."""
+"""Running inputs on a loaded model: LoRA check, tokenisation, the batcher or a direct run on an
+inference lane, postprocessing. The executor knows nothing of which models are loaded: it is handed
+one, and a thread pool for the CPU work around its forwards."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import Executor as ThreadPool
+from typing import Any, TypeVar
 
 from protocol import tracing
-from protocol.catalog import Resolved
 from protocol.errors import invalid_input
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared, RequestContext
 from worker.batching.former import BatchInfo, chunk_by_cost, token_counts
 from worker.models.loaded import LoadedModel
-from worker.models.recovery import OomRecovery
 from worker.runtime.results import Timing
+
+T = TypeVar("T")
 
 # what runs on a batch's outputs before they leave the worker: (units, outputs) -> outputs
 Post = Callable[[list[Prepared], list[Any]], list[Any]]
 
 
-class Execution(OomRecovery):
+class Executor:
+    def __init__(self, cpu_pool: ThreadPool, *, max_padding_share: float) -> None:
+        """``cpu_pool``: tokenising and postprocessing; ``max_padding_share``: where a direct batch is
+        cut into forwards (as the BatchFormer cuts)."""
+        self.cpu_pool = cpu_pool
+        self.max_padding_share = max_padding_share
+
     async def _ensure_lora(self, lm: LoadedModel, lora: str | None) -> None:
         """A request naming a LoRA needs a model that supports them, and the LoRA loaded (else 503)."""
         if not lora:
@@ -43,7 +52,7 @@ class Execution(OomRecovery):
         )
         return [u for part in parts for u in part]
 
-    async def _infer(
+    async def infer(
         self,
         lm: LoadedModel,
         ctx: RequestContext,
@@ -94,7 +103,7 @@ class Execution(OomRecovery):
         if post is not None:
             t = time.monotonic()
             with tracing.span("worker.postprocess"):
-                outputs = await self._postprocess(post, units, outputs)
+                outputs = await self.offload(post, units, outputs)
             timing.postprocessing_ms = (time.monotonic() - t) * 1000
         return units, outputs
 
@@ -135,7 +144,7 @@ class Execution(OomRecovery):
         forwards: list[list[Prepared]] = []
         packed = lm.adapter.runs_packed(ctx)
         for chunk in chunk_by_cost(
-            units, lm.max_cost, lm.max_requests, self.settings.max_padding_share, packed=packed
+            units, lm.max_cost, lm.max_requests, self.max_padding_share, packed=packed
         ):
             batch = [units[i] for i in chunk]
             started = time.monotonic()
@@ -194,31 +203,6 @@ class Execution(OomRecovery):
             timing.inference_ms = sum(i.inference_ms for i in seen.values())
         return [out for out, _ in results]
 
-    async def _postprocess(self, fn, *args) -> Any:
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the CPU pool (tokenizer calls, postprocessing)."""
         return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
-
-    def _check_items(self, resolved: Resolved, items: list[dict[str, Any]]) -> None:
-        limit = self.settings.max_item_text_bytes
-        text_model = resolved.config.inputs.text
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise invalid_input(f"Item {i} must be a map", param=f"items.{i}")
-            for media in ("images", "audio", "video", "document"):
-                if item.get(media) and not getattr(
-                    resolved.config.inputs, "image" if media == "images" else media
-                ):
-                    raise invalid_input(
-                        f"Model '{resolved.routable_id}' does not accept {media} input",
-                        param=f"items.{i}.{media}",
-                    )
-            text = item.get("text")
-            if text is not None and not isinstance(text, str):
-                raise invalid_input(f"Item {i}: text must be a string", param=f"items.{i}.text")
-            if (
-                text_model
-                and text is None
-                and not any(item.get(m) for m in ("images", "audio", "video", "document"))
-            ):
-                raise invalid_input(f"Item {i} has no text", param=f"items.{i}.text")
-            if text is not None and len(text.encode("utf-8")) > limit:
-                raise invalid_input(f"Item {i}: text is larger than {limit} bytes", param=f"items.{i}.text")

@@ -1,24 +1,54 @@
-"""The runtime's public operations: encode, score and extract on decoded request pieces."""
+"""The runtime's public operations: encode, score, extract and tokenize on decoded request pieces."""
 
 from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from protocol import params as request_params
 from protocol import tracing
+from protocol.catalog import Catalog, Resolved
 from protocol.errors import invalid_input
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared
 from worker.adapters.hf import HFTextAdapter
-from worker.runtime.chunking import Chunking
+from worker.metrics import WorkerMetrics
+from worker.models.loaded import LoadedModel
+from worker.runtime.chunking import Chunker
+from worker.runtime.executor import Executor
 from worker.runtime.plans import Plan, plan_encode, plan_extract, plan_score, requested_outputs
 from worker.runtime.postprocess import encode_item
 from worker.runtime.results import Result, Timing, extract_item, rank_scores, truncation
+from worker.settings import WorkerSettings
 
 
-class Operations(Chunking):
+class ModelSource(Protocol):
+    """Where operations get their models (:class:`worker.models.registry.ModelRegistry`)."""
+
+    async def ready_model(self, resolved: Resolved) -> LoadedModel:
+        """The loaded model, or the SIEError a request gets meanwhile (MODEL_LOADING, a failed load)."""
+        ...
+
+
+class Operations:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        catalog: Catalog,
+        *,
+        models: ModelSource,
+        executor: Executor,
+        chunker: Chunker,
+        metrics: WorkerMetrics,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.models = models
+        self.executor = executor
+        self.chunker = chunker
+        self.metrics = metrics
+
     # ---- public operations -----------------------------------------------------------------
     # ``priority``: the request's class (interactive | bulk) in the model's BatchFormer; the direct
     # path (queue mode, the sidecar batched already) ignores it
@@ -44,12 +74,15 @@ class Operations(Chunking):
         self._check_items(plan.resolved, items)
         if plan.chunk is not None:
             timing = Timing()
-            chunked, tokens = await self.encode_chunked(plan, items, direct, timing, priority=priority)
+            lm = await self.models.ready_model(plan.resolved)
+            chunked, tokens = await self.chunker.encode_chunked(
+                lm, plan, items, direct, timing, priority=priority
+            )
             timing.total_ms = (time.monotonic() - t0) * 1000
             return Result(chunked, timing, tokens)
-        lm = await self._ready_model(plan.resolved)
+        lm = await self.models.ready_model(plan.resolved)
         timing = Timing()
-        units, out = await self._infer(
+        units, out = await self.executor.infer(
             lm,
             plan.ctx,
             items,
@@ -96,11 +129,14 @@ class Operations(Chunking):
         self._check_items(resolved, [query, *items])
         timing = Timing()
         if plan.chunk is not None:
-            entries, tokens = await self.score_chunked(plan, query, items, direct, timing, priority=priority)
+            lm = await self.models.ready_model(resolved)
+            entries, tokens = await self.chunker.score_chunked(
+                lm, plan, query, items, direct, timing, priority=priority
+            )
             timing.total_ms = (time.monotonic() - t0) * 1000
             return Result(entries, timing, tokens, query_id=query.get("id"))
-        lm = await self._ready_model(resolved)
-        units, scores = await self._infer(
+        lm = await self.models.ready_model(resolved)
+        units, scores = await self.executor.infer(
             lm, plan.ctx, [(query, item) for item in items], direct, timing, priority=priority
         )
         t = time.monotonic()
@@ -126,9 +162,9 @@ class Operations(Chunking):
         resolved = self.catalog.resolve(spec, options if isinstance(options, dict) else None)
         plan = plan_extract(resolved, params)
         self._check_items(resolved, items)
-        lm = await self._ready_model(resolved)
+        lm = await self.models.ready_model(resolved)
         timing = Timing()
-        units, raws = await self._infer(lm, plan.ctx, items, direct, timing, priority=priority)
+        units, raws = await self.executor.infer(lm, plan.ctx, items, direct, timing, priority=priority)
         out = [
             extract_item(raw, item, i, unit)
             for i, (raw, item, unit) in enumerate(zip(raws, items, units, strict=True))
@@ -157,12 +193,12 @@ class Operations(Chunking):
         if not resolved.config.inputs.text:
             raise invalid_input(f"Model '{resolved.routable_id}' does not take text", param="model")
         self._check_items(resolved, items)
-        lm = await self._ready_model(resolved)
+        lm = await self.models.ready_model(resolved)
         if not isinstance(lm.adapter, HFTextAdapter) or lm.adapter.tokenizer is None:
             raise invalid_input(f"Model '{resolved.routable_id}' has no tokenizer to expose", param="model")
         adapter = lm.adapter
         texts = [item.get("text") or "" for item in items]
-        spans = await self._postprocess(adapter.token_spans, texts, special)
+        spans = await self.executor.offload(adapter.token_spans, texts, special)
         out = [
             {**({"id": item["id"]} if item.get("id") is not None else {}), **s}
             for item, s in zip(items, spans, strict=True)
@@ -170,3 +206,29 @@ class Operations(Chunking):
         timing = Timing(tokenization_ms=(time.monotonic() - t0) * 1000)
         timing.total_ms = timing.tokenization_ms
         return Result(out, timing, sum(s["count"] for s in spans))
+
+    def _check_items(self, resolved: Resolved, items: list[dict[str, Any]]) -> None:
+        limit = self.settings.max_item_text_bytes
+        text_model = resolved.config.inputs.text
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise invalid_input(f"Item {i} must be a map", param=f"items.{i}")
+            for media in ("images", "audio", "video", "document"):
+                if item.get(media) and not getattr(
+                    resolved.config.inputs, "image" if media == "images" else media
+                ):
+                    raise invalid_input(
+                        f"Model '{resolved.routable_id}' does not accept {media} input",
+                        param=f"items.{i}.{media}",
+                    )
+            text = item.get("text")
+            if text is not None and not isinstance(text, str):
+                raise invalid_input(f"Item {i}: text must be a string", param=f"items.{i}.text")
+            if (
+                text_model
+                and text is None
+                and not any(item.get(m) for m in ("images", "audio", "video", "document"))
+            ):
+                raise invalid_input(f"Item {i} has no text", param=f"items.{i}.text")
+            if text is not None and len(text.encode("utf-8")) > limit:
+                raise invalid_input(f"Item {i}: text is larger than {limit} bytes", param=f"items.{i}.text")

@@ -11,16 +11,6 @@ from worker.adapters.base import Prepared
 
 
 @dataclass
-class EnsureResult:
-    state: str  # ready | loading_started | loading_in_progress | failed
-    error: SIEError | None = None
-    max_batch_tokens: int = 0
-    max_batch_requests: int = 0
-    forwards_in_flight: int = 0  # batches handed to the model's inference lanes at once
-    forward_lanes: int = 0  # forwards of the model that run at once (worker/batching/lanes.py)
-
-
-@dataclass
 class Timing:
     queue_ms: float = 0.0
     tokenization_ms: float = 0.0

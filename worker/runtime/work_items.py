@@ -5,20 +5,67 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.api import truncation_totals
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.priority import INTERACTIVE
 from protocol.work import WorkItem, WorkResult
-from worker.runtime.operations import Operations
-from worker.runtime.results import Timing
+from worker.runtime.results import Result, Timing
 
 log = logging.getLogger("worker.runtime")
 
 
-class WorkItemRunner(Operations):
-    # ---- the sidecar path ------------------------------------------------------------------
+class Operations(Protocol):
+    """What runs the work items (:class:`worker.runtime.operations.Operations`)."""
+
+    async def encode(
+        self,
+        spec: str,
+        items: list[dict[str, Any]],
+        params: dict[str, Any] | None = None,
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result: ...
+
+    async def score(
+        self,
+        spec: str,
+        query: dict[str, Any],
+        items: list[dict[str, Any]],
+        instruction: Any = None,
+        options: dict[str, Any] | None = None,
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result: ...
+
+    async def extract(
+        self,
+        spec: str,
+        items: list[dict[str, Any]],
+        params: dict[str, Any] | None = None,
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result: ...
+
+    async def tokenize(
+        self,
+        spec: str,
+        items: list[dict[str, Any]],
+        options: dict[str, Any] | None = None,
+        *,
+        direct: bool = False,
+    ) -> Result: ...
+
+
+class WorkItemRunner:
+    def __init__(self, operations: Operations) -> None:
+        self.operations = operations
+
     async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]:
         """Execute NATS work items at once; one WorkResult per item, in order.
 
@@ -51,13 +98,13 @@ class WorkItemRunner(Operations):
                     "instruction": first.instruction,
                     "options": options,
                 }
-                res = await self.encode(spec, [wi.item or {} for wi in group], params, direct=True)
+                res = await self.operations.encode(spec, [wi.item or {} for wi in group], params, direct=True)
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
             elif first.operation == "score":
                 # one work item carries a whole score request; run each on its own
                 for wi, i in zip(group, idx, strict=True):
-                    res = await self.score(
+                    res = await self.operations.score(
                         spec, wi.query_item or {}, wi.score_items or [], wi.instruction, options, direct=True
                     )
                     body: dict[str, Any] = {"scores": res.items}
@@ -74,11 +121,15 @@ class WorkItemRunner(Operations):
                     "instruction": first.instruction,
                     "options": options,
                 }
-                res = await self.extract(spec, [wi.item or {} for wi in group], params, direct=True)
+                res = await self.operations.extract(
+                    spec, [wi.item or {} for wi in group], params, direct=True
+                )
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
             elif first.operation == "tokenize":
-                res = await self.tokenize(spec, [wi.item or {} for wi in group], options, direct=True)
+                res = await self.operations.tokenize(
+                    spec, [wi.item or {} for wi in group], options, direct=True
+                )
                 payloads = [packb(item) for item in res.items]
                 tokens = [item["count"] for item in res.items]
             else:

@@ -21,7 +21,7 @@ from aiohttp import web
 from protocol import eventloop, tracing
 from protocol.logs import setup_logging
 from worker import CUDA_PROCESSES
-from worker.models.loaded import pick_device
+from worker.models.placement import pick_device
 from worker.runtime import Runtime
 from worker.serve.app import create_app
 from worker.settings import WorkerSettings

@@ -62,7 +62,7 @@ async def encode_cached(
     t0 = time.monotonic()
     options = params.get("options")
     resolved = runtime.catalog.resolve(model, options if isinstance(options, dict) else None)
-    runtime._check_items(resolved, items)  # item errors name the item's index in the whole request
+    runtime.operations._check_items(resolved, items)  # item errors name the item's index in the whole request
     config_hash = model_config_hash(resolved.config)
     rest = {k: v for k, v in params.items() if k != "items"}
     keys = [

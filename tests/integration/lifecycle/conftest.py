@@ -47,7 +47,7 @@ def settings(tmp_path, **kw: Any) -> WorkerSettings:
 async def settle(rt: Runtime, spec: str, exc: SIEError, params: dict[str, Any] | None) -> None:
     """Wait for whatever a MODEL_LOADING or LORA_LOADING answer said was in progress."""
     resolved = rt.catalog.resolve(spec)
-    entry = rt._entry(resolved)
+    entry = rt.models.entry(resolved)
     if exc.code == ErrorCode.MODEL_LOADING and entry.task is not None:
         await entry.task
     elif exc.code == ErrorCode.LORA_LOADING and entry.loaded is not None:

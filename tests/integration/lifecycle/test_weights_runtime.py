@@ -84,7 +84,7 @@ async def test_weights_of_loaded_models_are_protected_from_disk_eviction(make_ru
     )
     await encode_ready(rt, ID, ITEMS)
     assert rt.weights.local_entries() == ["acme--minilm-copy--main"]
-    assert rt.weights.enforce_disk_pressure(protect=rt._weight_keys()) == []
+    assert rt.weights.enforce_disk_pressure(protect=rt.models.weight_keys()) == []
     assert rt.weights.enforce_disk_pressure() == ["acme--minilm-copy--main"]  # once nothing uses it
 
 
