@@ -141,7 +141,8 @@ class Adapter:
 
     # ---- work (prepare: CPU pool; forward: one of the model's inference lanes) ------------
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
-        """Tokenise. ``inputs`` are item maps (encode/extract) or (query, item) pairs (score)."""
+        """Tokenise. ``inputs`` are items (:class:`protocol.api.Item`; encode, extract) or (query, item)
+        pairs of them (score): what the client sent, parsed once at the front door."""
         raise NotImplementedError
 
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[Any]:

@@ -46,7 +46,7 @@ class SequenceClassifierAdapter(HFTextAdapter):
             raise invalid_input(
                 f"unknown labels {unknown}; this classifier knows {self.labels}", param="labels"
             )
-        return self.tokenize(ctx, [item.get("text") or "" for item in inputs])
+        return self.tokenize(ctx, [item.text or "" for item in inputs])
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:

@@ -62,10 +62,10 @@ class CrossEncoderAdapter(HFTextAdapter):
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         qctx = replace(ctx, is_query=True)
-        queries = [apply_template(q.get("text") or "", qctx) for q, _ in inputs]
+        queries = [apply_template(q.text or "", qctx) for q, _ in inputs]
         doc_template = ctx.options.get("doc_template")
         docs = [
-            str(doc_template).replace("{text}", d.get("text") or "") if doc_template else d.get("text") or ""
+            str(doc_template).replace("{text}", d.text or "") if doc_template else d.text or ""
             for _, d in inputs
         ]
         encs = self.encode_checked(ctx, queries, docs, "longest_first")

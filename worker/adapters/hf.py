@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocol.api import Item
 from worker.adapters.base import Adapter, InputTooLong, Prepared, RequestContext, apply_template
 from worker.modeling.checkpoint import checkpoint_config
 from worker.modeling.gte_new import is_new_model, load_new_model
@@ -188,8 +189,8 @@ class HFTextAdapter(Adapter):
             for e, n in zip(encs, self.full_counts(encs, texts, pairs), strict=True)
         ]
 
-    def texts_of(self, ctx: RequestContext, items: list[dict[str, Any]]) -> list[str]:
-        return [apply_template(item.get("text") or "", ctx) for item in items]
+    def texts_of(self, ctx: RequestContext, items: list[Item]) -> list[str]:
+        return [apply_template(item.text or "", ctx) for item in items]
 
     def pair_inputs(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         """Model inputs of text pairs, each (ids, token type ids): right-padded ids, attention mask and,

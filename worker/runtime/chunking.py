@@ -16,12 +16,13 @@ window's ``span``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from protocol.api import Item
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.params import ChunkSpec
 from protocol.priority import INTERACTIVE
@@ -156,7 +157,7 @@ class Chunker:
         self,
         lm: LoadedModel,
         plan: Plan,
-        items: list[dict[str, Any]],
+        items: Sequence[Item],
         direct: bool,
         timing: Timing,
         *,
@@ -165,7 +166,7 @@ class Chunker:
         """Encode answers with chunks, and the input tokens the forward passes saw."""
         assert plan.chunk is not None
         adapter = self._text_adapter(lm)
-        texts = [item.get("text") or "" for item in items]
+        texts = [item.text or "" for item in items]
         room = self._room(adapter, plan.ctx)
         spans, token_windows = await self.inference.offload(
             self._chunk_spans, adapter, plan.chunk, texts, room
@@ -176,14 +177,14 @@ class Chunker:
             )
         else:
             sub = [
-                {"text": text[s:e]}
+                Item(text=text[s:e])
                 for text, item_spans in zip(texts, spans, strict=True)
                 for s, e in item_spans
             ]
             units, raws = await self.inference.infer(lm, plan.ctx, sub, direct, timing, priority=priority)
             vectors = [np.asarray(r["dense"], dtype=np.float32) for r in requested_outputs(plan, raws)]
             tokens = sum(u.input_tokens for u in units)
-        normalize = bool(plan.options.get("normalize", True))
+        normalize = plan.normalize
         out, k = [], 0
         for item, item_spans in zip(items, spans, strict=True):
             mine = vectors[k : k + len(item_spans)]
@@ -192,7 +193,7 @@ class Chunker:
                 {"dense": _pool(np.stack(mine), plan.chunk.pooling, normalize)},
                 plan.output_dtype,
                 plan.dims,
-                item.get("id"),
+                item.id,
             )
             entry["chunks"] = [
                 {"start": s, "end": e, **encode_item({"dense": v}, plan.output_dtype, plan.dims, None)}
@@ -235,11 +236,11 @@ class Chunker:
                     current = []
                 current.append(c)
             groups.append((i, spans[i][current[0]][0], current))
-        sub = [{"text": texts[i][start : spans[i][chunks[-1]][1]]} for i, start, chunks in groups]
+        sub = [Item(text=texts[i][start : spans[i][chunks[-1]][1]]) for i, start, chunks in groups]
         ctx = replace(plan.ctx, output_types=("token_states",))
         units, raws = await self.inference.infer(lm, ctx, sub, direct, timing, priority=priority)
-        window_tokens = await self.inference.offload(adapter.token_spans, [x["text"] for x in sub], True)
-        normalize = bool(plan.options.get("normalize", True))
+        window_tokens = await self.inference.offload(adapter.token_spans, [x.text or "" for x in sub], True)
+        normalize = plan.normalize
         per_chunk: dict[tuple[int, int], np.ndarray] = {}
         for (i, start, chunks), raw, toks in zip(groups, raws, window_tokens, strict=True):
             states = np.asarray(raw["token_states"], dtype=np.float32)
@@ -259,8 +260,8 @@ class Chunker:
         self,
         lm: LoadedModel,
         plan: Plan,
-        query: dict[str, Any],
-        items: list[dict[str, Any]],
+        query: Item,
+        items: Sequence[Item],
         direct: bool,
         timing: Timing,
         *,
@@ -269,17 +270,17 @@ class Chunker:
         """MaxP: every document's windows scored beside the query; a document scores its best window
         and says which (``span``: start/end characters) and of how many (``chunks``)."""
         adapter = self._text_adapter(lm)
-        room = adapter.document_room(plan.ctx, query.get("text") or "")
+        room = adapter.document_room(plan.ctx, query.text or "")
         if room is None:
             raise invalid_input(
                 f"Model '{lm.model_id}' does not score in chunks (cross-encoders and LLM rerankers do)",
                 param="overflow_policy",
             )
         assert plan.chunk is not None
-        texts = [item.get("text") or "" for item in items]
+        texts = [item.text or "" for item in items]
         spans, _ = await self.inference.offload(self._chunk_spans, adapter, plan.chunk, texts, room)
         pairs = [
-            (query, {"text": text[s:e]})
+            (query, Item(text=text[s:e]))
             for text, item_spans in zip(texts, spans, strict=True)
             for s, e in item_spans
         ]

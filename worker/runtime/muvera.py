@@ -10,8 +10,9 @@ repetitions are concatenated (length ``R · 2**k · projection_dim``), optionall
 count-sketch ``final_projection_dim``. The dot product of a query FDE with a document FDE
 approximates the Chamfer (MaxSim) similarity of the multi-vectors.
 
-Configuration comes from the profile's load-time ``muvera_config`` overlaid with the request's
-``options["muvera"]`` map; the random matrices depend only on (seed, token dim, config).
+Configuration (:class:`protocol.params.MuveraConfig`, checked where the request is) comes from the
+profile's load-time ``muvera_config`` overlaid with the request's ``options["muvera"]`` map; the
+random matrices depend only on (seed, token dim, config).
 """
 
 from __future__ import annotations
@@ -22,75 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import invalid_input
-
-DEFAULTS: dict[str, Any] = {
-    "num_repetitions": 20,
-    "num_simhash_projections": 5,
-    "projection_dim": 16,  # None or 0: no inner projection (keep the token dim)
-    "final_projection_dim": None,
-    "fill_empty_partitions": True,
-    "seed": 42,
-}
-
-
-@dataclass(frozen=True)
-class MuveraConfig:
-    num_repetitions: int = 20
-    num_simhash_projections: int = 5
-    projection_dim: int | None = 16
-    final_projection_dim: int | None = None
-    fill_empty_partitions: bool = True
-    seed: int = 42
-
-    @classmethod
-    def from_options(cls, *maps: Any) -> MuveraConfig:
-        """Merge maps left to right (later wins); ``None``/``True``/``{}`` add nothing."""
-        merged = dict(DEFAULTS)
-        for m in maps:
-            if m is None or m is True or m == {}:
-                continue
-            if not isinstance(m, dict):
-                raise invalid_input("muvera options must be a map", param="options.muvera")
-            unknown = set(m) - set(DEFAULTS)
-            if unknown:
-                raise invalid_input(f"unknown muvera options: {sorted(unknown)}", param="options.muvera")
-            merged.update(m)
-
-        def pos_int(name: str, optional: bool = False, upper: int | None = None) -> int | None:
-            v = merged[name]
-            if optional and not v:
-                return None
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or (upper is not None and v > upper):
-                raise invalid_input(
-                    f"muvera.{name} must be a positive integer" + (f" ≤ {upper}" if upper else ""),
-                    param=f"options.muvera.{name}",
-                )
-            return v
-
-        seed = merged["seed"]
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise invalid_input("muvera.seed must be a non-negative integer", param="options.muvera.seed")
-        return cls(
-            num_repetitions=pos_int("num_repetitions", upper=1024),
-            num_simhash_projections=pos_int("num_simhash_projections", upper=16),
-            projection_dim=pos_int("projection_dim", optional=True),
-            final_projection_dim=pos_int("final_projection_dim", optional=True),
-            fill_empty_partitions=bool(merged["fill_empty_partitions"]),
-            seed=seed,
-        )
-
-    @property
-    def num_buckets(self) -> int:
-        return 1 << self.num_simhash_projections
-
-    def block_dim(self, token_dim: int) -> int:
-        return self.projection_dim or token_dim
-
-    def output_dim(self, token_dim: int) -> int:
-        return self.final_projection_dim or self.num_repetitions * self.num_buckets * self.block_dim(
-            token_dim
-        )
+from protocol.params import MuveraConfig
 
 
 def gray_bucket(bits: np.ndarray) -> np.ndarray:
@@ -173,15 +106,8 @@ def fde(tokens: np.ndarray, cfg: MuveraConfig, *, is_query: bool) -> np.ndarray:
     return flat
 
 
-def config_for(plan) -> MuveraConfig:
-    loadtime = plan.resolved.loadtime_options.get("muvera_config") if plan.resolved is not None else None
-    return MuveraConfig.from_options(loadtime, plan.options.get("muvera"))
-
-
-def muvera_outputs(plan, raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def muvera_outputs(cfg: MuveraConfig, raws: list[dict[str, Any]], *, is_query: bool) -> list[dict[str, Any]]:
     """Postprocessor: add ``dense`` (the FDE) to each raw output that carries a ``multivector``."""
-    cfg = config_for(plan)
-    is_query = plan.ctx.is_query
     out = []
     for raw in raws:
         mv = raw.get("multivector")

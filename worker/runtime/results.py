@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.api import Item
 from protocol.errors import ErrorCode, SIEError
 from worker.adapters.base import Prepared
 
@@ -49,7 +51,7 @@ def truncation(unit: Prepared) -> dict[str, Any]:
 
 def rank_scores(
     scores: list[float],
-    items: list[dict[str, Any]],
+    items: Sequence[Item],
     units: list[Prepared],
     extra: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
@@ -60,7 +62,7 @@ def rank_scores(
     order = sorted(range(len(values)), key=lambda i: -values[i])
     return [
         {
-            "item_id": items[i].get("id") or f"item-{i}",
+            "item_id": items[i].id or f"item-{i}",
             "score": values[i],
             "rank": rank,
             **truncation(units[i]),
@@ -70,9 +72,9 @@ def rank_scores(
     ]
 
 
-def extract_item(raw: dict[str, Any], item: dict[str, Any], index: int, unit: Prepared) -> dict[str, Any]:
+def extract_item(raw: dict[str, Any], item: Item, index: int, unit: Prepared) -> dict[str, Any]:
     out = {
-        "id": item.get("id") or f"item-{index}",
+        "id": item.id or f"item-{index}",
         "entities": list(raw.get("entities") or []),
         "relations": list(raw.get("relations") or []),
         "classifications": list(raw.get("classifications") or []),

@@ -1,7 +1,7 @@
 """The model runtime: a plain Python API over loaded models, used by both front doors.
 
-``encode``/``score``/``extract``/``tokenize`` take decoded request pieces and return response
-pieces; with ``direct=False`` (standalone HTTP) items go through the model's BatchFormer and share
+``encode``/``score``/``extract``/``tokenize`` take typed request pieces (the items and params of
+:mod:`protocol.api`) and return response pieces; with ``direct=False`` (standalone HTTP) items go through the model's BatchFormer and share
 forward passes with concurrent requests; with ``direct=True`` (sidecar path, which has already
 batched) they run at once. ``run_work_items`` executes a batch of NATS work items for the IPC front
 door.
@@ -24,9 +24,11 @@ The runtime wires parts that each do one job and see each other only through nar
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from protocol.api import EncodeParams, ExtractParams, Item, ScoreParams, TokenizeParams
 from protocol.catalog import Catalog
 from protocol.model_config import ModelConfig
 from protocol.priority import INTERACTIVE
@@ -162,8 +164,8 @@ class Runtime:
     async def encode(
         self,
         spec: str,
-        items: list[dict[str, Any]],
-        params: dict[str, Any] | None = None,
+        items: Sequence[Item],
+        params: EncodeParams | None = None,
         *,
         direct: bool = False,
         priority: str = INTERACTIVE,
@@ -173,23 +175,20 @@ class Runtime:
     async def score(
         self,
         spec: str,
-        query: dict[str, Any],
-        items: list[dict[str, Any]],
-        instruction: Any = None,
-        options: dict[str, Any] | None = None,
+        query: Item,
+        items: Sequence[Item],
+        params: ScoreParams | None = None,
         *,
         direct: bool = False,
         priority: str = INTERACTIVE,
     ) -> Result:
-        return await self.operations.score(
-            spec, query, items, instruction, options, direct=direct, priority=priority
-        )
+        return await self.operations.score(spec, query, items, params, direct=direct, priority=priority)
 
     async def extract(
         self,
         spec: str,
-        items: list[dict[str, Any]],
-        params: dict[str, Any] | None = None,
+        items: Sequence[Item],
+        params: ExtractParams | None = None,
         *,
         direct: bool = False,
         priority: str = INTERACTIVE,
@@ -197,14 +196,9 @@ class Runtime:
         return await self.operations.extract(spec, items, params, direct=direct, priority=priority)
 
     async def tokenize(
-        self,
-        spec: str,
-        items: list[dict[str, Any]],
-        options: dict[str, Any] | None = None,
-        *,
-        direct: bool = False,
+        self, spec: str, items: Sequence[Item], params: TokenizeParams | None = None, *, direct: bool = False
     ) -> Result:
-        return await self.operations.tokenize(spec, items, options, direct=direct)
+        return await self.operations.tokenize(spec, items, params, direct=direct)
 
     async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]:
         return await self.work_items.run_work_items(items)

@@ -5,12 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-from protocol.api import truncation_totals
+from protocol.api import (
+    EncodeParams,
+    ExtractParams,
+    Item,
+    ScoreParams,
+    TokenizeParams,
+    parse_item,
+    truncation_totals,
+)
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError, invalid_input
-from protocol.priority import INTERACTIVE
 from protocol.work import WorkItem, WorkResult
 from worker.runtime.results import Result, Timing
 
@@ -21,44 +29,25 @@ class Operations(Protocol):
     """What runs the work items (:class:`worker.runtime.operations.Operations`)."""
 
     async def encode(
-        self,
-        spec: str,
-        items: list[dict[str, Any]],
-        params: dict[str, Any] | None = None,
-        *,
-        direct: bool = False,
-        priority: str = INTERACTIVE,
+        self, spec: str, items: Sequence[Item], params: EncodeParams | None = None, *, direct: bool = False
     ) -> Result: ...
 
     async def score(
         self,
         spec: str,
-        query: dict[str, Any],
-        items: list[dict[str, Any]],
-        instruction: Any = None,
-        options: dict[str, Any] | None = None,
+        query: Item,
+        items: Sequence[Item],
+        params: ScoreParams | None = None,
         *,
         direct: bool = False,
-        priority: str = INTERACTIVE,
     ) -> Result: ...
 
     async def extract(
-        self,
-        spec: str,
-        items: list[dict[str, Any]],
-        params: dict[str, Any] | None = None,
-        *,
-        direct: bool = False,
-        priority: str = INTERACTIVE,
+        self, spec: str, items: Sequence[Item], params: ExtractParams | None = None, *, direct: bool = False
     ) -> Result: ...
 
     async def tokenize(
-        self,
-        spec: str,
-        items: list[dict[str, Any]],
-        options: dict[str, Any] | None = None,
-        *,
-        direct: bool = False,
+        self, spec: str, items: Sequence[Item], params: TokenizeParams | None = None, *, direct: bool = False
     ) -> Result: ...
 
 
@@ -91,22 +80,25 @@ class WorkItemRunner:
         started = time.time()
         tokens: list[int | None]
         try:
+            # the work item's fields as the request's typed params, unchecked: protocol.params checks
+            # them in the operation, as it checks a request of sie serve
             if first.operation == "encode":
-                params = {
-                    "output_types": first.output_types,
-                    "output_dtype": first.output_dtype,
-                    "instruction": first.instruction,
-                    "options": options,
-                }
-                res = await self.operations.encode(spec, [wi.item or {} for wi in group], params, direct=True)
+                params = EncodeParams.model_construct(
+                    output_types=first.output_types,
+                    output_dtype=first.output_dtype,
+                    instruction=first.instruction,
+                    options=options,
+                )
+                res = await self.operations.encode(spec, _items(group), params, direct=True)
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
             elif first.operation == "score":
                 # one work item carries a whole score request; run each on its own
                 for wi, i in zip(group, idx, strict=True):
-                    res = await self.operations.score(
-                        spec, wi.query_item or {}, wi.score_items or [], wi.instruction, options, direct=True
-                    )
+                    query = parse_item(wi.query_item or {}, "query")
+                    docs = [parse_item(d, "items", k) for k, d in enumerate(wi.score_items or [])]
+                    score_params = ScoreParams.model_construct(instruction=wi.instruction, options=options)
+                    res = await self.operations.score(spec, query, docs, score_params, direct=True)
                     body: dict[str, Any] = {"scores": res.items}
                     if res.query_id is not None:
                         body["query_id"] = res.query_id
@@ -115,21 +107,18 @@ class WorkItemRunner:
                     )
                 return
             elif first.operation == "extract":
-                params = {
-                    "labels": first.labels,
-                    "output_schema": first.output_schema,
-                    "instruction": first.instruction,
-                    "options": options,
-                }
-                res = await self.operations.extract(
-                    spec, [wi.item or {} for wi in group], params, direct=True
+                extract_params = ExtractParams.model_construct(
+                    labels=first.labels,
+                    output_schema=first.output_schema,
+                    instruction=first.instruction,
+                    options=options,
                 )
+                res = await self.operations.extract(spec, _items(group), extract_params, direct=True)
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
             elif first.operation == "tokenize":
-                res = await self.operations.tokenize(
-                    spec, [wi.item or {} for wi in group], options, direct=True
-                )
+                tokenize_params = TokenizeParams.model_construct(options=options)
+                res = await self.operations.tokenize(spec, _items(group), tokenize_params, direct=True)
                 payloads = [packb(item) for item in res.items]
                 tokens = [item["count"] for item in res.items]
             else:
@@ -177,3 +166,8 @@ class WorkItemRunner:
     @staticmethod
     def _error_result(wi: WorkItem, exc: SIEError) -> WorkResult:
         return WorkResult.failure(wi, exc.code, exc.message, retry_after_s=exc.retry_after, extra=exc.extra)
+
+
+def _items(group: list[WorkItem]) -> list[Item]:
+    """The group's items (one per work item), typed; a malformed one is 400 INVALID_INPUT."""
+    return [parse_item(wi.item or {}, "items", k) for k, wi in enumerate(group)]

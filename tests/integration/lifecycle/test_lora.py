@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from protocol.api import EncodeParams, Item
 from protocol.catalog import Catalog
 from protocol.errors import ErrorCode, SIEError
 from tests.integration.lifecycle.conftest import encode_ready
@@ -22,7 +23,7 @@ peft = pytest.importorskip("peft")
 
 D = "sentence-transformers/all-MiniLM-L6-v2"
 TEXTS = ["LoRA changes the vectors", "a second, somewhat longer sentence about adapters", "short"]
-ITEMS = [{"text": t} for t in TEXTS]
+ITEMS = [Item(text=t) for t in TEXTS]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,8 @@ def vectors(res) -> np.ndarray:
     return np.stack([item["dense"]["values"] for item in res.items])
 
 
-def lora(path: str) -> dict:
-    return {"options": {"lora": path}}
+def lora(path: str) -> EncodeParams:
+    return EncodeParams(options={"lora": path})
 
 
 async def test_lora_output_equals_peft(make_runtime, loras, reference):
@@ -87,7 +88,7 @@ async def test_lora_output_equals_peft(make_runtime, loras, reference):
     # the base model is unchanged with LoRAs loaded (they are switched off for base batches)
     np.testing.assert_allclose(vectors(await encode_ready(rt, D, ITEMS)), reference[None], atol=1e-5)
     # options.lora_id is the same thing
-    got = vectors(await encode_ready(rt, D, ITEMS, {"options": {"lora_id": loras["one"]}}))
+    got = vectors(await encode_ready(rt, D, ITEMS, EncodeParams(options={"lora_id": loras["one"]})))
     np.testing.assert_allclose(got, reference["one"], atol=1e-5)
 
 

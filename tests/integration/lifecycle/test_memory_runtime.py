@@ -11,10 +11,11 @@ import asyncio
 import numpy as np
 import pytest
 
+from protocol.api import Item
 from protocol.errors import ErrorCode, SIEError
 from tests.integration.lifecycle.conftest import encode_ready, fake_config
 
-ITEMS = [{"text": f"item number {i}"} for i in range(4)]
+ITEMS = [Item(text=f"item number {i}") for i in range(4)]
 
 
 async def test_loading_a_third_model_evicts_the_least_recently_used(make_runtime):

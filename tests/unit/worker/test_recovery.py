@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.errors import ErrorCode, SIEError
+from tests.support.typed import inputs
 from tests.support.worker_parts import fake_config, loaded_fake, settings
 from worker.adapters.base import RequestContext
 from worker.metrics import WorkerMetrics
@@ -38,7 +39,7 @@ async def recovering(oom_repeat: int, *, siblings: int = 0, **kw):
         settings(**kw), metrics, siblings=Siblings(siblings), clear_cache=lambda: cleared.append(1)
     )
     lm = await loaded_fake(fake_config("m", oom_on_batch=2, oom_repeat=oom_repeat), forward=recovery.forward)
-    units = lm.adapter.prepare(CTX, [{"text": f"text {i}"} for i in range(4)])
+    units = lm.adapter.prepare(CTX, inputs([{"text": f"text {i}"} for i in range(4)]))
     lm.adapter.forward(CTX, units)  # dispatch 1
     return recovery, lm, units, cleared, metrics
 
