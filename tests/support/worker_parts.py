@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from protocol.catalog import Catalog, Resolved
+from protocol.errors import SIEError
 from protocol.model_config import ModelConfig
-from worker.adapters.base import LoadSpec
+from worker.adapters.base import Adapter, LoadSpec
 from worker.adapters.fake import FakeAdapter
 from worker.metrics import WorkerMetrics
 from worker.models.loaded import ForwardFn, LoadedModel, ModelEnv, load_signature
@@ -67,15 +68,49 @@ async def loaded_fake(
 ) -> LoadedModel:
     """A LoadedModel of ``config``'s default profile over a loaded FakeAdapter (in a running loop:
     its BatchFormer starts a task)."""
-    s = worker_settings or settings()
     resolved = Catalog([config]).resolve(config.sie_id)
     adapter = FakeAdapter(
         LoadSpec(config, resolved.profile_name, None, "cpu", "float32", resolved.loadtime_options)
     )
     adapter.load()
-    env = ModelEnv(s, CPU, metrics or WorkerMetrics(), forward, no_lora, ThreadPoolExecutor(1))
+    return loaded_model(resolved, adapter, worker_settings=worker_settings, forward=forward, metrics=metrics)
+
+
+def loaded_model(
+    resolved: Resolved,
+    adapter: Adapter,
+    *,
+    worker_settings: WorkerSettings | None = None,
+    forward: ForwardFn = direct_forward,
+    metrics: WorkerMetrics | None = None,
+) -> LoadedModel:
+    """A LoadedModel of a loaded ``adapter`` (in a running loop)."""
+    env = ModelEnv(
+        worker_settings or settings(),
+        CPU,
+        metrics or WorkerMetrics(),
+        forward,
+        no_lora,
+        ThreadPoolExecutor(1),
+    )
     return LoadedModel(load_signature(resolved), resolved, adapter, env)
 
 
-def resolved_of(config: ModelConfig) -> Resolved:
-    return Catalog([config]).resolve(config.sie_id)
+#: a fake model of every operation
+TASKS = {"encode": {"dense": {"dim": 8}, "sparse": {}}, "score": {}, "extract": {}}
+
+
+class Models:
+    """A ModelSource: every model loaded already, or every request answered ``error``."""
+
+    def __init__(self, error: SIEError | None = None) -> None:
+        self.error = error
+        self.loaded: dict[str, LoadedModel] = {}
+
+    async def ready_model(self, resolved: Resolved) -> LoadedModel:
+        if self.error is not None:
+            raise self.error
+        lm = self.loaded.get(resolved.model_id)
+        if lm is None:
+            lm = self.loaded[resolved.model_id] = await loaded_fake(resolved.config)
+        return lm
