@@ -72,7 +72,7 @@ class RequestContext:
         relevant = {k: v for k, v in options.items() if k not in POSTPROCESS_OPTION_KEYS}
         return json.dumps(relevant, sort_keys=True, separators=(",", ":"), default=str)
 
-    def batch_key(self) -> tuple:
+    def batch_key(self) -> tuple[Any, ...]:
         return (
             self.op,
             self.output_types,

@@ -26,6 +26,7 @@ class SequenceClassifierAdapter(HFTextAdapter):
         from transformers import AutoModelForSequenceClassification
 
         self.load_tokenizer()
+        assert self.spec.weights_dir is not None, "a classifier loads from a checkpoint directory"
         self.model = AutoModelForSequenceClassification.from_pretrained(
             self.spec.weights_dir, **self.model_kwargs()
         )

@@ -95,7 +95,8 @@ class CrossEncoderAdapter(HFTextAdapter):
     def _packed_logits(self, batch: list[Prepared]) -> torch.Tensor:
         types = [p.data[1] for p in batch] if self.uses_token_types else None
         packed = self.pack([p.data[0] for p in batch], types)
-        hidden = self.packed(packed)
+        hidden = self.encode_packed(packed)
+        assert self.head is not None  # the packed path is off without a head it knows
         return self.head(hidden[packed.starts])
 
     def _padded_logits(self, batch: list[Prepared]) -> torch.Tensor:

@@ -146,7 +146,7 @@ class DenseAdapter(HFTextAdapter):
         mode = options.get("pooling") or self.default_pooling
         if self.runs_packed(ctx):
             packed = self.pack([p.data for p in batch])
-            vectors = pool_packed(self.packed(packed), packed, mode)
+            vectors = pool_packed(self.encode_packed(packed), packed, mode)
         else:
             ids, mask = self.pad(batch)
             with self.activate_lora(ctx.lora):

@@ -278,6 +278,11 @@ class HFTextAdapter(Adapter):
         assert self.packed is not None
         return self.packed.pack(seqs, self.spec.device, token_types)
 
+    def encode_packed(self, packed: PackedBatch) -> torch.Tensor:
+        """The encoder's packed forward: ``[total_tokens, hidden]`` (only where :meth:`runs_packed`)."""
+        assert self.packed is not None
+        return self.packed(packed)
+
     def model_kwargs(self) -> dict[str, Any]:
         device = self.spec.device
         return {

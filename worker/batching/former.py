@@ -78,7 +78,7 @@ class BatchStats:
 @dataclass
 class _Pending:
     unit: Prepared
-    future: asyncio.Future
+    future: asyncio.Future[tuple[Any, BatchInfo]]
     enqueued: float
 
 
@@ -172,7 +172,7 @@ class BatchFormer:
         self.clock = clock
         self._last_interactive = float("-inf")  # monotonic time of the newest interactive submit
         self._bulk_running = 0  # bulk batches handed over and not finished (at most one)
-        self._queues: dict[tuple, _Queue] = {}
+        self._queues: dict[tuple[str, tuple[Any, ...]], _Queue] = {}
         self._wakeup = asyncio.Event()
         # batches handed to the inference lanes and not finished: on one lane (CUDA) a second is
         # already queued when a forward pass ends, so an accelerator never waits for the loop; on
@@ -180,7 +180,7 @@ class BatchFormer:
         self.in_flight = max(1, in_flight)
         self._handed = 0  # batches handed over and not finished (at most ``in_flight``)
         self.lanes = max(1, lanes)
-        self._running: set[asyncio.Task] = set()
+        self._running: set[asyncio.Task[None]] = set()
         self._closed = False
         self._task = asyncio.create_task(self._loop(), name=f"batchformer:{name}")
 
@@ -208,7 +208,7 @@ class BatchFormer:
         *,
         expected: bool = False,
         priority: str = INTERACTIVE,
-    ) -> list[asyncio.Future]:
+    ) -> list[asyncio.Future[tuple[Any, BatchInfo]]]:
         """Queue ``units`` in ``priority``'s class; ``expected`` when the request was announced with
         ``expect()``."""
         if expected:

@@ -18,6 +18,7 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +30,7 @@ from protocol.work import WorkItem, WorkResult
 from worker.ipc.config_calls import ConfigCalls
 from worker.metrics import WorkerMetrics
 from worker.models.registry import EnsureResult
+from worker.settings import WorkerSettings
 
 log = logging.getLogger("sie.worker.ipc")
 
@@ -39,9 +41,14 @@ DRAIN_MAX_S = 25.0
 class WorkerRuntime(Protocol):
     """What the IPC front door needs of the runtime (:class:`worker.runtime.Runtime` is one)."""
 
-    ready: bool
-    unsupported_models: set[str]
-    metrics: WorkerMetrics
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def unsupported_models(self) -> set[str]: ...
+
+    @property
+    def metrics(self) -> WorkerMetrics: ...
 
     def loaded_models(self) -> list[str]: ...
 
@@ -75,7 +82,7 @@ class IpcHandler(ConfigCalls):
         self.runtime = runtime
         self.worker_id = worker_id or socket.gethostname()
         self.draining = False
-        self._inflight: set[asyncio.Task] = set()
+        self._inflight: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.last_ping_monotonic: float | None = None
@@ -100,7 +107,7 @@ class IpcHandler(ConfigCalls):
             return {"text": self.runtime.metrics.render()}
         raise IpcMethodError(f"unknown method {method!r}")
 
-    async def _tracked(self, coro):
+    async def _tracked(self, coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
         if self.draining:
             coro.close()
             raise IpcMethodError(ipc.DRAINING_ERROR, code=ipc.IPC_DRAINING)
@@ -236,7 +243,7 @@ class IpcServer:
         self.socket_path = socket_path
         self.max_frame_bytes = max_frame_bytes
         self._server: asyncio.base_events.Server | None = None
-        self._conn_tasks: set[asyncio.Task] = set()
+        self._conn_tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> IpcServer:
         path = Path(self.socket_path)
@@ -275,7 +282,7 @@ class IpcServer:
         assert conn_task is not None
         self._conn_tasks.add(conn_task)
         write_lock = asyncio.Lock()
-        calls: set[asyncio.Task] = set()
+        calls: set[asyncio.Task[Any]] = set()
 
         async def send(envelope: dict[str, Any]) -> None:
             try:
@@ -371,16 +378,10 @@ async def serve_ipc(runtime: WorkerRuntime, socket_path: str, *, worker_id: str 
 # --------------------------------------------------------------------------- process entry point
 
 
-def _build_runtime(settings=None):
-    """The runtime exactly as ``sie serve`` builds it."""
-    from worker.serve.main import build_runtime
+async def _amain(settings: WorkerSettings) -> None:
+    from worker.runtime import Runtime
 
-    return build_runtime(settings)
-
-
-async def _amain(settings=None) -> None:
-    runtime = _build_runtime(settings)
-    settings = runtime.settings  # the worker's one settings object (SIE_IPC_SOCKET_PATH, SIE_WORKER_ID)
+    runtime = Runtime(settings)  # as sie serve builds it
     socket_path = settings.ipc_socket_path or DEFAULT_SOCKET_PATH
     worker_id = settings.worker_id
     await runtime.start()
@@ -396,8 +397,6 @@ async def _amain(settings=None) -> None:
 
 
 def main() -> None:
-    from worker.settings import WorkerSettings
-
     settings = WorkerSettings()
     setup_logging(settings.log_level, settings.log_format)
     tracing.setup_tracing("sie-worker")

@@ -35,7 +35,7 @@ SUPPORTED_TYPES = frozenset({"bert"}) | ROBERTA_TYPES
 
 
 @functools.cache
-def varlen_kernel() -> tuple[str, Callable[..., torch.Tensor] | None]:
+def varlen_kernel() -> tuple[str, Callable[..., Any] | None]:
     """The fused variable-length attention kernel: flash-attn, else PyTorch's own. Looked up at the
     first CUDA forward, not at import: importing torch's (it imports torch._dynamo) took a second of
     every CPU worker's start, and with it of every restart."""

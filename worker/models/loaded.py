@@ -29,6 +29,10 @@ T = TypeVar("T")
 
 _use_clock = itertools.count(1)  # orders models by last use (the memory manager's LRU)
 
+#: a loaded model's identity, its load signature: (model id, adapter path, precision, load-time
+#: options as canonical JSON); profiles that share it share one loaded model
+ModelKey = tuple[str, str | None, str, str]
+
 #: one forward pass of a loaded model on the calling inference lane, OOM recovery included
 #: (:class:`worker.models.recovery.OomRecovery`)
 ForwardFn = Callable[["LoadedModel", RequestContext, list[Prepared]], list[Any]]
@@ -50,7 +54,7 @@ class ModelEnv:
 class LoadedModel:
     """A loaded adapter with its own inference lanes and batcher."""
 
-    def __init__(self, key: tuple, resolved: Resolved, adapter: Adapter, env: ModelEnv) -> None:
+    def __init__(self, key: ModelKey, resolved: Resolved, adapter: Adapter, env: ModelEnv) -> None:
         self.key = key
         self.model_id = resolved.model_id
         self.resolved = resolved
@@ -164,17 +168,17 @@ class LoadedModel:
 
 @dataclass
 class ModelEntry:
-    key: tuple
+    key: ModelKey
     model_id: str
     state: str = "absent"  # absent | loading | loaded | failed
     loaded: LoadedModel | None = None
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     error: SIEError | None = None
     attempts: int = 0
     failed_at: float = 0.0
 
 
-def load_signature(resolved: Resolved) -> tuple:
+def load_signature(resolved: Resolved) -> ModelKey:
     """Profiles with the same adapter, precision and load-time options share one loaded model."""
     prof = resolved.profile
     return (

@@ -54,7 +54,7 @@ class LoraSet:
         self.retry_after_s = retry_after_s
         self.failure_cooldown_s = failure_cooldown_s
         self.loaded: OrderedDict[str, None] = OrderedDict()  # least recently used first
-        self.loading: dict[str, asyncio.Task] = {}
+        self.loading: dict[str, asyncio.Task[None]] = {}
         self.failed: dict[str, tuple[SIEError, float]] = {}
         self.evicted: list[str] = []
         self._in_use: Counter[str] = Counter()

@@ -24,7 +24,15 @@ from protocol.model_config import ModelConfig, model_spec
 from worker.adapters.base import Adapter, LoadSpec, is_oom
 from worker.batching.former import BatchStats
 from worker.metrics import WorkerMetrics
-from worker.models.loaded import ForwardFn, LoadedModel, ModelEntry, ModelEnv, import_adapter, load_signature
+from worker.models.loaded import (
+    ForwardFn,
+    LoadedModel,
+    ModelEntry,
+    ModelEnv,
+    ModelKey,
+    import_adapter,
+    load_signature,
+)
 from worker.models.loop_bridge import LoopBridge
 from worker.models.memory import MemoryManager
 from worker.models.placement import Placement
@@ -73,7 +81,7 @@ class ModelRegistry:
         self._load_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
         self._lora_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lora-load")
         self.env = ModelEnv(settings, placement, metrics, forward, self.resolve_lora, self._lora_pool)
-        self.monitor: asyncio.Task | None = None  # the memory manager's pressure checks
+        self.monitor: asyncio.Task[None] | None = None  # the memory manager's pressure checks
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -204,7 +212,7 @@ class ModelRegistry:
     async def drop_stale(self, model_id: str) -> None:
         """Unload (or forget) the model's entries whose load-time state differs from the catalog's."""
         config = self.catalog.get(model_id)
-        current: dict[tuple, ModelConfig] = {}
+        current: dict[ModelKey, ModelConfig] = {}
         if config is not None:
             for name in config.profiles:
                 try:
@@ -274,7 +282,7 @@ class ModelRegistry:
         log.info("loading %s… done in %.1f s", resolved.model_id, load_s)
         await self.memory.relieve(keep=entry.key)
 
-    def _build_adapter(self, resolved: Resolved, key: tuple) -> Adapter:
+    def _build_adapter(self, resolved: Resolved, key: ModelKey) -> Adapter:
         """Load thread: weights through the cache tiers, room made under memory pressure, then load."""
         problems = loadtime_problems(resolved.profile.adapter_path, resolved.loadtime_options)
         if problems:  # before any download: the config can never load

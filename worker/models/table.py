@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable
+from typing import cast
 
 from protocol import heap
 from protocol.catalog import Resolved
 from protocol.errors import ErrorCode, SIEError
-from worker.models.loaded import LoadedModel, ModelEntry, load_signature
+from worker.models.loaded import LoadedModel, ModelEntry, ModelKey, load_signature
 
 log = logging.getLogger("worker.runtime")
 
@@ -24,7 +25,7 @@ class ModelTable:
         hands freed memory back (the device's caches) after an unload."""
         self.retry_after_s = retry_after_s
         self.clear_cache = clear_cache
-        self._entries: dict[tuple, ModelEntry] = {}
+        self._entries: dict[ModelKey, ModelEntry] = {}
 
     def entry(self, resolved: Resolved) -> ModelEntry:
         """The entry of ``resolved``'s load signature, created absent on first sight."""
@@ -34,7 +35,7 @@ class ModelTable:
             entry = self._entries[key] = ModelEntry(key, resolved.model_id)
         return entry
 
-    def get(self, key: tuple) -> ModelEntry | None:
+    def get(self, key: ModelKey) -> ModelEntry | None:
         return self._entries.get(key)
 
     def entries(self) -> list[ModelEntry]:
@@ -44,12 +45,12 @@ class ModelTable:
     def loaded(self) -> list[LoadedModel]:
         return [e.loaded for e in self.entries() if e.loaded is not None]
 
-    def forget(self, key: tuple) -> None:
+    def forget(self, key: ModelKey) -> None:
         self._entries.pop(key, None)
 
     async def evict(self, key: Hashable) -> None:
         """The memory manager's eviction: unload the entry under ``key``, if loaded."""
-        entry = self._entries.get(key) if isinstance(key, tuple) else None
+        entry = self.get(cast(ModelKey, key)) if isinstance(key, tuple) else None
         if entry is not None and entry.loaded is not None:
             await self.unload(entry)
 

@@ -268,7 +268,7 @@ class WeightCache:
         self._lock = threading.Lock()
         self._busy: dict[str, int] = {}
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-upload")
-        self._pending: list[Future] = []
+        self._pending: list[Future[Any]] = []
 
     @classmethod
     def from_settings(cls, settings: Any) -> WeightCache:

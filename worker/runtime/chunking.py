@@ -105,7 +105,7 @@ def _pool(vectors: np.ndarray, mode: str, normalize: bool) -> np.ndarray:
     pooled = vectors.max(axis=0) if mode == "max" else vectors.mean(axis=0)
     if normalize:
         pooled = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
-    return pooled.astype(np.float32)
+    return np.asarray(pooled, dtype=np.float32)
 
 
 class Chunker:
@@ -149,7 +149,7 @@ class Chunker:
 
     def _room(self, adapter: HFTextAdapter, ctx: RequestContext) -> int:
         """Tokens a chunk may take: the model's limit less the specials and template around it."""
-        around = adapter.token_spans([apply_template("", ctx)], special=True)[0]["count"]
+        around = int(adapter.token_spans([apply_template("", ctx)], special=True)[0]["count"])
         return adapter.limit(ctx) - around
 
     # ---- encode ------------------------------------------------------------------------------

@@ -85,7 +85,8 @@ def fde(tokens: np.ndarray, cfg: MuveraConfig, *, is_query: bool) -> np.ndarray:
         for rep in range(cfg.num_repetitions):
             bits = (x @ mats.simhash[rep]) > 0
             ids = gray_bucket(bits)
-            proj = x if mats.projection[rep] is None else x @ mats.projection[rep]
+            projection = mats.projection[rep]
+            proj = x if projection is None else x @ projection
             block = out[rep]
             np.add.at(block, ids, proj)
             if is_query:
@@ -99,7 +100,7 @@ def fde(tokens: np.ndarray, cfg: MuveraConfig, *, is_query: bool) -> np.ndarray:
                 dist = (patterns[empty][:, None, :] != bits[None, :, :]).sum(axis=-1)
                 block[empty] = proj[dist.argmin(axis=1)]
     flat = out.reshape(-1)
-    if mats.final_index is not None:
+    if mats.final_index is not None and mats.final_sign is not None and cfg.final_projection_dim:
         final = np.zeros(cfg.final_projection_dim, dtype=np.float32)
         np.add.at(final, mats.final_index, flat * mats.final_sign)
         return final

@@ -6,9 +6,11 @@ import getpass
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol import SERVER_VERSION, tracing
@@ -129,7 +131,7 @@ def _priority(request: web.Request) -> str:
     )
 
 
-def _check_count(items: list, settings: WorkerSettings) -> None:
+def _check_count(items: Sequence[Item], settings: WorkerSettings) -> None:
     if len(items) > settings.max_items_per_request:
         raise invalid_input(
             f"Too many items: {len(items)} (at most {settings.max_items_per_request}); "
@@ -343,7 +345,7 @@ async def openai_embeddings(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[REQUEST_ID] = new_request_id()
     endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource else "?"
     metrics_ = request.app[METRICS]
