@@ -197,14 +197,18 @@ class PingResponse:
         return _from_map(cls, data or {})
 
 
-def lane_share(pending: int, idle_lanes: int, most: int) -> int:
-    """Items for the next batch of a model while ``idle_lanes`` of its forward lanes are idle: an
+def forward_share(pending: int, idle_threads: int, most: int) -> int:
+    """Items for the next batch of a model while ``idle_threads`` of its forward threads are idle: an
     equal share of the ``pending`` items for each (a lone request of 32 runs as two forwards of 16
-    on two idle lanes, not one of 32 on one), at most ``most``. The one rule of ``sie serve``'s
+    on two idle threads, not one of 32 on one), at most ``most``. The one rule of ``sie serve``'s
     BatchFormer and the sidecar's scheduler."""
-    if idle_lanes <= 1:
+    if idle_threads <= 1:
         return most
-    return min(most, max(1, -(-pending // idle_lanes)))
+    return min(most, max(1, -(-pending // idle_threads)))
+
+
+#: the former name of :func:`forward_share`, which the sidecar still calls
+lane_share = forward_share
 
 
 @dataclass
@@ -212,12 +216,13 @@ class EnsureModelReadyResponse:
     state: str
     max_batch_tokens: int | None = None
     batch_budget: int | None = None  # the model's max_batch_requests
-    # batches the model's inference lanes take at once (2 on CUDA, one per lane on CPU): the
+    # batches the model's forward threads take at once (2 on CUDA, one per thread on CPU): the
     # sidecar keeps no more interactive batches than this on the worker, so waiting items join the
     # next batch instead of queueing there as many small ones
     forwards_in_flight: int | None = None
-    # forwards of the model that run at once (CPU lanes; 1 on CUDA): while one of them is idle the
-    # sidecar sends what is pending at once, spread over the idle lanes
+    # forwards of the model that run at once (its forward threads: SIE_FORWARD_THREADS on CPU, 1 on
+    # CUDA): while one of them is idle the sidecar sends what is pending at once, spread over the idle
+    # ones. The field keeps its first name on the wire.
     forward_lanes: int | None = None
     error: str | None = None
     error_code: str | None = None

@@ -105,8 +105,8 @@ class WorkerMetrics:
         )
         self.forward_seconds = Counter(
             "sie_worker_forward_seconds",
-            "Time the model's inference lanes spent in forward passes (OOM recovery included); with "
-            "sie_worker_batch_size, the forward time per item and the share of time a lane computes",
+            "Time the model's forward threads spent in forward passes (OOM recovery included); with "
+            "sie_worker_batch_size, the forward time per item and the share of time a forward thread computes",
             ["model"],
             registry=r,
         )

@@ -1,7 +1,7 @@
 """The adapter interface: how the runtime talks to one model family.
 
 An adapter turns inputs into ``Prepared`` units (tokenisation; CPU pool, many threads), runs a
-batch of them (on one of the model's inference lanes) and returns raw float32 outputs per unit. The
+batch of them (on one of the model's forward threads) and returns raw float32 outputs per unit. The
 runtime owns batching, quantisation and the wire format, so an adapter never sees HTTP or NATS.
 """
 
@@ -139,7 +139,7 @@ class Adapter:
     def memory_bytes(self) -> int:
         return 0
 
-    # ---- work (prepare: CPU pool; forward: one of the model's inference lanes) ------------
+    # ---- work (prepare: CPU pool; forward: one of the model's forward threads) ------------
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         """Tokenise. ``inputs`` are items (:class:`protocol.api.Item`; encode, extract) or (query, item)
         pairs of them (score): what the client sent, parsed once at the front door."""
@@ -151,7 +151,7 @@ class Adapter:
 
     # ---- LoRA (adapters that support it override) ------------------------------------------
     # The runtime (worker/models/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
-    # an inference lane while no forward runs, so they never race a forward pass. Batches are
+    # an forward thread while no forward runs, so they never race a forward pass. Batches are
     # homogeneous in LoRA: ``forward`` activates ``ctx.lora`` (or none: the base model) before it
     # computes.
     supports_lora: ClassVar[bool] = False
@@ -169,8 +169,8 @@ class Adapter:
         return False
 
     def forwards_share_state(self) -> bool:
-        """Whether a forward changes state that a forward on another lane would see (it activates
-        a LoRA): such forwards run one at a time (worker/batching/lanes.py)."""
+        """Whether a forward changes state that a forward on another forward thread would see (it activates
+        a LoRA): such forwards run one at a time (worker/batching/forward_threads.py)."""
         return False
 
 

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.ipc import lane_share
+from protocol.ipc import forward_share
 from protocol.priority import BULK, INTERACTIVE, PRIORITIES
 from worker.adapters.base import Prepared, RequestContext
 from worker.batching.clock import MONOTONIC, Clock
@@ -148,7 +148,7 @@ class BatchFormer:
         max_pad_share: float = 0.2,
         packs: Callable[[RequestContext], bool] | None = None,
         in_flight: int = 1,
-        lanes: int = 1,
+        forward_threads: int = 1,
         bulk_mixed_requests: int = 8,
         bulk_mixed_window_s: float = 2.0,
         bulk_max_wait_ms: float = 2000.0,
@@ -174,12 +174,12 @@ class BatchFormer:
         self._bulk_running = 0  # bulk batches handed over and not finished (at most one)
         self._queues: dict[tuple[str, tuple[Any, ...]], _Queue] = {}
         self._wakeup = asyncio.Event()
-        # batches handed to the inference lanes and not finished: on one lane (CUDA) a second is
+        # batches handed to the forward threads and not finished: on one forward thread (CUDA) a second is
         # already queued when a forward pass ends, so an accelerator never waits for the loop; on
-        # several (CPU) each runs its own, and a queue found with lanes idle is spread over them
+        # several (CPU) each runs its own, and a queue found with threads idle is spread over them
         self.in_flight = max(1, in_flight)
         self._handed = 0  # batches handed over and not finished (at most ``in_flight``)
-        self.lanes = max(1, lanes)
+        self.forward_threads = max(1, forward_threads)
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
         self._task = asyncio.create_task(self._loop(), name=f"batchformer:{name}")
@@ -294,7 +294,7 @@ class BatchFormer:
         while True:
             self._queues = {k: q for k, q in self._queues.items() if q.items}
             eligible = self._eligible()
-            # nothing pending, only bulk while a bulk batch runs, or the lanes full: a submit or
+            # nothing pending, only bulk while a bulk batch runs, or the forward threads full: a submit or
             # the end of a batch wakes the loop
             if not eligible or self._handed >= self.in_flight:
                 self._wakeup.clear()
@@ -320,8 +320,8 @@ class BatchFormer:
             task.add_done_callback(self._running.discard)
 
     def _spread(self, queue: _Queue, max_count: int) -> int:
-        """Units for the next batch: with several lanes idle, an equal share of the queue each."""
-        return lane_share(len(queue.items), self.lanes - self._handed, max_count)
+        """Units for the next batch: with several forward threads idle, an equal share of the queue each."""
+        return forward_share(len(queue.items), self.forward_threads - self._handed, max_count)
 
     def _take(self, queue: _Queue, max_count: int) -> tuple[RequestContext, list[_Pending]] | None:
         """Remove the chunk (at most ``max_count`` units) holding the queue's oldest live unit; None

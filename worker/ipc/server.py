@@ -154,7 +154,7 @@ class IpcHandler(ConfigCalls):
             max_batch_tokens=res.max_batch_tokens,
             batch_budget=res.max_batch_requests,
             forwards_in_flight=res.forwards_in_flight or None,
-            forward_lanes=res.forward_lanes or None,
+            forward_lanes=res.forward_threads or None,
         )
         if res.error is not None:
             resp.error = res.error.message

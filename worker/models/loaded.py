@@ -1,4 +1,4 @@
-"""A loaded model (adapter, inference lanes, batcher, LoRAs) and the entry tracking its state."""
+"""A loaded model (adapter, forward threads, batcher, LoRAs) and the entry tracking its state."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from protocol.catalog import Resolved
 from protocol.errors import SIEError
 from worker.adapters.base import Adapter, Prepared, RequestContext
 from worker.batching.former import BatchFormer, BatchStats
-from worker.batching.lanes import ForwardGate
+from worker.batching.forward_threads import ForwardGate
 from worker.metrics import WorkerMetrics
 from worker.models.lora import LoraSet
 from worker.models.placement import Placement
@@ -33,7 +33,7 @@ _use_clock = itertools.count(1)  # orders models by last use (the memory manager
 #: options as canonical JSON); profiles that share it share one loaded model
 ModelKey = tuple[str, str | None, str, str]
 
-#: one forward pass of a loaded model on the calling inference lane, OOM recovery included
+#: one forward pass of a loaded model on the calling forward thread, OOM recovery included
 #: (:class:`worker.models.recovery.OomRecovery`)
 ForwardFn = Callable[["LoadedModel", RequestContext, list[Prepared]], list[Any]]
 
@@ -52,7 +52,7 @@ class ModelEnv:
 
 
 class LoadedModel:
-    """A loaded adapter with its own inference lanes and batcher."""
+    """A loaded adapter with its own forward threads and batcher."""
 
     def __init__(self, key: ModelKey, resolved: Resolved, adapter: Adapter, env: ModelEnv) -> None:
         self.key = key
@@ -60,11 +60,11 @@ class LoadedModel:
         self.resolved = resolved
         self.adapter = adapter
         s = env.settings
-        # the inference lanes (worker/batching/lanes.py): forwards run on these threads, together
+        # the forward threads (worker/batching/forward_threads.py): forwards run on these threads, together
         # through the gate unless one changes state the others see
-        self.lanes = env.placement.forward_lanes
+        self.forward_threads = env.placement.forward_threads
         self.executor = ThreadPoolExecutor(
-            max_workers=self.lanes, thread_name_prefix=f"infer-{resolved.model_id}"
+            max_workers=self.forward_threads, thread_name_prefix=f"infer-{resolved.model_id}"
         )
         self.gate = ForwardGate()
         self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
@@ -85,9 +85,11 @@ class LoadedModel:
             retry_after_s=s.lora_loading_retry_after_s,
             failure_cooldown_s=s.load_failure_cooldown_s,
         )
-        # batches handed to the lanes at once: on CUDA the next one queued while a forward runs,
-        # on CPU one per lane
-        self.forwards_in_flight = s.forwards_in_flight or (2 if env.placement.on_cuda else self.lanes)
+        # batches handed to the forward threads at once: on CUDA the next one queued while a
+        # forward runs, on CPU one per forward thread
+        self.forwards_in_flight = s.forwards_in_flight or (
+            2 if env.placement.on_cuda else self.forward_threads
+        )
         self.former = BatchFormer(
             self.run,
             max_cost=self.max_cost,
@@ -97,7 +99,7 @@ class LoadedModel:
             max_pad_share=s.max_padding_share,
             packs=adapter.runs_packed,
             in_flight=self.forwards_in_flight,
-            lanes=self.lanes,
+            forward_threads=self.forward_threads,
             bulk_mixed_requests=s.serve_bulk_mixed_batch_requests,
             bulk_mixed_window_s=s.serve_bulk_mixed_window_s,
             bulk_max_wait_ms=s.serve_bulk_max_wait_ms,
@@ -105,14 +107,14 @@ class LoadedModel:
         )
 
     async def run(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
-        """One forward pass (with OOM recovery) on one of this model's inference lanes."""
+        """One forward pass (with OOM recovery) on one of this model's forward threads."""
         loop = asyncio.get_running_loop()
         outputs = await loop.run_in_executor(self.executor, self.forward, ctx, units)
         self.count(ctx, units)
         return outputs
 
-    async def on_lane(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on one of this model's inference lanes, in the caller's context (its trace
+    async def on_forward_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on one of this model's forward threads, in the caller's context (its trace
         span and log fields), for work that runs its forwards itself (:meth:`forward`)."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
@@ -125,15 +127,15 @@ class LoadedModel:
         self._metrics.observe_batch(self.model_id, len(units), real, padded)
 
     def forward(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
-        """One forward pass, with OOM recovery, on the calling inference lane."""
+        """One forward pass, with OOM recovery, on the calling forward thread."""
         with self.gate.shared():
             if not self.adapter.forwards_share_state():
                 return self._timed_forward(ctx, units)
-        with self.gate.exclusive():  # a LoRA is loaded: activating one changes every lane's model
+        with self.gate.exclusive():  # a LoRA is loaded: activating one changes every forward thread's model
             return self._timed_forward(ctx, units)
 
     def _timed_forward(self, ctx: RequestContext, units: list[Prepared]) -> list[Any]:
-        """The forward pass, its time added to ``sie_worker_forward_seconds_total`` (from the lane:
+        """The forward pass, its time added to ``sie_worker_forward_seconds_total`` (from the forward thread:
         the counter takes its own lock)."""
         started = time.monotonic()
         try:
@@ -142,7 +144,7 @@ class LoadedModel:
             self._forward_seconds.inc(time.monotonic() - started)
 
     async def alone(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` on an inference lane while no forward runs (LoRA loads and unloads, unload)."""
+        """Run ``fn`` on an forward thread while no forward runs (LoRA loads and unloads, unload)."""
 
         def call() -> T:
             with self.gate.exclusive():
@@ -151,8 +153,8 @@ class LoadedModel:
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
 
     async def close(self, reason: SIEError) -> None:
-        """Unload: queued requests fail with ``reason``, the adapter lets its weights go (on a lane,
-        while no forward runs), the lanes stop."""
+        """Unload: queued requests fail with ``reason``, the adapter lets its weights go (on a forward
+        thread, while no forward runs), the forward threads stop."""
         self.closed = True
         self.loras.close()
         await self.former.close(reason)

@@ -3,7 +3,7 @@
 A request naming a LoRA that is not loaded starts its load and is answered ``503 LORA_LOADING``
 with ``Retry-After`` (``SIE_LORA_LOADING_RETRY_AFTER_S``); concurrent requests for it share that
 one load. A load resolves the source (a local directory, or a hub id through the weight cache
-tiers) on a loader thread, then injects the adapter on one of the model's inference lanes while
+tiers) on a loader thread, then injects the adapter on one of the model's forward threads while
 no forward runs, so it never races a forward pass. A failed load answers ``500 INFERENCE_ERROR``
 until ``SIE_LOAD_FAILURE_COOLDOWN_S`` has passed, then the next request tries again.
 

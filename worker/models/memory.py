@@ -174,7 +174,7 @@ class RunOnLoop(Protocol):
 
 class SiblingEviction:
     """OOM recovery's way to memory (:class:`worker.models.recovery.Siblings`): from an inference
-    lane, have the manager evict the least recently used model other than the one that ran out."""
+    forward thread, have the manager evict the least recently used model other than the one that ran out."""
 
     def __init__(self, memory: MemoryManager, loop: RunOnLoop) -> None:
         self.memory = memory

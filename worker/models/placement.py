@@ -6,14 +6,14 @@ import gc
 import sys
 from dataclasses import dataclass
 
-from worker.batching.lanes import lane_plan
+from worker.batching.forward_threads import thread_plan
 from worker.settings import WorkerSettings
 
 
 @dataclass(frozen=True)
 class Placement:
     device: str  # cpu | cuda | cuda:N
-    forward_lanes: int = 1  # forwards of one model that run at once (worker/batching/lanes.py)
+    forward_threads: int = 1  # forwards of one model that run at once (worker/batching/forward_threads.py)
 
     @property
     def on_cuda(self) -> bool:
@@ -49,14 +49,14 @@ def tune_process_for_cuda() -> None:
 
 def place_process(settings: WorkerSettings) -> Placement:
     """Pick the device and set the process up for it: torch's intra-op threads shared among a model's
-    lanes, CUDA's attention backend, Python's thread switch interval."""
+    forward threads, CUDA's attention backend, Python's thread switch interval."""
     import torch
 
     device = pick_device(settings.device)
     on_cuda = device.startswith("cuda")
     threads = settings.torch_threads or torch.get_num_threads()
-    lanes, lane_threads = lane_plan(on_cuda, settings.forward_lanes, threads)
-    torch.set_num_threads(lane_threads)
+    forward_threads, intra_op = thread_plan(on_cuda, settings.forward_threads, threads)
+    torch.set_num_threads(intra_op)
     if on_cuda:
         tune_process_for_cuda()
     switch_ms = settings.gil_switch_interval_ms or (0.5 if on_cuda else 0.0)
@@ -64,4 +64,4 @@ def place_process(settings: WorkerSettings) -> Placement:
         # the inference thread launches kernels one Python call at a time; each time it gives
         # up the GIL, a busy tokenising thread keeps it for up to this interval
         sys.setswitchinterval(switch_ms / 1000.0)
-    return Placement(device, lanes)
+    return Placement(device, forward_threads)

@@ -51,8 +51,8 @@ class EnsureResult:
     error: SIEError | None = None
     max_batch_tokens: int = 0
     max_batch_requests: int = 0
-    forwards_in_flight: int = 0  # batches handed to the model's inference lanes at once
-    forward_lanes: int = 0  # forwards of the model that run at once (worker/batching/lanes.py)
+    forwards_in_flight: int = 0  # batches handed to the model's forward threads at once
+    forward_threads: int = 0  # forwards of the model that run at once (worker/batching/forward_threads.py)
 
 
 class ModelRegistry:
@@ -207,7 +207,9 @@ class ModelRegistry:
             if exc.code == ErrorCode.MODEL_LOAD_FAILED:
                 return EnsureResult("failed", exc)
             return EnsureResult("loading_in_progress" if before == "loading" else "loading_started", exc)
-        return EnsureResult("ready", None, lm.max_cost, lm.max_requests, lm.forwards_in_flight, lm.lanes)
+        return EnsureResult(
+            "ready", None, lm.max_cost, lm.max_requests, lm.forwards_in_flight, lm.forward_threads
+        )
 
     async def drop_stale(self, model_id: str) -> None:
         """Unload (or forget) the model's entries whose load-time state differs from the catalog's."""

@@ -1,5 +1,5 @@
 """Running inputs on a loaded model: LoRA check, tokenisation, the batcher or a direct run on an
-inference lane, postprocessing. The executor knows nothing of which models are loaded: it is handed
+forward thread, postprocessing. The executor knows nothing of which models are loaded: it is handed
 one, and a thread pool for the CPU work around its forwards."""
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class Executor:
         """Tokenise ``inputs`` and run them (the model's batcher in ``priority``'s class, or at once
         when ``direct``); then ``post(units, outputs)``, when given, whose result is the outputs.
 
-        Direct, where no batch waits behind a running forward (on CPU, one batch per lane), the
-        whole batch is one call on an inference lane: tokenising, its forwards and ``post``. Hops to
+        Direct, where no batch waits behind a running forward (on CPU, one batch per forward thread), the
+        whole batch is one call on an forward thread: tokenising, its forwards and ``post``. Hops to
         the CPU pool around the forward would overlap nothing there, and each costs the worker CPU
         (two threads handing the GIL over): 0.61-0.64 against 0.43-0.44 ms per batch of ten
         zero-cost items, measured in-process. Otherwise tokenising and ``post`` run on the CPU pool,
@@ -78,11 +78,11 @@ class Executor:
         tokenises, so a batch about to run waits for it briefly instead of running without it.
         """
         await self._ensure_lora(lm, ctx.lora)
-        if direct and lm.forwards_in_flight <= lm.lanes:
+        if direct and lm.forwards_in_flight <= lm.forward_threads:
             self._check_operation(lm, ctx)
             with lm.loras.use(ctx.lora):
-                units, outputs, forwards = await lm.on_lane(
-                    self._run_on_lane, lm, ctx, inputs, timing, time.monotonic(), post
+                units, outputs, forwards = await lm.on_forward_thread(
+                    self._run_on_thread, lm, ctx, inputs, timing, time.monotonic(), post
                 )
             for batch in forwards:
                 lm.count(ctx, batch)
@@ -111,7 +111,7 @@ class Executor:
         if ctx.op not in lm.adapter.operations:
             raise invalid_input(f"Model '{lm.model_id}' does not support {ctx.op}")
 
-    def _run_on_lane(
+    def _run_on_thread(
         self,
         lm: LoadedModel,
         ctx: RequestContext,
@@ -120,10 +120,10 @@ class Executor:
         submitted: float,
         post: Post | None,
     ) -> tuple[list[Prepared], list[Any], list[list[Prepared]]]:
-        """A direct batch on its inference lane: tokenise, forward, ``post``; returns the units,
+        """A direct batch on its forward thread: tokenise, forward, ``post``; returns the units,
         the outputs and each forward's units (for :meth:`LoadedModel.count`, on the loop)."""
         t = time.monotonic()
-        timing.queue_ms = (t - submitted) * 1000  # waiting for the lane
+        timing.queue_ms = (t - submitted) * 1000  # waiting for the forward thread
         with tracing.span("worker.tokenize", attributes={"items": len(inputs)}):
             units = lm.adapter.prepare(ctx, inputs)
         timing.tokenization_ms = (time.monotonic() - t) * 1000
@@ -138,7 +138,7 @@ class Executor:
     def _forward_chunks(
         self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], timing: Timing, submitted: float
     ) -> tuple[list[Any], list[list[Prepared]]]:
-        """On an inference lane: ``units`` in forwards of at most the model's batch cost; the outputs
+        """On an forward thread: ``units`` in forwards of at most the model's batch cost; the outputs
         in order, and each forward's units."""
         outputs: list[Any] = [None] * len(units)
         forwards: list[list[Prepared]] = []
@@ -183,8 +183,10 @@ class Executor:
                 lm.former.unexpect()
             raise
         submitted = time.monotonic()
-        if direct:  # tokenised on the CPU pool already: the forwards, in one call on a lane
-            outputs, forwards = await lm.on_lane(self._forward_chunks, lm, ctx, units, timing, submitted)
+        if direct:  # tokenised on the CPU pool already: the forwards, in one call on a forward thread
+            outputs, forwards = await lm.on_forward_thread(
+                self._forward_chunks, lm, ctx, units, timing, submitted
+            )
             for batch in forwards:
                 lm.count(ctx, batch)
             return outputs

@@ -92,13 +92,13 @@ async def test_lora_output_equals_peft(make_runtime, loras, reference):
     np.testing.assert_allclose(got, reference["one"], atol=1e-5)
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
-async def test_concurrent_requests_batch_homogeneously_in_lora(make_runtime, loras, reference, lanes):
-    """With two forward lanes too: a forward activating a LoRA runs alone, so no request gets
+@pytest.mark.parametrize("threads", [1, 2])
+async def test_concurrent_requests_batch_homogeneously_in_lora(make_runtime, loras, reference, threads):
+    """With two forward threads too: a forward activating a LoRA runs alone, so no request gets
     another's LoRA (or the base model's) vectors."""
-    rt = await make_runtime(forward_lanes=lanes, torch_threads=2)
+    rt = await make_runtime(forward_threads=threads, torch_threads=2)
     await encode_ready(rt, D, ITEMS)
-    assert [lm.lanes for lm in rt.loaded()] == [lanes]
+    assert [lm.forward_threads for lm in rt.loaded()] == [threads]
     for name in ("one", "two"):
         await encode_ready(rt, D, ITEMS, lora(loras[name]))
     # through the batcher, all at once: each request gets its own LoRA's vectors

@@ -375,14 +375,20 @@ async def test_an_unknown_priority_is_refused():
     await bf.close()
 
 
-async def test_idle_lanes_share_a_lone_request():
-    """Two lanes idle and one request of 8: two forwards of 4, one per lane; with one lane (CUDA:
+async def test_idle_forward_threads_share_a_lone_request():
+    """Two forward threads idle and one request of 8: two forwards of 4, one per thread; with one (CUDA:
     the second slot only queues) the request stays one forward."""
-    for lanes, expected in ((2, [[4, 4, 4, 4], [4, 4, 4, 4]]), (1, [[4] * 8])):
+    for threads, expected in ((2, [[4, 4, 4, 4], [4, 4, 4, 4]]), (1, [[4] * 8])):
         rec = Recorder()
         bf = make(
-            rec, max_cost=10_000, max_requests=64, max_wait_ms=50, coalesce_ms=20, in_flight=2, lanes=lanes
+            rec,
+            max_cost=10_000,
+            max_requests=64,
+            max_wait_ms=50,
+            coalesce_ms=20,
+            in_flight=2,
+            forward_threads=threads,
         )
         await asyncio.gather(*bf.submit(RequestContext(op="encode"), units(*[4] * 8)))
-        assert rec.batches == expected, lanes
+        assert rec.batches == expected, threads
         await bf.close()

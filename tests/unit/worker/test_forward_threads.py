@@ -1,18 +1,19 @@
-"""Inference lanes: how threads are shared, and the gate that keeps state changes apart from forwards."""
+"""Forward threads: how intra-op threads are shared, and the gate that keeps state changes apart from
+forwards."""
 
 from __future__ import annotations
 
 import threading
 
-from worker.batching.lanes import ForwardGate, lane_plan
+from worker.batching.forward_threads import ForwardGate, thread_plan
 
 
-def test_lane_plan_shares_the_threads_on_cpu_and_keeps_one_lane_on_cuda():
-    assert lane_plan(on_cuda=False, lanes=1, torch_threads=2) == (1, 2)
-    assert lane_plan(on_cuda=False, lanes=2, torch_threads=2) == (2, 1)
-    assert lane_plan(on_cuda=False, lanes=2, torch_threads=8) == (2, 4)
-    assert lane_plan(on_cuda=False, lanes=4, torch_threads=2) == (4, 1)  # never below one thread
-    assert lane_plan(on_cuda=True, lanes=4, torch_threads=8) == (1, 8)
+def test_thread_plan_shares_the_threads_on_cpu_and_keeps_one_on_cuda():
+    assert thread_plan(on_cuda=False, forward_threads=1, torch_threads=2) == (1, 2)
+    assert thread_plan(on_cuda=False, forward_threads=2, torch_threads=2) == (2, 1)
+    assert thread_plan(on_cuda=False, forward_threads=2, torch_threads=8) == (2, 4)
+    assert thread_plan(on_cuda=False, forward_threads=4, torch_threads=2) == (4, 1)  # never below one thread
+    assert thread_plan(on_cuda=True, forward_threads=4, torch_threads=8) == (1, 8)
 
 
 def test_forwards_hold_the_gate_together():
@@ -68,3 +69,14 @@ def test_a_state_change_waits_for_running_forwards_and_keeps_new_ones_out():
     for t in (first, changer, later):
         t.join(10)
     assert order == ["first in", "first out", "change", "later in", "later out"]
+
+
+def test_the_setting_keeps_its_former_name_as_an_alias(monkeypatch):
+    from worker.settings import WorkerSettings
+
+    monkeypatch.delenv("SIE_FORWARD_THREADS", raising=False)
+    monkeypatch.setenv("SIE_FORWARD_LANES", "2")
+    assert WorkerSettings().forward_threads == 2
+    monkeypatch.setenv("SIE_FORWARD_THREADS", "3")  # the new name wins
+    assert WorkerSettings().forward_threads == 3
+    assert WorkerSettings(forward_threads=4).forward_threads == 4
