@@ -151,7 +151,7 @@ class Adapter:
 
     # ---- LoRA (adapters that support it override) ------------------------------------------
     # The runtime (worker/models/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
-    # an forward thread while no forward runs, so they never race a forward pass. Batches are
+    # a forward thread while no forward runs, so they never race a forward pass. Batches are
     # homogeneous in LoRA: ``forward`` activates ``ctx.lora`` (or none: the base model) before it
     # computes.
     supports_lora: ClassVar[bool] = False

@@ -4,23 +4,42 @@ ReplaceModelConfigs (an export), answered with the bundle_config_hash the worker
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from protocol.model_config import ModelConfig, parse_model_yaml
-
-if TYPE_CHECKING:
-    from worker.ipc.server import WorkerRuntime
 
 log = logging.getLogger("sie.worker.ipc")
 
 
+class ConfigRuntime(Protocol):
+    """What the config calls need of the runtime (:class:`worker.runtime.Runtime` is one)."""
+
+    @property
+    def unsupported_models(self) -> set[str]: ...
+
+    def bundle_config_hash(self, *, pool: str | None = "", adapters: list[str] | None = None) -> str: ...
+
+    async def apply_model_config(
+        self, config: ModelConfig, *, bundle_adapters: list[str] | None = None
+    ) -> None: ...
+
+    async def replace_model_configs(
+        self, configs: list[ModelConfig], *, bundle_adapters: list[str] | None = None
+    ) -> None: ...
+
+    async def remove_model_config(
+        self, model_id: str, *, bundle_adapters: list[str] | None = None
+    ) -> None: ...
+
+
 class ConfigCalls:
-    """Mixed into :class:`worker.ipc.server.IpcHandler`."""
+    """The IPC handler's config calls, and the count of those applied (``config_version``)."""
 
-    runtime: WorkerRuntime
-    config_version: int
+    def __init__(self, runtime: ConfigRuntime) -> None:
+        self.runtime = runtime
+        self.config_version = 0
 
-    def _bundle_hash(self, body: dict[str, Any] | None = None) -> str:
+    def bundle_hash(self, body: dict[str, Any] | None = None) -> str:
         """The runtime's hash; a config call's body may scope it (``pool_scoped``, ``bundle_adapters``)."""
         pool: str | None = ""  # this worker's own pool
         adapters: list[str] | None = None
@@ -68,7 +87,7 @@ class ConfigCalls:
         self.config_version += 1
         return {
             "applied": rejected is None,
-            "bundle_config_hash": self._bundle_hash(body),
+            "bundle_config_hash": self.bundle_hash(body),
             "config_version": self.config_version,
             "unsupported_models": self._unsupported([rejected] if rejected else []),
         }
@@ -89,7 +108,7 @@ class ConfigCalls:
         self.config_version += 1
         return {
             "applied": not rejected,
-            "bundle_config_hash": self._bundle_hash(body),
+            "bundle_config_hash": self.bundle_hash(body),
             "config_version": self.config_version,
             "applied_models": [c.sie_id for c in configs],
             "applied_profiles": sum(len(c.profiles) for c in configs),

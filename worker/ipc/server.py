@@ -25,9 +25,8 @@ from typing import Any, Protocol
 from protocol import eventloop, ipc, tracing
 from protocol.errors import ErrorCode, SIEError
 from protocol.logs import setup_logging
-from protocol.model_config import ModelConfig
 from protocol.work import WorkItem, WorkResult
-from worker.ipc.config_calls import ConfigCalls
+from worker.ipc.config_calls import ConfigCalls, ConfigRuntime
 from worker.metrics import WorkerMetrics
 from worker.models.registry import EnsureResult
 from worker.settings import WorkerSettings
@@ -38,14 +37,12 @@ DEFAULT_SOCKET_PATH = "/tmp/sie-ipc.sock"
 DRAIN_MAX_S = 25.0
 
 
-class WorkerRuntime(Protocol):
-    """What the IPC front door needs of the runtime (:class:`worker.runtime.Runtime` is one)."""
+class WorkerRuntime(ConfigRuntime, Protocol):
+    """What the IPC front door needs of the runtime (:class:`worker.runtime.Runtime` is one): the
+    config calls' part, and what Ping, EnsureModelReady, RunBatch and Metrics read."""
 
     @property
     def ready(self) -> bool: ...
-
-    @property
-    def unsupported_models(self) -> set[str]: ...
 
     @property
     def metrics(self) -> WorkerMetrics: ...
@@ -60,33 +57,19 @@ class WorkerRuntime(Protocol):
 
     async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]: ...
 
-    def bundle_config_hash(self, *, pool: str | None = "", adapters: list[str] | None = None) -> str: ...
 
-    async def apply_model_config(
-        self, config: ModelConfig, *, bundle_adapters: list[str] | None = None
-    ) -> None: ...
-
-    async def replace_model_configs(
-        self, configs: list[ModelConfig], *, bundle_adapters: list[str] | None = None
-    ) -> None: ...
-
-    async def remove_model_config(
-        self, model_id: str, *, bundle_adapters: list[str] | None = None
-    ) -> None: ...
-
-
-class IpcHandler(ConfigCalls):
+class IpcHandler:
     """Method dispatch over a :class:`WorkerRuntime` (config calls: :mod:`worker.ipc.config_calls`)."""
 
     def __init__(self, runtime: WorkerRuntime, *, worker_id: str | None = None) -> None:
         self.runtime = runtime
+        self.config = ConfigCalls(runtime)
         self.worker_id = worker_id or socket.gethostname()
         self.draining = False
         self._inflight: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.last_ping_monotonic: float | None = None
-        self.config_version = 0
 
     # ---- dispatch --------------------------------------------------------------------------
     async def handle(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -100,9 +83,9 @@ class IpcHandler(ConfigCalls):
         if method == ipc.DRAIN:
             return await self.drain(body)
         if method == ipc.APPLY_MODEL_CONFIG:
-            return await self.apply_model_config(body)
+            return await self.config.apply_model_config(body)
         if method == ipc.REPLACE_MODEL_CONFIGS:
-            return await self.replace_model_configs(body)
+            return await self.config.replace_model_configs(body)
         if method == ipc.METRICS:
             return {"text": self.runtime.metrics.render()}
         raise IpcMethodError(f"unknown method {method!r}")
@@ -130,7 +113,7 @@ class IpcHandler(ConfigCalls):
             timestamp_ms=int(body.get("timestamp_ms") or time.time() * 1000),
             worker_id=self.worker_id,
             ready=not self.draining and self.runtime.ready,
-            bundle_config_hash=self._bundle_hash(),
+            bundle_config_hash=self.config.bundle_hash(),
             loaded_models=list(self.runtime.loaded_models()),
             loading_models=list(self.runtime.loading_models()),
             model_states={spec: state for spec, (state, _) in states.items()},

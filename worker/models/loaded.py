@@ -144,7 +144,7 @@ class LoadedModel:
             self._forward_seconds.inc(time.monotonic() - started)
 
     async def alone(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` on an forward thread while no forward runs (LoRA loads and unloads, unload)."""
+        """Run ``fn`` on a forward thread while no forward runs (LoRA loads and unloads, unload)."""
 
         def call() -> T:
             with self.gate.exclusive():

@@ -1,4 +1,4 @@
-"""From a worker thread (a model load, a forward on an forward thread), run a coroutine on the event loop."""
+"""From a worker thread (a model load, a forward on a forward thread), run a coroutine on the event loop."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Out-of-memory recovery on an forward thread: clear caches, evict a sibling, split the batch."""
+"""Out-of-memory recovery on a forward thread: clear caches, evict a sibling, split the batch."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Siblings(Protocol):
     """Memory to be had from other models (:class:`worker.models.memory.SiblingEviction`)."""
 
     def evict_for(self, keep: LoadedModel) -> bool:
-        """From an forward thread: unload another model so ``keep`` fits; whether one went."""
+        """From a forward thread: unload another model so ``keep`` fits; whether one went."""
         ...
 
 

@@ -1,4 +1,4 @@
-"""Running inputs on a loaded model: LoRA check, tokenisation, the batcher or a direct run on an
+"""Running inputs on a loaded model: LoRA check, tokenisation, the batcher or a direct run on a
 forward thread, postprocessing. The executor knows nothing of which models are loaded: it is handed
 one, and a thread pool for the CPU work around its forwards."""
 
@@ -67,7 +67,7 @@ class Executor:
         when ``direct``); then ``post(units, outputs)``, when given, whose result is the outputs.
 
         Direct, where no batch waits behind a running forward (on CPU, one batch per forward thread), the
-        whole batch is one call on an forward thread: tokenising, its forwards and ``post``. Hops to
+        whole batch is one call on a forward thread: tokenising, its forwards and ``post``. Hops to
         the CPU pool around the forward would overlap nothing there, and each costs the worker CPU
         (two threads handing the GIL over): 0.61-0.64 against 0.43-0.44 ms per batch of ten
         zero-cost items, measured in-process. Otherwise tokenising and ``post`` run on the CPU pool,
@@ -138,7 +138,7 @@ class Executor:
     def _forward_chunks(
         self, lm: LoadedModel, ctx: RequestContext, units: list[Prepared], timing: Timing, submitted: float
     ) -> tuple[list[Any], list[list[Prepared]]]:
-        """On an forward thread: ``units`` in forwards of at most the model's batch cost; the outputs
+        """On a forward thread: ``units`` in forwards of at most the model's batch cost; the outputs
         in order, and each forward's units."""
         outputs: list[Any] = [None] * len(units)
         forwards: list[list[Prepared]] = []
