@@ -16,7 +16,7 @@ The runtime wires parts that each do one job and see each other only through nar
   (tokenise, batch or run at once, postprocess), the :class:`~worker.runtime.chunking.Chunker`
   (``overflow_policy: chunk``; sees the executor as ``Inference``), the
   :class:`~worker.runtime.operations.Operations` (sees the registry as ``ModelSource``), the
-  :class:`~worker.runtime.work_items.WorkItemRunner` (the sidecar path; sees ``Operations``);
+  :class:`~worker.runtime.work_items.WorkItemRunner` (the sidecar path; sees them as ``SupportsOperations``);
 - the :class:`~worker.runtime.control_config.ControlConfig` (config deltas; sees the registry as
   ``StaleModels``).
 """

@@ -25,7 +25,7 @@ from worker.runtime.results import Result, Timing
 log = logging.getLogger("worker.runtime")
 
 
-class Operations(Protocol):
+class SupportsOperations(Protocol):
     """What runs the work items (:class:`worker.runtime.operations.Operations`)."""
 
     async def encode(
@@ -52,7 +52,7 @@ class Operations(Protocol):
 
 
 class WorkItemRunner:
-    def __init__(self, operations: Operations) -> None:
+    def __init__(self, operations: SupportsOperations) -> None:
         self.operations = operations
 
     async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]:
