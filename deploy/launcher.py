@@ -272,7 +272,7 @@ class Cluster:
         for pod in self.pods:  # the workers load their models side by side
             self._spawn(
                 pod.worker,
-                [py, "-m", "worker.ipc_server"],
+                [py, "-m", "worker.ipc"],
                 {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp},
             )
         # the first worker's log is this run's alone (fresh_log): echo its progress from the start
@@ -314,16 +314,18 @@ class Cluster:
     def worker_omp_env(self) -> dict[str, str]:
         """OpenMP settings of the worker processes (worker.POD_OMP_SPINCOUNT, worker.POD_OMP_PROC_BIND;
         an operator's own values win): the spin count always, the binding only for one worker pod with
-        one forward lane and more than one intra-op thread, on a host without a GPU (lanes are threads
-        of the worker, and so is a lone intra-op thread: bound, they would share its first core)."""
+        one forward thread and more than one intra-op thread, on a host without a GPU (forward threads
+        are threads of the worker, and so is a lone intra-op thread: bound, they would share its first
+        core)."""
         env = self.env()
         out = {"GOMP_SPINCOUNT": env.get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT)}
-        one_lane = env.get("SIE_FORWARD_LANES", "").strip() in ("", "1")
+        forward_threads = env.get("SIE_FORWARD_THREADS", env.get("SIE_FORWARD_LANES", ""))
+        one_thread = forward_threads.strip() in ("", "1")
         threads = env.get("SIE_TORCH_THREADS", "").strip()
         parallel = (int(threads) if threads.isdigit() and int(threads) > 0 else os.cpu_count() or 1) > 1
         if "OMP_PROC_BIND" in env:
             out["OMP_PROC_BIND"] = env["OMP_PROC_BIND"]
-        elif self.workers == 1 and one_lane and parallel and worker_runs_on_cpu(env):
+        elif self.workers == 1 and one_thread and parallel and worker_runs_on_cpu(env):
             out["OMP_PROC_BIND"] = POD_OMP_PROC_BIND
         return out
 

@@ -18,7 +18,7 @@ OURS = "worker.adapters."
 # What an option's value must be: a JSON type name.
 _Kind = str  # "bool" | "int" | "number" | "string" | "map" | "any"
 
-_PACKED: dict[str, _Kind] = {"packed": "bool"}  # every transformers-body adapter (worker.packed)
+_PACKED: dict[str, _Kind] = {"packed": "bool"}  # every transformers-body adapter (worker.modeling.packed)
 _MULTIVECTOR: dict[str, _Kind] = {"muvera_config": "map"}  # adapters with multivector output
 
 LOADTIME: dict[str, dict[str, _Kind]] = {

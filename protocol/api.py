@@ -1,6 +1,8 @@
-"""Typed request models of the native inference routes (``POST /v1/encode|score|extract``).
+"""Typed request models of the native inference routes (``POST /v1/encode|score|extract|tokenize``).
 
-Responses are built as dicts by ``gateway/responses.py`` and ``worker/serve/app.py``."""
+What a front door parses is what the worker runs: ``sie serve`` hands the parsed items and params to
+its runtime, and the worker turns each work item of the cluster path into the same types. Responses
+are built as dicts by ``gateway/responses.py`` and ``worker/serve/app.py``."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from protocol.errors import invalid_input
+from protocol.errors import SIEError, invalid_input
 
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 OVERFLOW_POLICIES = ("default", "truncate_text", "error", "chunk")
@@ -47,6 +49,15 @@ class EncodeRequest(BaseModel):
     params: EncodeParams | None = None
 
 
+class ScoreParams(BaseModel):
+    """A score request's parameters (on the wire they sit at the top level of its body)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    instruction: str | None = None
+    options: dict[str, Any] | None = None
+
+
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -54,6 +65,10 @@ class ScoreRequest(BaseModel):
     items: list[Item]
     instruction: str | None = None
     options: dict[str, Any] | None = None
+
+    @property
+    def params(self) -> ScoreParams:
+        return ScoreParams.model_construct(instruction=self.instruction, options=self.options)
 
 
 class ExtractParams(BaseModel):
@@ -112,6 +127,12 @@ def usage(input_tokens: int | None, truncated_items: int, dropped_tokens: int) -
     return out
 
 
+def _field_error(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> SIEError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in (*prefix, *err["loc"]))
+    return invalid_input(f"Field '{loc}': {err['msg']}", param=loc)
+
+
 def parse_request(model: type[M], data: Any) -> M:
     """Validate a decoded body; any schema problem becomes 400 INVALID_INPUT naming the field."""
     if not isinstance(data, dict):
@@ -119,13 +140,20 @@ def parse_request(model: type[M], data: Any) -> M:
     try:
         parsed = model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise invalid_input(f"Field '{loc}': {err['msg']}", param=loc) from None
+        raise _field_error(exc) from None
     items = getattr(parsed, "items", None)
     if isinstance(items, list) and not items:
         raise invalid_input("Field 'items' must not be empty", param="items")
     return parsed
+
+
+def parse_item(data: Any, *loc: str | int) -> Item:
+    """One item map (a work item's ``item``, ``query_item``, one of its ``score_items``) as an Item;
+    a schema problem is 400 INVALID_INPUT naming the field under ``loc`` (``items.3.text``)."""
+    try:
+        return Item.model_validate(data)
+    except ValidationError as exc:
+        raise _field_error(exc, loc) from None
 
 
 __all__ = [
@@ -135,9 +163,11 @@ __all__ = [
     "ExtractParams",
     "ExtractRequest",
     "Item",
+    "ScoreParams",
     "ScoreRequest",
     "TokenizeParams",
     "TokenizeRequest",
+    "parse_item",
     "parse_request",
     "truncation_totals",
     "usage",

@@ -199,14 +199,14 @@ class PingResponse:
         return _from_map(cls, data or {})
 
 
-def lane_share(pending: int, idle_lanes: int, most: int) -> int:
-    """Items for the next batch of a model while ``idle_lanes`` of its forward lanes are idle: an
+def forward_share(pending: int, idle_threads: int, most: int) -> int:
+    """Items for the next batch of a model while ``idle_threads`` of its forward threads are idle: an
     equal share of the ``pending`` items for each (a lone request of 32 runs as two forwards of 16
-    on two idle lanes, not one of 32 on one), at most ``most``. The one rule of ``sie serve``'s
+    on two idle threads, not one of 32 on one), at most ``most``. The one rule of ``sie serve``'s
     BatchFormer and the sidecar's scheduler."""
-    if idle_lanes <= 1:
+    if idle_threads <= 1:
         return most
-    return min(most, max(1, -(-pending // idle_lanes)))
+    return min(most, max(1, -(-pending // idle_threads)))
 
 
 @dataclass
@@ -214,12 +214,13 @@ class EnsureModelReadyResponse:
     state: str
     max_batch_tokens: int | None = None
     batch_budget: int | None = None  # the model's max_batch_requests
-    # batches the model's inference lanes take at once (2 on CUDA, one per lane on CPU): the
+    # batches the model's forward threads take at once (2 on CUDA, one per thread on CPU): the
     # sidecar keeps no more interactive batches than this on the worker, so waiting items join the
     # next batch instead of queueing there as many small ones
     forwards_in_flight: int | None = None
-    # forwards of the model that run at once (CPU lanes; 1 on CUDA): while one of them is idle the
-    # sidecar sends what is pending at once, spread over the idle lanes
+    # forwards of the model that run at once (its forward threads: SIE_FORWARD_THREADS on CPU, 1 on
+    # CUDA): while one of them is idle the sidecar sends what is pending at once, spread over the idle
+    # ones. The field keeps its first name on the wire.
     forward_lanes: int | None = None
     error: str | None = None
     error_code: str | None = None
@@ -260,27 +261,21 @@ class RunBatchRequest:
     def from_map(cls, data: dict[str, Any]) -> RunBatchRequest:
         return _from_map(cls, data)
 
-    def work_items(self) -> tuple[list[WorkItem], list[dict[str, Any]]]:
+    def work_items(self) -> tuple[list[WorkItem], list[ItemOutcome]]:
         """Decode the items: those that are work items, and a DEAD_LETTER outcome for each that is
         not (ValueError when the batch itself is malformed)."""
         if not isinstance(self.items, list):
             raise ValueError("items must be a list")
         ids = self.item_ids if isinstance(self.item_ids, list) else []
         good: list[WorkItem] = []
-        dead: list[dict[str, Any]] = []
+        dead: list[ItemOutcome] = []
         for i, raw in enumerate(self.items):
             try:
                 good.append(decode_work_item(raw))
             except ValueError as exc:
                 if i >= len(ids) or not isinstance(ids[i], str):
                     raise ValueError(f"batch item {i} is not a work item ({exc}) and has no id") from None
-                dead.append(
-                    {
-                        "work_item_id": ids[i],
-                        "disposition": DEAD_LETTER,
-                        "error": f"undecodable work item: {exc}",
-                    }
-                )
+                dead.append(ItemOutcome(ids[i], DEAD_LETTER, error=f"undecodable work item: {exc}"))
         return good, dead
 
 
@@ -314,24 +309,42 @@ def disposition_for(success: bool, error_code: str | None) -> str:
     return PUBLISH_ERROR_AND_ACK
 
 
-def outcome_from_result(result: WorkResult) -> dict[str, Any]:
+@dataclass
+class ItemOutcome:
+    """How one item of a RunBatch came out. On the wire a map of the fields that are set, in this
+    order (so equal outcomes encode to equal bytes)."""
+
+    work_item_id: str
+    disposition: str  # PUBLISH_AND_ACK | PUBLISH_ERROR_AND_ACK | NAK_RETRY | DEAD_LETTER
+    error_code: str | None = None
+    input_tokens: int | None = None  # the sidecar learns its cost estimate from it
+    nak_delay_ms: int | None = None  # NAK_RETRY: when the redelivery is due
+    result: bytes | None = None  # the encoded WorkResult, published as is (not for NAK_RETRY)
+    error: str | None = None  # DEAD_LETTER: why the item is not a work item
+
+    def to_map(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_map(cls, data: dict[str, Any]) -> ItemOutcome:
+        return _from_map(cls, data)
+
+
+def outcome_from_result(result: WorkResult) -> ItemOutcome:
     """The ItemOutcome of ``result``: the encoded result, and how the sidecar settles its delivery."""
     disposition = disposition_for(result.success, result.error_code)
-    out: dict[str, Any] = {"work_item_id": result.work_item_id, "disposition": disposition}
-    if result.error_code is not None:
-        out["error_code"] = result.error_code
-    if result.input_tokens is not None:
-        out["input_tokens"] = result.input_tokens  # the sidecar learns its cost estimate from it
+    out = ItemOutcome(result.work_item_id, disposition, result.error_code, result.input_tokens)
     if disposition == NAK_RETRY:
         if result.retry_after_s is not None:
-            out["nak_delay_ms"] = int(result.retry_after_s * 1000)
+            out.nak_delay_ms = int(result.retry_after_s * 1000)
     else:
-        out["result"] = result.to_msgpack()
+        out.result = result.to_msgpack()
     return out
 
 
-def run_batch_response(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"outcomes": outcomes}
+def run_batch_response(outcomes: list[ItemOutcome]) -> dict[str, Any]:
+    """RunBatch's answer body: ``{"outcomes": [outcome map, ...]}``."""
+    return {"outcomes": [o.to_map() for o in outcomes]}
 
 
 __all__ = [
@@ -350,6 +363,7 @@ __all__ = [
     "FrameError",
     "FrameTooLarge",
     "IPC_VERSION",
+    "ItemOutcome",
     "MAX_FRAME_BYTES",
     "METHODS",
     "NAK_RETRY",

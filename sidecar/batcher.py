@@ -19,7 +19,7 @@ cost cap on its own leaves alone. The remainder stays queued and its wait timer 
 oldest item.
 
 Time is an argument (``now``), never read here: the scheduler passes its clock's reading
-(:mod:`sidecar.clock`), so tests step through the rules with the times they choose.
+(:mod:`protocol.clock`), so tests step through the rules with the times they choose.
 """
 
 from __future__ import annotations

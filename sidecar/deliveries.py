@@ -20,7 +20,7 @@ class Delivery:
     route: RoutingHeader  # the message's routing header: the sidecar never decodes the body
     spec: str
     cost: int  # predicted tokens (scheduler's cost_of the character estimate)
-    arrived: float  # the lane's clock (sidecar.clock), for batching
+    arrived: float  # the lane's clock (protocol.clock), for batching
     received_wall: float  # unix seconds, for queue_ms
     last_progress: float  # the lane's clock: when its lease was last renewed (progress-ACK)
     settled: bool = False

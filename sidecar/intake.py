@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from protocol import tracing
+from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.subjects import (
     BULK,
@@ -33,7 +34,6 @@ from protocol.subjects import (
     subject_priority,
 )
 from protocol.work import OPERATIONS, RoutingHeader, WorkResult
-from sidecar.clock import Clock
 from sidecar.deliveries import Delivery, Held
 from sidecar.metrics import SidecarMetrics
 from sidecar.puller import Puller

@@ -42,7 +42,7 @@ part                            job
 ==============================  ===============================================================
 
 They share three plain objects: the :class:`~sidecar.deliveries.Held` set, the counters
-(``stats``) and the ``stopping`` event; time comes from one :class:`~sidecar.clock.Clock`.
+(``stats``) and the ``stopping`` event; time comes from one :class:`~protocol.clock.Clock`.
 :class:`LaneConsumer` builds them, wires the parts and owns start and stop. A lane is one JetStream
 route: pool, machine profile and bundle (:func:`protocol.subjects.lane_prefix`), with an
 interactive and a bulk durable.
@@ -57,9 +57,9 @@ from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
 
+from protocol.clock import Clock, MonotonicClock
 from protocol.subjects import BULK, INTERACTIVE
 from sidecar.barrier import ExecutionBarrier
-from sidecar.clock import Clock, MonotonicClock
 from sidecar.deliveries import Delivery, Held, ModelScheduler
 from sidecar.intake import Intake
 from sidecar.ipc_client import IpcClient

@@ -12,9 +12,9 @@ import logging
 import time
 from typing import Protocol
 
+from protocol.clock import Clock
 from protocol.subjects import health_subject
 from protocol.work import Heartbeat
-from sidecar.clock import Clock
 from sidecar.deliveries import Delivery, Held
 from sidecar.readiness import WorkerHealth
 from sidecar.settings import SidecarSettings

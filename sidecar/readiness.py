@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from protocol import ipc
+from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.work import WorkResult
-from sidecar.clock import Clock
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
 from sidecar.settings import SidecarSettings
@@ -27,7 +27,7 @@ class WorkerHealth:
     """What the last Pings said about the worker."""
 
     def __init__(self) -> None:
-        self.last_ok: float | None = None  # the lane's clock (sidecar.clock)
+        self.last_ok: float | None = None  # the lane's clock (protocol.clock)
         self.ping: ipc.PingResponse = ipc.PingResponse()
 
     def fresh(self, now: float, stale_after_s: float) -> bool:

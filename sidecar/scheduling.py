@@ -5,7 +5,7 @@ batchers keyed by (operation, group key, priority class), cuts batches by the ru
 :mod:`sidecar.batcher` and runs them. It sees the worker through :class:`BatchRunner`, model
 readiness through :class:`ModelReadiness` (EnsureModelReady before a model's first batch and after a
 worker restart), and settles through :class:`BatchSettler`; time comes from a
-:class:`sidecar.clock.Clock`.
+:class:`protocol.clock.Clock`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from protocol import ipc, tracing
+from protocol.clock import Clock
 from protocol.subjects import BULK
 from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
-from sidecar.clock import Clock
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
 from sidecar.metrics import SidecarMetrics
@@ -229,8 +229,8 @@ class Scheduler:
                     limits = dataclasses.replace(
                         limits, max_requests=min(limits.max_requests, self._bulk_cap(sched))
                     )
-                else:  # with several forwards free, an equal share for each (ipc.lane_share)
-                    share = ipc.lane_share(len(batcher), self._idle_forwards(sched), limits.max_requests)
+                else:  # with several forwards free, an equal share for each (ipc.forward_share)
+                    share = ipc.forward_share(len(batcher), self._idle_forwards(sched), limits.max_requests)
                     limits = dataclasses.replace(limits, max_requests=share)
                 batch = batcher.take(limits)
                 if not batch:

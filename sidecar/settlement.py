@@ -16,6 +16,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from protocol import ipc, tracing
+from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.logs import bind
 from protocol.subjects import (
@@ -26,7 +27,6 @@ from protocol.subjects import (
     work_model_token,
 )
 from protocol.work import WorkResult, pack_results, results_chunks
-from sidecar.clock import Clock
 from sidecar.deliveries import Delivery, Held, ModelScheduler
 from sidecar.worker_link import Outcome
 

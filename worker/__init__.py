@@ -21,7 +21,7 @@ CUDA_PROCESSES = 4
 POD_OMP_SPINCOUNT = "10000"
 
 # OMP_PROC_BIND of the worker process that ``sie up`` starts when it runs one worker pod, with one forward
-# lane of several intra-op threads, on a host without a GPU (an operator's own value wins). libgomp then
+# thread of several intra-op threads, on a host without a GPU (an operator's own value wins). libgomp then
 # binds the process's first thread to the first core, and every thread the worker starts afterwards
 # inherits that core: the event loop, IPC, tokenising and postprocessing threads, and the forward's first
 # intra-op thread; the forward's other intra-op threads are bound one to each further core. The worker's
@@ -29,7 +29,7 @@ POD_OMP_SPINCOUNT = "10000"
 # intra-op threads on one core. Measured on 2 cores (MiniLM, 1 x 16, two clusters side by side with sie
 # serve): 0.936x sie serve against 0.860x, and 0.905x against 0.856x; a variant that bound only the
 # intra-op threads and left the helpers free did worse (0.785x). Not for several workers on one host,
-# several lanes in one worker or a single intra-op thread (all would bind to the same first core), nor for
+# several forward threads in one worker or a single intra-op thread (all would bind to the same first core), nor for
 # CUDA (the tokenising threads must spread over the cores), nor for pods that share a node without an
 # exclusive cpuset (the chart and compose leave it unset for that reason).
 POD_OMP_PROC_BIND = "true"

@@ -10,11 +10,14 @@ evictions) is read from the runtime when scraped.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from worker.batching.former import BatchStats
 
 STAGES = ("queue", "tokenization", "inference", "postprocessing")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -24,10 +27,27 @@ _SHARE_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 _LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
+class RuntimeState(Protocol):
+    """What the metrics read from the runtime when scraped (:class:`worker.runtime.Runtime`)."""
+
+    @property
+    def device(self) -> str: ...
+
+    def loaded_models(self) -> list[str]: ...
+
+    def queue_depth(self) -> int: ...
+
+    def batch_stats(self) -> BatchStats: ...
+
+    def memory_usage(self) -> tuple[int, int]: ...
+
+    def evictions(self) -> int: ...
+
+
 class _RuntimeState(Collector):
     """Gauges and counters read from the runtime at scrape time."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: RuntimeState) -> None:
         self.runtime = runtime
 
     def collect(self) -> Iterator[Any]:
@@ -63,12 +83,15 @@ class _RuntimeState(Collector):
         cap.add_metric([rt.device], total)
         yield cap
         evictions = CounterMetricFamily("sie_worker_evictions", "Models evicted under memory pressure")
-        evictions.add_metric([], len(rt.memory.evicted))
+        evictions.add_metric([], rt.evictions())
         yield evictions
 
 
 class WorkerMetrics:
-    def __init__(self, runtime: Any) -> None:
+    """Live events are observed by the parts where they happen; ``watch`` adds the state read at scrape
+    time, once the runtime that holds it exists."""
+
+    def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.stage_seconds = Histogram(
             "sie_worker_stage_seconds",
@@ -82,8 +105,8 @@ class WorkerMetrics:
         )
         self.forward_seconds = Counter(
             "sie_worker_forward_seconds",
-            "Time the model's inference lanes spent in forward passes (OOM recovery included); with "
-            "sie_worker_batch_size, the forward time per item and the share of time a lane computes",
+            "Time the model's forward threads spent in forward passes (OOM recovery included); with "
+            "sie_worker_batch_size, the forward time per item and the share of time a forward thread computes",
             ["model"],
             registry=r,
         )
@@ -117,8 +140,10 @@ class WorkerMetrics:
             ["model", "step"],
             registry=r,
         )
-        r.register(_RuntimeState(runtime))
         ProcessCollector(namespace="sie_worker", registry=r)  # CPU seconds, resident memory
+
+    def watch(self, runtime: RuntimeState) -> None:
+        self.registry.register(_RuntimeState(runtime))
 
     def observe_request(self, model: str, timing: Any) -> None:
         for stage in STAGES:

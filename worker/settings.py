@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.priority import priority_setting
@@ -18,7 +18,7 @@ def _default_cpu_pool() -> int:
 
 
 class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SIE_", extra="ignore", populate_by_name=True)
 
     # front door
     host: str = "0.0.0.0"  # bind address of sie serve
@@ -36,7 +36,7 @@ class WorkerSettings(BaseSettings):
     preload_models: str = ""  # comma-separated model specs loaded at start-up
     machine_profile: str = ""  # when set, requests naming another profile are refused
     pool: str = "default"  # the pool this worker serves; scopes its bundle_config_hash (models of other pools do not count)
-    # queue mode (python -m worker.ipc_server)
+    # queue mode (python -m worker.ipc)
     ipc_socket_path: str = "/tmp/sie-ipc.sock"  # Unix socket of the IPC front door the sidecar connects to
     worker_id: str = Field(
         default_factory=socket.gethostname
@@ -44,9 +44,9 @@ class WorkerSettings(BaseSettings):
     # execution
     device: str = "auto"  # auto | cpu | cuda
     torch_threads: int = 0  # intra-op threads of all inference together; 0 = torch default (the cores)
-    forward_lanes: int = Field(
-        default=1, ge=1
-    )  # CPU: forwards of one model that run at once, each on its own thread with torch_threads/lanes intra-op threads (worker/lanes.py; CUDA: always 1)
+    forward_threads: int = Field(
+        default=1, ge=1, validation_alias=AliasChoices("SIE_FORWARD_THREADS", "SIE_FORWARD_LANES")
+    )  # CPU: forwards of one model that run at once, each on its own thread with torch_threads/forward_threads intra-op threads (worker/batching/forward_threads.py; CUDA: always 1; SIE_FORWARD_LANES is its deprecated former name)
     cpu_workers: int = Field(default_factory=_default_cpu_pool)  # tokenisation / postprocessing pool
     max_batch_cost: int = 16384  # tokens per forward pass (capped by the profile's max_batch_tokens)
     max_batch_requests: int = 64  # items per forward pass
@@ -57,7 +57,7 @@ class WorkerSettings(BaseSettings):
     )
     forwards_in_flight: int = Field(
         default=0, ge=0
-    )  # batches handed to a model's inference lanes at once; 0 = 2 on CUDA (the next queued behind the running one), one per lane on CPU
+    )  # batches handed to a model's forward threads at once; 0 = 2 on CUDA (the next queued behind the running one), one per forward thread on CPU
     gil_switch_interval_ms: float = Field(
         default=0.0, ge=0
     )  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU
@@ -98,7 +98,7 @@ class WorkerSettings(BaseSettings):
     disable_oom_recovery: bool = (
         False  # answer OOM at once instead of clearing caches, evicting and splitting
     )
-    # memory manager (worker/memory.py)
+    # memory manager (worker/models/memory.py)
     memory_pressure_threshold_percent: float = Field(
         default=85.0, gt=0, le=100
     )  # evict LRU models above this
@@ -106,10 +106,10 @@ class WorkerSettings(BaseSettings):
         default=0, ge=0
     )  # >0: synthetic device, usage = loaded models' memory_bytes()
     memory_monitor_interval_s: float = Field(default=1.0, ge=0)  # background pressure check; 0 = off
-    # LoRA (worker/lora.py)
+    # LoRA (worker/models/lora.py)
     max_loras_per_model: int = Field(default=10, ge=1)  # LRU of loaded LoRA adapters per model
     lora_loading_retry_after_s: float = 1.0  # Retry-After of 503 LORA_LOADING
-    # weights (worker/weights.py): local disk cache -> cluster cache -> hub
+    # weights (worker/models/weights.py): local disk cache -> cluster cache -> hub
     hf_offline: bool = False  # never contact the hub (HF_HUB_OFFLINE=1 also honoured)
     disk_cache_dir: str = "~/.cache/sie/weights"  # local weight cache (hub and cluster downloads land here)
     disk_pressure_threshold_percent: float = Field(default=85.0, gt=0, le=100)  # evict LRU weights above this

@@ -62,16 +62,9 @@ def _items_answer(
 
 async def handle_encode(request: web.Request) -> web.Response:
     gw, model, data, params, options, route = await _itemised_request(request, EncodeRequest)
-    merged = request_params.merged_options(route.resolved, options)
-    request_params.truncates(merged)
-    request_params.chunking(merged, "encode")
-    request_params.pooling(merged)
-    output_types = request_params.output_types(
-        route.resolved, merged, params.output_types if params else None
-    )
-    output_dtype = request_params.output_dtype(params.output_dtype if params else None, options)
-    instruction = request_params.instruction(params.instruction if params else None, options)
-    is_query = bool(options.get("is_query", False))
+    opts = request_params.encode_options(route.resolved, params)
+    output_types, output_dtype, instruction = list(opts.output_types), opts.output_dtype, opts.instruction
+    is_query = opts.is_query
     raw_items = data["items"]
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
@@ -100,12 +93,7 @@ async def handle_score(request: web.Request) -> web.Response:
     options = request_params.request_options(req.options)
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
-    if route.resolved.config.tasks.score is None:
-        raise invalid_input(f"Model '{route.model_id}' does not support scoring", param="model")
-    merged = request_params.merged_options(route.resolved, options)
-    request_params.truncates(merged)
-    request_params.chunking(merged, "score")
-    instruction = request_params.instruction(req.instruction, options)
+    instruction = request_params.score_options(route.resolved, req.params).instruction
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
         return [
@@ -129,14 +117,8 @@ async def handle_score(request: web.Request) -> web.Response:
 
 async def handle_extract(request: web.Request) -> web.Response:
     gw, model, data, params, options, route = await _itemised_request(request, ExtractRequest)
-    if route.resolved.config.tasks.extract is None:
-        raise invalid_input(f"Model '{route.model_id}' does not support extraction", param="model")
-    merged = request_params.merged_options(route.resolved, options)
-    request_params.truncates(merged)
-    request_params.chunking(merged, "extract")
-    instruction = request_params.instruction(params.instruction if params else None, options)
-    labels = params.labels if params else None
-    output_schema = params.output_schema if params else None
+    opts = request_params.extract_options(route.resolved, params)
+    instruction, labels, output_schema = opts.instruction, list(opts.labels) or None, opts.output_schema
     raw_items = data["items"]
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
@@ -156,10 +138,8 @@ async def handle_extract(request: web.Request) -> web.Response:
 async def handle_tokenize(request: web.Request) -> web.Response:
     """The model's own tokenizer, run by a worker as work items of operation ``tokenize``: the
     gateway loads no tokenizers, and the worker that serves the model has it in memory already."""
-    gw, model, data, _, options, route = await _itemised_request(request, TokenizeRequest)
-    if not route.resolved.config.inputs.text:
-        raise invalid_input(f"Model '{route.model_id}' does not take text", param="model")
-    request_params.add_special_tokens(request_params.merged_options(route.resolved, options))
+    gw, model, data, params, options, route = await _itemised_request(request, TokenizeRequest)
+    request_params.tokenize_options(route.resolved, params)
     raw_items = data["items"]
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:

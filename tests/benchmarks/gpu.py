@@ -381,7 +381,7 @@ def inprocess(root: Path, w: Workload, seconds: float) -> dict[str, float]:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from worker.packed import PackedEncoder, pool_packed
+    from worker.modeling.packed import PackedEncoder, pool_packed
 
     path = str(root / w.model)
     tok = AutoTokenizer.from_pretrained(path)

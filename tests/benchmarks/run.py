@@ -230,13 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         "--lanes",
         type=int,
         default=0,
-        help="SIE_FORWARD_LANES for every worker started (sie serve and the cluster's); 0 = the default",
+        help="SIE_FORWARD_THREADS for every worker started (sie serve and the cluster's); 0 = the default",
     )
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.cluster_seconds, args.repeats = 3.0, 3.0, 1
     if args.lanes:
-        os.environ["SIE_FORWARD_LANES"] = str(args.lanes)  # inherited by every server this run starts
+        os.environ["SIE_FORWARD_THREADS"] = str(args.lanes)  # inherited by every server this run starts
     if args.only_classes:
         from tests.benchmarks.classes import bench_classes
 

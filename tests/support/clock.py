@@ -1,52 +1,81 @@
-"""A clock that moves only when the test says so, for parts that take a ``sidecar.clock.Clock``.
+"""A clock for tests (``protocol.clock.Clock``) whose time moves only when the test moves it.
 
-``now()`` is what the test set; ``wait(event, timeout_s)`` returns when the event is set or when
-:meth:`ManualClock.advance` moves the time to its deadline. Nothing sleeps, so which batch is cut
-when depends on the steps the test takes and on nothing else.
+``advance(s)`` moves time and fires the waits whose deadlines it passes. ``settled()`` returns once
+every task waiting on the clock is blocked with nothing to wake it (its event unset, its deadline
+not reached): the code under test has done all it can until time moves or something arrives. So a
+test says "nothing ran yet" or "it ran without waiting for its deadline" without sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
+
+
+@dataclass
+class _Wait:
+    event: asyncio.Event
+    deadline: float | None
+    timer: asyncio.Future[None]
+
+    @property
+    def blocked(self) -> bool:
+        return not self.event.is_set() and not self.timer.done()
 
 
 class ManualClock:
     def __init__(self, start: float = 1000.0) -> None:
-        self.t = start
-        self._timers: list[tuple[float, asyncio.Event]] = []
+        self._now = start
+        self._waits: list[_Wait] = []
+        self._changed: asyncio.Event | None = None
 
     def now(self) -> float:
-        return self.t
+        return self._now
 
-    async def wait(self, event: asyncio.Event, timeout_s: float) -> None:
-        if event.is_set():
-            return
-        if timeout_s <= 0:
-            await asyncio.sleep(0)  # as a timer that is due: let others run once
-            return
-        timer = asyncio.Event()
-        entry = (self.t + timeout_s, timer)
-        self._timers.append(entry)
-        waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(timer.wait())]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
-            if entry in self._timers:
-                self._timers.remove(entry)
+    @property
+    def t(self) -> float:
+        return self._now
 
     @property
     def waiting(self) -> int:
         """Waits in progress (a part blocked on this clock)."""
-        return len(self._timers)
+        return len(self._waits)
 
     def next_deadline(self) -> float | None:
-        return min((due for due, _ in self._timers), default=None)
+        return min((w.deadline for w in self._waits if w.deadline is not None), default=None)
 
     def advance(self, seconds: float) -> None:
-        """Move the time on; every wait whose deadline is reached returns."""
-        self.t += seconds
-        for due, timer in list(self._timers):
-            if due <= self.t:
-                timer.set()
+        """Move time forward; the waits whose deadline is reached return."""
+        assert seconds >= 0
+        self._now += seconds
+        for wait in self._waits:
+            if wait.deadline is not None and wait.deadline <= self._now and not wait.timer.done():
+                wait.timer.set_result(None)
+
+    async def wait(self, event: asyncio.Event, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else self._now + timeout
+        wait = _Wait(event, deadline, loop.create_future())
+        if deadline is not None and deadline <= self._now:
+            wait.timer.set_result(None)
+        self._waits.append(wait)
+        self._notify()
+        waiter = loop.create_task(event.wait())
+        try:
+            await asyncio.wait([waiter, wait.timer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            wait.timer.cancel()
+            self._waits.remove(wait)
+
+    async def settled(self) -> None:
+        """Until some task waits on this clock and every waiting one is blocked."""
+        while not (self._waits and all(w.blocked for w in self._waits)):
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()

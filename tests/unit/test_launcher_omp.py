@@ -12,7 +12,14 @@ from worker import POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
 
 @pytest.fixture(autouse=True)
 def plain_env(monkeypatch):
-    for name in ("GOMP_SPINCOUNT", "OMP_PROC_BIND", "SIE_DEVICE", "SIE_FORWARD_LANES", "SIE_TORCH_THREADS"):
+    for name in (
+        "GOMP_SPINCOUNT",
+        "OMP_PROC_BIND",
+        "SIE_DEVICE",
+        "SIE_FORWARD_THREADS",
+        "SIE_FORWARD_LANES",
+        "SIE_TORCH_THREADS",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -26,10 +33,13 @@ def test_one_cpu_worker_is_bound_and_spins_briefly(tmp_path, monkeypatch):
 def test_no_binding_for_several_workers_or_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("SIE_DEVICE", "cpu")
     assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path, workers=2).worker_omp_env()
-    monkeypatch.setenv("SIE_FORWARD_LANES", "2")  # lanes are threads of one worker: they would share a core
-    assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path).worker_omp_env()
-    monkeypatch.setenv("SIE_FORWARD_LANES", "1")
-    assert Cluster(state_dir=tmp_path).worker_omp_env()["OMP_PROC_BIND"] == POD_OMP_PROC_BIND
+    # forward threads are threads of one worker: they would share a core (the former name counts too)
+    for name in ("SIE_FORWARD_THREADS", "SIE_FORWARD_LANES"):
+        monkeypatch.setenv(name, "2")
+        assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path).worker_omp_env()
+        monkeypatch.setenv(name, "1")
+        assert Cluster(state_dir=tmp_path).worker_omp_env()["OMP_PROC_BIND"] == POD_OMP_PROC_BIND
+        monkeypatch.delenv(name)
     monkeypatch.setenv("SIE_TORCH_THREADS", "1")  # one intra-op thread: bound, the whole worker gets one core
     assert "OMP_PROC_BIND" not in Cluster(state_dir=tmp_path).worker_omp_env()
     monkeypatch.setenv("SIE_DEVICE", "cuda")

@@ -32,3 +32,29 @@ def test_packages_import_only_protocol(package):
         if imported_packages(path) & forbidden
     }
     assert not offenders, f"{package} imports another process package: {offenders}"
+
+
+def _project_ancestors(cls: type, packages: tuple[str, ...]) -> list[str]:
+    return [
+        f"{base.__module__}.{base.__qualname__}"
+        for base in cls.__mro__[1:]
+        if base.__module__.split(".")[0] in packages
+    ]
+
+
+def test_worker_classes_are_composed_not_stacked():
+    """Issue 38: no class in worker/ has more than two project-defined ancestors; the adapters'
+    family bases are the exception (an adapter extends HFTextAdapter, which extends Adapter)."""
+    import importlib
+    import inspect
+
+    packages = (*PROCESSES, "protocol")
+    tall = {}
+    for path in sorted((ROOT / "worker").rglob("*.py")):
+        if "adapters" in path.parts or path.name == "__main__.py":
+            continue
+        module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and len(_project_ancestors(cls, packages)) > 2:
+                tall[f"{cls.__module__}.{cls.__qualname__}"] = _project_ancestors(cls, packages)
+    assert not tall, f"classes built as stacks of subclasses: {tall}"

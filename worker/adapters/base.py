@@ -1,7 +1,7 @@
 """The adapter interface: how the runtime talks to one model family.
 
 An adapter turns inputs into ``Prepared`` units (tokenisation; CPU pool, many threads), runs a
-batch of them (on one of the model's inference lanes) and returns raw float32 outputs per unit. The
+batch of them (on one of the model's forward threads) and returns raw float32 outputs per unit. The
 runtime owns batching, quantisation and the wire format, so an adapter never sees HTTP or NATS.
 """
 
@@ -72,7 +72,7 @@ class RequestContext:
         relevant = {k: v for k, v in options.items() if k not in POSTPROCESS_OPTION_KEYS}
         return json.dumps(relevant, sort_keys=True, separators=(",", ":"), default=str)
 
-    def batch_key(self) -> tuple:
+    def batch_key(self) -> tuple[Any, ...]:
         return (
             self.op,
             self.output_types,
@@ -139,9 +139,10 @@ class Adapter:
     def memory_bytes(self) -> int:
         return 0
 
-    # ---- work (prepare: CPU pool; forward: one of the model's inference lanes) ------------
+    # ---- work (prepare: CPU pool; forward: one of the model's forward threads) ------------
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
-        """Tokenise. ``inputs`` are item maps (encode/extract) or (query, item) pairs (score)."""
+        """Tokenise. ``inputs`` are items (:class:`protocol.api.Item`; encode, extract) or (query, item)
+        pairs of them (score): what the client sent, parsed once at the front door."""
         raise NotImplementedError
 
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[Any]:
@@ -149,8 +150,8 @@ class Adapter:
         raise NotImplementedError
 
     # ---- LoRA (adapters that support it override) ------------------------------------------
-    # The runtime (worker/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
-    # an inference lane while no forward runs, so they never race a forward pass. Batches are
+    # The runtime (worker/models/lora.py) keeps an LRU of loaded LoRAs per model and calls these two on
+    # a forward thread while no forward runs, so they never race a forward pass. Batches are
     # homogeneous in LoRA: ``forward`` activates ``ctx.lora`` (or none: the base model) before it
     # computes.
     supports_lora: ClassVar[bool] = False
@@ -163,13 +164,13 @@ class Adapter:
         """Drop a loaded LoRA adapter (the runtime evicted it from its LRU)."""
 
     def runs_packed(self, ctx: RequestContext) -> bool:
-        """Whether ``forward`` runs ``ctx``'s batches packed (no padding, worker/packed.py): the
+        """Whether ``forward`` runs ``ctx``'s batches packed (no padding, worker/modeling/packed.py): the
         batchers then cut them by total tokens instead of into length bands."""
         return False
 
     def forwards_share_state(self) -> bool:
-        """Whether a forward changes state that a forward on another lane would see (it activates
-        a LoRA): such forwards run one at a time (worker/lanes.py)."""
+        """Whether a forward changes state that a forward on another forward thread would see (it activates
+        a LoRA): such forwards run one at a time (worker/batching/forward_threads.py)."""
         return False
 
 

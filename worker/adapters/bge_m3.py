@@ -33,6 +33,8 @@ def _linear(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Linear:
 
 class BGEM3Adapter(HFTextAdapter):
     operations = frozenset({"encode"})
+    colbert: torch.nn.Linear | None = None  # the multi-vector head (loaded)
+    sparse: torch.nn.Linear | None = None  # the lexical-weight head (loaded)
 
     def load(self) -> None:
         from transformers import AutoModel
@@ -77,6 +79,7 @@ class BGEM3Adapter(HFTextAdapter):
             for i, out in enumerate(outs):
                 out["dense"] = dense[i]
         if "sparse" in wanted:
+            assert self.sparse is not None  # loaded
             weights = torch.relu(self.sparse(hidden)).float().squeeze(-1).cpu().numpy()
             for i, (out, p) in enumerate(zip(outs, batch, strict=True)):
                 best: dict[int, float] = {}
@@ -91,9 +94,9 @@ class BGEM3Adapter(HFTextAdapter):
                     np.array([best[k] for k in order], dtype=np.float32),
                 )
         if "multivector" in wanted:
-            vecs = (
-                torch.nn.functional.normalize(self.colbert(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
-            )
+            colbert = self.colbert
+            assert colbert is not None  # loaded
+            vecs = torch.nn.functional.normalize(colbert(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
             for i, (out, p) in enumerate(zip(outs, batch, strict=True)):
                 out["multivector"] = vecs[i, : p.cost - 1]
         return outs

@@ -26,6 +26,7 @@ class SequenceClassifierAdapter(HFTextAdapter):
         from transformers import AutoModelForSequenceClassification
 
         self.load_tokenizer()
+        assert self.spec.weights_dir is not None, "a classifier loads from a checkpoint directory"
         self.model = AutoModelForSequenceClassification.from_pretrained(
             self.spec.weights_dir, **self.model_kwargs()
         )
@@ -46,7 +47,7 @@ class SequenceClassifierAdapter(HFTextAdapter):
             raise invalid_input(
                 f"unknown labels {unknown}; this classifier knows {self.labels}", param="labels"
             )
-        return self.tokenize(ctx, [item.get("text") or "" for item in inputs])
+        return self.tokenize(ctx, [item.text or "" for item in inputs])
 
     @torch.inference_mode()
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:

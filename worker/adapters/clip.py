@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocol.api import Item
 from protocol.errors import invalid_input
 from worker.adapters.base import Prepared, RequestContext, apply_template
 from worker.adapters.hf import HFTextAdapter
@@ -30,11 +31,11 @@ from worker.adapters.hf import HFTextAdapter
 IMAGE, TEXT = "image", "text"
 
 
-def image_bytes(item: dict[str, Any], index: int, limit: int) -> bytes:
+def image_bytes(item: Item, index: int, limit: int) -> bytes:
     """The first image of ``item`` as bytes: ``{"data": bytes | base64 str, "format": ...}``
     (the contract's shape), or bare bytes / a base64 string."""
-    images = item.get("images")
-    if not isinstance(images, list) or not images:
+    images = item.images
+    if not images:
         raise invalid_input(f"Item {index}: images must be a non-empty list", param=f"items.{index}.images")
     first = images[0]
     data = first.get("data") if isinstance(first, dict) else first
@@ -81,7 +82,7 @@ def image_limits(loadtime: dict[str, Any]) -> tuple[int, int]:
     )
 
 
-def first_image(item: dict[str, Any], index: int, max_bytes: int, max_pixels: int) -> Any:
+def first_image(item: Item, index: int, max_bytes: int, max_pixels: int) -> Any:
     """The first image of ``item`` decoded to RGB within the limits; 400 naming the item otherwise."""
     return decode_image(image_bytes(item, index, max_bytes), index, max_pixels)
 
@@ -119,12 +120,12 @@ class CLIPAdapter(HFTextAdapter):
         units: list[Prepared | None] = [None] * len(inputs)
         texts, text_at = [], []
         for i, item in enumerate(inputs):
-            if item.get("images"):
+            if item.images:
                 img = first_image(item, i, self.max_image_bytes, self.max_image_pixels)
                 pixels = self.image_processor(images=img, return_tensors="np")["pixel_values"][0]
                 units[i] = Prepared(cost=1, data=(IMAGE, pixels.astype(np.float32)))
             else:
-                texts.append(apply_template(item.get("text") or "", ctx))
+                texts.append(apply_template(item.text or "", ctx))
                 text_at.append(i)
         if texts:
             for i, unit in zip(text_at, self.tokenize(ctx, texts), strict=True):

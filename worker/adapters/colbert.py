@@ -27,7 +27,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
-from worker.checkpoint import read_state_dict
+from worker.modeling.checkpoint import read_state_dict
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -52,6 +52,7 @@ def find_projection(root: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
 class ColBERTAdapter(HFTextAdapter):
     operations = frozenset({"encode", "score"})
     supports_lora = True
+    linear: torch.nn.Linear | None = None  # the projection to the token dimension (loaded)
 
     def load(self) -> None:
         from transformers import AutoModel
@@ -97,11 +98,8 @@ class ColBERTAdapter(HFTextAdapter):
         self.query_expansion = bool(opts.get("query_expansion", st.get("do_query_expansion", True)))
         self.mask_id = tok.mask_token_id if tok.mask_token_id is not None else self.pad_id
         skip_punct = bool(opts.get("mask_punctuation", meta.get("mask_punctuation", True)))
-        words = (
-            st.get("skiplist_words")
-            if isinstance(st.get("skiplist_words"), list)
-            else list(string.punctuation)
-        )
+        listed = st.get("skiplist_words")
+        words = listed if isinstance(listed, list) else list(string.punctuation)
         self.skiplist = frozenset(
             ids[0] for w in (words if skip_punct else []) if (ids := tok.encode(w, add_special_tokens=False))
         )
@@ -171,6 +169,7 @@ class ColBERTAdapter(HFTextAdapter):
         mask_t = torch.from_numpy(attn).to(device)
         with self.activate_lora(lora):
             hidden = self.model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+        assert self.linear is not None  # loaded
         vecs = self.linear(hidden).float()
         if normalize:
             vecs = torch.nn.functional.normalize(vecs, p=2, dim=-1)
@@ -187,7 +186,7 @@ class ColBERTAdapter(HFTextAdapter):
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[Any]:
         normalize = bool(ctx.options.get("normalize", True))
         if ctx.op == "score":
-            queries = {}
+            queries: dict[tuple[int, ...], Any] = {}
             for p in batch:
                 queries.setdefault(tuple(p.data[0][0]), p.data[0])
             qkeys = list(queries)

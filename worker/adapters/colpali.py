@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocol.api import Item
 from worker.adapters.base import InputTooLong, Prepared, RequestContext, apply_template
 from worker.adapters.clip import first_image, image_limits
 from worker.adapters.colbert import maxsim
@@ -104,13 +105,13 @@ class ColPaliAdapter(HFTextAdapter):
         return proc
 
     # ---- preparation (CPU pool) ------------------------------------------------------------
-    def _unit(self, ctx: RequestContext, item: dict[str, Any], index: int) -> Prepared:
+    def _unit(self, ctx: RequestContext, item: Item, index: int) -> Prepared:
         proc = self._thread_processor()
-        if item.get("images"):
+        if item.images:
             img = first_image(item, index, self.max_image_bytes, self.max_image_pixels)
             page = self._page(proc(images=[img]))
             return Prepared(cost=page.length, data=page, input_tokens=page.length)
-        page = self._page(proc(text=[apply_template(item.get("text") or "", ctx)]))
+        page = self._page(proc(text=[apply_template(item.text or "", ctx)]))
         n, limit = page.length, self.limit(ctx)
         if n <= limit:
             return Prepared(cost=n, data=page, input_tokens=n)

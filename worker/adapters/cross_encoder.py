@@ -21,7 +21,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext, apply_template
 from worker.adapters.hf import HFTextAdapter
-from worker.packed import classifier_head
+from worker.modeling.packed import classifier_head
 
 
 def default_activation(config_path: Path, num_labels: int) -> str:
@@ -62,10 +62,10 @@ class CrossEncoderAdapter(HFTextAdapter):
 
     def prepare(self, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:
         qctx = replace(ctx, is_query=True)
-        queries = [apply_template(q.get("text") or "", qctx) for q, _ in inputs]
+        queries = [apply_template(q.text or "", qctx) for q, _ in inputs]
         doc_template = ctx.options.get("doc_template")
         docs = [
-            str(doc_template).replace("{text}", d.get("text") or "") if doc_template else d.get("text") or ""
+            str(doc_template).replace("{text}", d.text or "") if doc_template else d.text or ""
             for _, d in inputs
         ]
         encs = self.encode_checked(ctx, queries, docs, "longest_first")
@@ -95,7 +95,8 @@ class CrossEncoderAdapter(HFTextAdapter):
     def _packed_logits(self, batch: list[Prepared]) -> torch.Tensor:
         types = [p.data[1] for p in batch] if self.uses_token_types else None
         packed = self.pack([p.data[0] for p in batch], types)
-        hidden = self.packed(packed)
+        hidden = self.encode_packed(packed)
+        assert self.head is not None  # the packed path is off without a head it knows
         return self.head(hidden[packed.starts])
 
     def _padded_logits(self, batch: list[Prepared]) -> torch.Tensor:

@@ -18,8 +18,8 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
-from worker.checkpoint import read_state_dict
-from worker.packed import pool_packed
+from worker.modeling.checkpoint import read_state_dict
+from worker.modeling.packed import pool_packed
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -146,7 +146,7 @@ class DenseAdapter(HFTextAdapter):
         mode = options.get("pooling") or self.default_pooling
         if self.runs_packed(ctx):
             packed = self.pack([p.data for p in batch])
-            vectors = pool_packed(self.packed(packed), packed, mode)
+            vectors = pool_packed(self.encode_packed(packed), packed, mode)
         else:
             ids, mask = self.pad(batch)
             with self.activate_lora(ctx.lora):

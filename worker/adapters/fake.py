@@ -80,17 +80,13 @@ class FakeAdapter(Adapter):
         for i, item in enumerate(inputs):
             if ctx.op == "score":
                 query, doc = item
-                qw = self._tokens(ctx, query.get("text") or "", i)
-                dw = self._tokens(ctx, doc.get("text") or "", i)
+                qw = self._tokens(ctx, query.text or "", i)
+                dw = self._tokens(ctx, doc.text or "", i)
                 out.append(
                     Prepared(cost=len(qw) + len(dw) + 3, data=(qw, dw), input_tokens=len(qw) + len(dw) + 3)
                 )
             else:
-                text = (
-                    apply_template(item.get("text") or "", ctx)
-                    if ctx.op == "encode"
-                    else item.get("text") or ""
-                )
+                text = apply_template(item.text or "", ctx) if ctx.op == "encode" else item.text or ""
                 words = self._tokens(ctx, text, i)
                 out.append(Prepared(cost=len(words) + 2, data=(text, words), input_tokens=len(words) + 2))
         return out

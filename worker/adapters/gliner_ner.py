@@ -50,7 +50,7 @@ class GLiNERAdapter(Adapter):
         limit = min(ctx.max_length or self.max_words, self.max_words)
         out = []
         for i, item in enumerate(inputs):
-            text = item.get("text") or ""
+            text = item.text or ""
             words = sum(1 for _ in self.splitter(text))
             if words > limit and not ctx.truncate:
                 raise InputTooLong(i, words, limit)

@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocol.api import Item
 from worker.adapters.base import Adapter, InputTooLong, Prepared, RequestContext, apply_template
-from worker.checkpoint import checkpoint_config
-from worker.gte_new import is_new_model, load_new_model
-from worker.packed import PackedBatch, PackedEncoder, try_packed
+from worker.modeling.checkpoint import checkpoint_config
+from worker.modeling.gte_new import is_new_model, load_new_model
+from worker.modeling.packed import PackedBatch, PackedEncoder, try_packed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,7 +58,7 @@ class HFTextAdapter(Adapter):
         """The tokenizer, then the transformers model (``auto_cls``: AutoModel, AutoModelFor...) in
         eval mode on the device.
 
-        A bare encoder of an architecture we implement ourselves (GTE NewModel, worker/gte_new.py,
+        A bare encoder of an architecture we implement ourselves (GTE NewModel, worker/modeling/gte_new.py,
         whose own code is remote) is built from the checkpoint's config and weights instead.
         """
         self.load_tokenizer()
@@ -188,8 +189,8 @@ class HFTextAdapter(Adapter):
             for e, n in zip(encs, self.full_counts(encs, texts, pairs), strict=True)
         ]
 
-    def texts_of(self, ctx: RequestContext, items: list[dict[str, Any]]) -> list[str]:
-        return [apply_template(item.get("text") or "", ctx) for item in items]
+    def texts_of(self, ctx: RequestContext, items: list[Item]) -> list[str]:
+        return [apply_template(item.text or "", ctx) for item in items]
 
     def pair_inputs(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         """Model inputs of text pairs, each (ids, token type ids): right-padded ids, attention mask and,
@@ -267,7 +268,7 @@ class HFTextAdapter(Adapter):
         return self.packed is not None and ctx.lora is None
 
     def enable_packed(self, model: torch.nn.Module) -> None:
-        """Run ``model``'s encoder packed (worker/packed.py) where wanted and supported.
+        """Run ``model``'s encoder packed (worker/modeling/packed.py) where wanted and supported.
 
         Load-time option ``packed: true|false`` forces it; by default it is on for CUDA.
         """
@@ -276,6 +277,11 @@ class HFTextAdapter(Adapter):
     def pack(self, seqs: list[list[int]], token_types: list[list[int]] | None = None) -> PackedBatch:
         assert self.packed is not None
         return self.packed.pack(seqs, self.spec.device, token_types)
+
+    def encode_packed(self, packed: PackedBatch) -> torch.Tensor:
+        """The encoder's packed forward: ``[total_tokens, hidden]`` (only where :meth:`runs_packed`)."""
+        assert self.packed is not None
+        return self.packed(packed)
 
     def model_kwargs(self) -> dict[str, Any]:
         device = self.spec.device

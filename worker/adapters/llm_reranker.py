@@ -80,7 +80,7 @@ class LLMRerankerAdapter(HFTextAdapter):
             raise SIEError(
                 ErrorCode.INVALID_INPUT, f"the prompt of this model needs more than {self.limit(ctx)} tokens"
             )
-        bodies = [self._body(ctx, q.get("text") or "", d.get("text") or "") for q, d in inputs]
+        bodies = [self._body(ctx, q.text or "", d.text or "") for q, d in inputs]
         encs, truncated = self.encode(bodies, None, room, special=False)
         if not ctx.truncate and any(truncated):
             first = truncated.index(True)

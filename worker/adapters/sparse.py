@@ -9,7 +9,7 @@ import torch
 
 from worker.adapters.base import Prepared, RequestContext
 from worker.adapters.hf import HFTextAdapter
-from worker.packed import mlm_head, segment_max
+from worker.modeling.packed import mlm_head, segment_max
 
 
 def splade_vectors(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -43,7 +43,8 @@ class SpladeAdapter(HFTextAdapter):
     def forward(self, ctx: RequestContext, batch: list[Prepared]) -> list[dict[str, Any]]:
         if self.runs_packed(ctx):
             packed = self.pack([p.data for p in batch])
-            logits = self.head(self.packed(packed))
+            assert self.head is not None  # the packed path is off without a head it knows
+            logits = self.head(self.encode_packed(packed))
             weights = segment_max(torch.log1p(torch.relu(logits.float())), packed).cpu().numpy()
         else:
             ids, mask = self.pad(batch)

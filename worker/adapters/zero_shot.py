@@ -61,7 +61,7 @@ class ZeroShotAdapter(HFTextAdapter):
         hypotheses = [template.format(label) for label in labels]
         out = []
         for item in inputs:
-            text = item.get("text") or ""
+            text = item.text or ""
             encs = self.encode_checked(ctx, [text] * len(labels), hypotheses, "only_first")
             full = self.full_counts(encs, [text] * len(labels), hypotheses)
             pairs = [(list(e.ids), list(e.type_ids)) for e in encs]

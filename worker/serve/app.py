@@ -6,15 +6,19 @@ import getpass
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol import SERVER_VERSION, tracing
 from protocol.api import (
+    EncodeParams,
     EncodeRequest,
     ExtractRequest,
+    Item,
     ScoreRequest,
     TokenizeRequest,
     parse_request,
@@ -128,7 +132,7 @@ def _priority(request: web.Request) -> str:
     )
 
 
-def _check_count(items: list, settings: WorkerSettings) -> None:
+def _check_count(items: Sequence[Item], settings: WorkerSettings) -> None:
     if len(items) > settings.max_items_per_request:
         raise invalid_input(
             f"Too many items: {len(items)} (at most {settings.max_items_per_request}); "
@@ -141,21 +145,19 @@ async def encode(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     settings = request.app[SETTINGS]
     _check_machine_profile(request, settings)
-    data = await _decoded(request)
-    parse_request(EncodeRequest, data)
-    _check_count(data["items"], settings)
-    params = data.get("params") or {}
+    req = parse_request(EncodeRequest, await _decoded(request))
+    _check_count(req.items, settings)
     priority = _priority(request)
     cache = request.app[RESULT_CACHE]
     hits = 0
     if cache is not None and _cache_wanted(request):
         result, hits = await encode_cached(
-            request.app[RUNTIME], cache, model, data["items"], params, priority=priority
+            request.app[RUNTIME], cache, model, req.items, req.params, priority=priority
         )
         request.app[METRICS].cache_lookups.labels("hit").inc(hits)
-        request.app[METRICS].cache_lookups.labels("miss").inc(len(data["items"]) - hits)
+        request.app[METRICS].cache_lookups.labels("miss").inc(len(req.items) - hits)
     else:
-        result = await request.app[RUNTIME].encode(model, data["items"], params, priority=priority)
+        result = await request.app[RUNTIME].encode(model, req.items, req.params, priority=priority)
     body = {"model": model, "items": result.items, "timing": _timing_body(result), "usage": _usage(result)}
     headers = {**base_headers(request[REQUEST_ID]), **_timing_headers(result), "X-SIE-Cache-Hits": str(hits)}
     return respond(request, body, headers)
@@ -172,15 +174,9 @@ async def score(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     settings = request.app[SETTINGS]
     _check_machine_profile(request, settings)
-    data = await _decoded(request)
-    parse_request(ScoreRequest, data)
+    req = parse_request(ScoreRequest, await _decoded(request))
     result = await request.app[RUNTIME].score(
-        model,
-        data["query"],
-        data["items"],
-        data.get("instruction"),
-        data.get("options"),
-        priority=_priority(request),
+        model, req.query, req.items, req.params, priority=_priority(request)
     )
     body = {
         "model": model,
@@ -196,12 +192,9 @@ async def extract(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     settings = request.app[SETTINGS]
     _check_machine_profile(request, settings)
-    data = await _decoded(request)
-    parse_request(ExtractRequest, data)
-    _check_count(data["items"], settings)
-    result = await request.app[RUNTIME].extract(
-        model, data["items"], data.get("params") or {}, priority=_priority(request)
-    )
+    req = parse_request(ExtractRequest, await _decoded(request))
+    _check_count(req.items, settings)
+    result = await request.app[RUNTIME].extract(model, req.items, req.params, priority=_priority(request))
     body = {"model": model, "items": result.items, "timing": _timing_body(result), "usage": _usage(result)}
     return respond(request, body, {**base_headers(request[REQUEST_ID]), **_timing_headers(result)})
 
@@ -210,12 +203,10 @@ async def tokenize(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     settings = request.app[SETTINGS]
     _check_machine_profile(request, settings)
-    data = await _decoded(request)
-    parse_request(TokenizeRequest, data)
-    _check_count(data["items"], settings)
+    req = parse_request(TokenizeRequest, await _decoded(request))
+    _check_count(req.items, settings)
     _priority(request)  # checked as on the gateway; tokenizing runs no forward pass, so nothing waits
-    options = (data.get("params") or {}).get("options")
-    result = await request.app[RUNTIME].tokenize(model, data["items"], options)
+    result = await request.app[RUNTIME].tokenize(model, req.items, req.params)
     body = {
         "model": model,
         "items": result.items,
@@ -342,8 +333,8 @@ async def openai_embeddings(request: web.Request) -> web.Response:
         options = dimension_options(req.dimensions, dense_dimension(resolved, req.model))
         result = await runtime.encode(
             req.model,
-            [{"text": t} for t in req.inputs],
-            {"output_types": ["dense"], "output_dtype": "float32", "options": options},
+            [Item(text=t) for t in req.inputs],
+            EncodeParams(output_types=["dense"], output_dtype="float32", options=options),
             priority=_priority(request),
         )
     except SIEError as exc:
@@ -356,7 +347,7 @@ async def openai_embeddings(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[REQUEST_ID] = new_request_id()
     endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource else "?"
     metrics_ = request.app[METRICS]

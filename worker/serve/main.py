@@ -15,13 +15,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 from aiohttp import web
 
 from protocol import eventloop, tracing
 from protocol.logs import setup_logging
 from worker import CUDA_PROCESSES
-from worker.loaded import pick_device
+from worker.models.placement import pick_device
 from worker.runtime import Runtime
 from worker.serve.app import create_app
 from worker.settings import WorkerSettings
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def build_runtime(settings: WorkerSettings | None = None) -> Runtime:
-    """The runtime as every worker front door builds it (HTTP here, IPC in worker.ipc_server)."""
+    """The runtime as every worker front door builds it (HTTP here, IPC in worker.ipc)."""
     return Runtime(settings or WorkerSettings())
 
 
@@ -52,7 +53,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_siblings(settings: WorkerSettings) -> list[subprocess.Popen]:
+def start_siblings(settings: WorkerSettings) -> list[subprocess.Popen[bytes]]:
     return [
         subprocess.Popen(
             [sys.executable, "-m", "worker.serve.main"],
@@ -63,7 +64,7 @@ def start_siblings(settings: WorkerSettings) -> list[subprocess.Popen]:
     ]
 
 
-def stop_siblings(procs: list[subprocess.Popen]) -> None:
+def stop_siblings(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
@@ -75,7 +76,7 @@ def stop_siblings(procs: list[subprocess.Popen]) -> None:
             p.wait(5)
 
 
-def _say_listening(settings: WorkerSettings):
+def _say_listening(settings: WorkerSettings) -> Callable[[str], None]:
     """run_app calls this once every site listens: one line a user (and a script) can wait for."""
 
     def say(_banner: str) -> None:

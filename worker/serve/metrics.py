@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from worker.runtime import Runtime
 
 
 class ServeMetrics:
@@ -29,5 +34,5 @@ class ServeMetrics:
             registry=self.registry,
         )
 
-    def render(self, runtime) -> bytes:
-        return generate_latest(self.registry) + runtime.metrics.render()
+    def render(self, runtime: Runtime) -> bytes:
+        return bytes(generate_latest(self.registry)) + runtime.metrics.render()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from protocol.api import EncodeParams, Item
+from protocol.params import check_items
 from protocol.priority import INTERACTIVE
 from protocol.result_cache import model_config_hash, result_key
-from worker.results import Result, Timing
 from worker.runtime import Runtime
+from worker.runtime.results import Result, Timing
 
 
 class ResultLRU:
@@ -52,22 +54,22 @@ async def encode_cached(
     runtime: Runtime,
     cache: ResultLRU,
     model: str,
-    items: list[Any],
-    params: dict[str, Any],
+    items: Sequence[Item],
+    params: EncodeParams | None,
     *,
     priority: str = INTERACTIVE,
 ) -> tuple[Result, int]:
     """``runtime.encode`` of the items the cache does not hold; ``(result in request order, hits)``.
     Usage counts the tokens encoded now (hits cost none)."""
     t0 = time.monotonic()
-    options = params.get("options")
-    resolved = runtime.catalog.resolve(model, options if isinstance(options, dict) else None)
-    runtime._check_items(resolved, items)  # item errors name the item's index in the whole request
+    resolved = runtime.catalog.resolve(model, params.options if params else None)
+    # item errors name the item's index in the whole request
+    check_items(resolved, items, runtime.settings.max_item_text_bytes)
     config_hash = model_config_hash(resolved.config)
-    rest = {k: v for k, v in params.items() if k != "items"}
+    rest = params.model_dump(exclude_none=True) if params else {}
     keys = [
         result_key({"operation": "encode", "model_id": resolved.model_id, "profile_id": resolved.profile_name,
-                    "item": item, "params": rest}, config_hash)
+                    "item": item.model_dump(exclude_none=True), "params": rest}, config_hash)
         for item in items
     ]  # fmt: skip
     out: list[Any] = [cache.get(k) for k in keys]

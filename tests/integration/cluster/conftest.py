@@ -109,7 +109,7 @@ def spawn_pair(c: TestCluster, name: str, profile: str) -> list[subprocess.Popen
         "SIE_MACHINE_PROFILE": profile,
         "SIE_PRELOAD_MODELS": FAKE,
     }
-    worker = c._spawn(f"{name}-worker", [sys.executable, "-m", "worker.ipc_server"], env)
+    worker = c._spawn(f"{name}-worker", [sys.executable, "-m", "worker.ipc"], env)
     c._wait(f"{name}-worker", sock.exists, 120)
     sidecar = c._spawn(f"{name}-sidecar", [sys.executable, "-m", "sidecar"], env)
     return [worker, sidecar]

@@ -360,7 +360,7 @@ def test_late_chunking_pools_each_span_from_one_forward_pass(url):
 
 
 def test_score_chunk_returns_the_best_window_and_its_span(url):
-    from worker.chunking import windows, word_starts
+    from worker.runtime.chunking import windows, word_starts
 
     query = "how do quantum computers factor numbers"
     doc = (

@@ -99,11 +99,11 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         children = _children(proc.pid)
         assert len(children) == 5  # nats-server, config service, worker, sidecar, gateway
         # the worker, and only the worker, runs with the pod's OpenMP spin count
-        spin = {("worker.ipc_server" in _cmdline(p), _environ(p).get("GOMP_SPINCOUNT")) for p in children}
+        spin = {("worker.ipc" in _cmdline(p), _environ(p).get("GOMP_SPINCOUNT")) for p in children}
         assert spin == {(True, POD_OMP_SPINCOUNT), (False, None)}
         # and, the one worker (two intra-op threads) on a host without a GPU, bound: its helper threads
         # share the first core
-        bind = {("worker.ipc_server" in _cmdline(p), _environ(p).get("OMP_PROC_BIND")) for p in children}
+        bind = {("worker.ipc" in _cmdline(p), _environ(p).get("OMP_PROC_BIND")) for p in children}
         on_cpu = not glob.glob("/dev/nvidia[0-9]*")
         assert bind == {(True, POD_OMP_PROC_BIND if on_cpu else None), (False, None)}
         health = wait_for_worker(gateway)

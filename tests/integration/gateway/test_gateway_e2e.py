@@ -47,7 +47,7 @@ def cluster(nats_server):
     sock = os.path.join(tempfile.mkdtemp(prefix="sie-gw-e2e-"), "ipc.sock")
     common = {"SIE_NATS_URL": nats_server.url, "SIE_IPC_SOCKET_PATH": sock, "SIE_WORKER_ID": "e2e-worker"}
     worker = _spawn(
-        "worker.ipc_server",
+        "worker.ipc",
         {**common, "SIE_MODELS_DIR": str(MODELS), "SIE_BUNDLES_DIR": str(BUNDLES), "SIE_DEVICE": "cpu",
          "SIE_CPU_WORKERS": "1", "SIE_HF_OFFLINE": "true", "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from protocol.api import EncodeParams, Item
 from protocol.catalog import Catalog
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig
@@ -44,20 +45,20 @@ def settings(tmp_path, **kw: Any) -> WorkerSettings:
     return WorkerSettings(**{**base, **kw})
 
 
-async def settle(rt: Runtime, spec: str, exc: SIEError, params: dict[str, Any] | None) -> None:
+async def settle(rt: Runtime, spec: str, exc: SIEError, params: EncodeParams | None) -> None:
     """Wait for whatever a MODEL_LOADING or LORA_LOADING answer said was in progress."""
     resolved = rt.catalog.resolve(spec)
-    entry = rt._entry(resolved)
+    entry = rt.models.entry(resolved)
     if exc.code == ErrorCode.MODEL_LOADING and entry.task is not None:
         await entry.task
     elif exc.code == ErrorCode.LORA_LOADING and entry.loaded is not None:
-        await entry.loaded.loras.wait(((params or {}).get("options") or {}).get("lora"))
+        await entry.loaded.loras.wait(((params.options if params else None) or {}).get("lora"))
     else:
         raise exc
 
 
 async def encode_ready(
-    rt: Runtime, spec: str, items: list[dict], params: dict | None = None, *, direct: bool = True
+    rt: Runtime, spec: str, items: list[Item], params: EncodeParams | None = None, *, direct: bool = True
 ) -> Result:
     """encode, waiting out (at most a few) loading answers the way a client's retries would."""
     for _ in range(5):

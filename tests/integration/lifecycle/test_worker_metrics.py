@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from protocol.api import Item
 from protocol.errors import SIEError
 from tests.integration.lifecycle.conftest import encode_ready, fake_config
 
-ITEMS = [{"text": f"item number {i}"} for i in range(4)]
+ITEMS = [Item(text=f"item number {i}") for i in range(4)]
 
 
 def scrape(rt) -> dict[tuple[str, tuple], float]:

@@ -26,7 +26,7 @@ from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
 from sidecar.settings import SidecarSettings
 from tests.support.polling import wait_until
-from worker.ipc_server import serve_ipc
+from worker.ipc.server import serve_ipc
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
 
@@ -99,7 +99,7 @@ class InProcessWorker:
 
 
 class WorkerProcess:
-    """``python -m worker.ipc_server`` with a models dir of fake models (killable mid-batch)."""
+    """``python -m worker.ipc`` with a models dir of fake models (killable mid-batch)."""
 
     def __init__(self, sock: str, models_dir: Path, bundles_dir: Path) -> None:
         self.sock = sock
@@ -120,7 +120,7 @@ class WorkerProcess:
         )
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.sock)
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker.ipc_server"], cwd=REPO, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker.ipc"], cwd=REPO, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

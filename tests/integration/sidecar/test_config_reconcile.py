@@ -29,7 +29,7 @@ from tests.integration.sidecar.support import (
     stop_lane,
 )
 from tests.support.polling import wait_until
-from worker.ipc_server import serve_ipc
+from worker.ipc.server import serve_ipc
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
 

@@ -52,12 +52,12 @@ async def test_items_arriving_during_a_forward_join_one_next_batch(nats_server):
 
 
 async def test_a_worker_with_two_forwards_gets_an_item_at_once_while_one_is_busy(nats_server):
-    """SIE_FORWARD_LANES=2 (told in EnsureModelReady): while one forward runs a batch the other is
+    """SIE_FORWARD_THREADS=2 (told in EnsureModelReady): while one forward runs a batch the other is
     idle, so the next item goes at once instead of waiting for the running batch; what arrives
     while both run goes as one batch when one frees."""
     sock = socket_path()
     gw = await Gateway(await connect(nats_server.url)).start()
-    async with InProcessWorker(sock, model_yaml(MODEL), forward_lanes=2) as worker:
+    async with InProcessWorker(sock, model_yaml(MODEL), forward_threads=2) as worker:
         batches = Batches(worker)
         lane, nc, client = await start_lane(
             sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10)
@@ -85,12 +85,12 @@ async def test_a_worker_with_two_forwards_gets_an_item_at_once_while_one_is_busy
 
 async def test_items_pending_while_two_forwards_are_idle_are_shared_between_them(nats_server):
     """With both forwards idle, what is pending goes as an equal share to each
-    (``protocol.ipc.lane_share``): six items that queued while the model loaded run as two batches
+    (``protocol.ipc.forward_share``): six items that queued while the model loaded run as two batches
     of three, not one of six beside an idle forward."""
     sock = socket_path()
     gw = await Gateway(await connect(nats_server.url)).start()
     yaml = model_yaml(MODEL, load_delay_s=2.0)
-    async with InProcessWorker(sock, yaml, forward_lanes=2) as worker:
+    async with InProcessWorker(sock, yaml, forward_threads=2) as worker:
         batches = Batches(worker, gated=False)
         settings = sidecar_settings(nats_server.url, sock, batcher_max_batch_wait_ms=10)
         lane, nc, client = await start_lane(settings)

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from protocol.api import Item
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
 
@@ -34,10 +35,10 @@ def _stats(rt):
 async def test_concurrent_requests_share_forward_passes(runtime):
     texts = [f"sentence number {i} about batching" for i in range(16)]
     before = _stats(runtime).forwards
-    results = await asyncio.gather(*(runtime.encode(D, [{"text": t}]) for t in texts))
+    results = await asyncio.gather(*(runtime.encode(D, [Item(text=t)]) for t in texts))
     forwards = _stats(runtime).forwards - before
     assert forwards < len(texts) / 2, forwards  # 16 requests, a handful of forward passes
-    solo = await runtime.encode(D, [{"text": texts[3]}])
+    solo = await runtime.encode(D, [Item(text=texts[3])])
     np.testing.assert_allclose(
         results[3].items[0]["dense"]["values"], solo.items[0]["dense"]["values"], atol=1e-5
     )
@@ -51,7 +52,7 @@ async def test_mixed_lengths_are_sorted_so_padding_stays_small(runtime):
     texts = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 200))) for _ in range(64)]
     before = _stats(runtime)
     b_real, b_pad = before.real_tokens, before.padded_tokens
-    res = await runtime.encode(D, [{"text": t} for t in texts])
+    res = await runtime.encode(D, [Item(text=t) for t in texts])
     after = _stats(runtime)
     real, padded = after.real_tokens - b_real, after.padded_tokens - b_pad
     assert real == res.input_tokens
@@ -70,24 +71,24 @@ async def test_mixed_lengths_are_sorted_so_padding_stays_small(runtime):
     assert padded / (real + padded) <= runtime.settings.max_padding_share
 
 
-async def test_two_lanes_run_two_forwards_at_once_with_the_same_vectors():
-    """SIE_FORWARD_LANES=2: two batches are inside the model's forward at the same time (a barrier
-    on the forward breaks, failing the requests, if they ran one after the other), the lanes share
-    one model, and the vectors equal the one-lane ones."""
+async def test_two_forward_threads_run_two_forwards_at_once_with_the_same_vectors():
+    """SIE_FORWARD_THREADS=2: two batches are inside the model's forward at the same time (a barrier
+    on the forward breaks, failing the requests, if they ran one after the other), the threads share
+    one model, and the vectors equal the one-thread ones."""
     import threading
 
-    texts = [f"lane test sentence {i} with a few more words" for i in range(8)]
+    texts = [f"thread test sentence {i} with a few more words" for i in range(8)]
     one = Runtime(WorkerSettings(hf_offline=True, torch_threads=2, preload_models=D))
     await one.start()
     try:
-        want = await one.encode(D, [{"text": t} for t in texts])
+        want = await one.encode(D, [Item(text=t) for t in texts])
     finally:
         await one.close()
     rt = Runtime(
         WorkerSettings(
             hf_offline=True,
             torch_threads=2,
-            forward_lanes=2,
+            forward_threads=2,
             preload_models=D,
             max_batch_wait_ms=50,
             batch_coalesce_ms=20,
@@ -96,7 +97,7 @@ async def test_two_lanes_run_two_forwards_at_once_with_the_same_vectors():
     await rt.start()
     try:
         lm = rt.loaded()[0]
-        assert (lm.lanes, lm.forwards_in_flight) == (2, 2)
+        assert (lm.forward_threads, lm.forwards_in_flight) == (2, 2)
         both_in = threading.Barrier(2, timeout=20)
         forward = lm.adapter.forward
 
@@ -105,7 +106,7 @@ async def test_two_lanes_run_two_forwards_at_once_with_the_same_vectors():
             return forward(ctx, batch)
 
         lm.adapter.forward = meeting_forward  # type: ignore[method-assign]
-        got = await rt.encode(D, [{"text": t} for t in texts])  # idle lanes: two forwards of 4
+        got = await rt.encode(D, [Item(text=t) for t in texts])  # idle threads: two forwards of 4
         lm.adapter.forward = forward  # type: ignore[method-assign]
         for a, b in zip(got.items, want.items, strict=True):
             np.testing.assert_allclose(a["dense"]["values"], b["dense"]["values"], atol=1e-5)
@@ -143,7 +144,7 @@ async def test_a_packed_model_runs_mixed_lengths_in_one_forward_without_padding(
             assert (rt.loaded()[0].adapter.packed is not None) == (name == "packed")
             before = _stats(rt)
             forwards, pad = before.forwards, before.padded_tokens
-            res = await rt.encode(D, [{"text": t} for t in texts], direct=direct)
+            res = await rt.encode(D, [Item(text=t) for t in texts], direct=direct)
             after = _stats(rt)
             runs[name] = (res, after.forwards - forwards, after.padded_tokens - pad)
         finally:
@@ -157,9 +158,9 @@ async def test_a_packed_model_runs_mixed_lengths_in_one_forward_without_padding(
 
 
 @pytest.mark.parametrize("in_flight", [0, 2])
-async def test_a_direct_batch_runs_on_its_lane_in_one_call_unless_another_may_queue_behind_it(in_flight):
-    """The sidecar's batches (direct): with one batch per lane (CPU's default) tokenising, the
-    forwards and the postprocessing all run on the inference lane; with a second batch allowed in
+async def test_a_direct_batch_runs_on_its_thread_in_one_call_unless_another_may_queue_behind_it(in_flight):
+    """The sidecar's batches (direct): with one batch per forward thread (CPU's default) tokenising,
+    the forwards and the postprocessing all run on the forward thread; with a second batch allowed in
     flight (CUDA's default), tokenising and postprocessing stay on the CPU pool, so the next batch
     tokenises while a forward runs. The answer is the same either way."""
     rt = Runtime(
@@ -181,17 +182,17 @@ async def test_a_direct_batch_runs_on_its_lane_in_one_call_unless_another_may_qu
 
         lm.adapter.prepare = watched_prepare  # type: ignore[method-assign]
         lm.adapter.forward = watched_forward  # type: ignore[method-assign]
-        texts = [f"a sentence about lanes, number {i}" for i in range(5)]
-        direct = await rt.encode(D, [{"text": t} for t in texts], direct=True)
-        [lane] = seen["forward"]
-        assert lane.startswith("infer-")
+        texts = [f"a sentence about threads, number {i}" for i in range(5)]
+        direct = await rt.encode(D, [Item(text=t) for t in texts], direct=True)
+        [thread] = seen["forward"]
+        assert thread.startswith("infer-")
         if in_flight == 0:
-            assert seen["prepare"] == {lane}
+            assert seen["prepare"] == {thread}
         else:
             assert seen["prepare"] and all(name.startswith("cpu") for name in seen["prepare"])
         assert direct.timing.inference_ms > 0 and direct.timing.tokenization_ms > 0
         assert direct.item_tokens and all(n > 2 for n in direct.item_tokens)
-        batched = await rt.encode(D, [{"text": t} for t in texts])
+        batched = await rt.encode(D, [Item(text=t) for t in texts])
         for a, b in zip(direct.items, batched.items, strict=True):
             np.testing.assert_allclose(a["dense"]["values"], b["dense"]["values"], atol=1e-5)
     finally:

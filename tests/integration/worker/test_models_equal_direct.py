@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.typed import runtime_args
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
 
@@ -22,7 +23,7 @@ TEXTS = [
 async def _ready(rt: Runtime, spec: str, items, params=None):
     for _ in range(300):
         try:
-            return await rt.encode(spec, items, params or {})
+            return await rt.encode(*runtime_args("encode", spec, items, params))
         except Exception as exc:  # MODEL_LOADING while the first load runs
             if getattr(exc, "code", "") != "MODEL_LOADING":
                 raise
@@ -60,7 +61,7 @@ async def test_minilm_bf16_profile_stays_close(runtime):
 async def test_splade_equals_direct_computation(runtime):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    from worker.weights import resolve_path
+    from worker.models.weights import resolve_path
 
     path = resolve_path("pkg://cognition/model")
     res = await _ready(

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from protocol.errors import ErrorCode, SIEError
+from tests.support.typed import runtime_args
 from tests.unit.families import checkpoints as ck
 from worker import DEFAULT_BUNDLES_DIR
 
@@ -52,10 +53,13 @@ class RuntimeThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=300)
 
     def call(self, method: str, *args, **kwargs):
+        """``method`` with its items and params written as a request's maps (tests.support.typed)."""
+        score = {k: kwargs.pop(k) for k in ("instruction", "options") if k in kwargs}
+        typed = runtime_args(method, *args, **score)
         deadline = time.monotonic() + 120
         while True:
             try:
-                return self._submit(getattr(self.runtime, method)(*args, direct=True, **kwargs))
+                return self._submit(getattr(self.runtime, method)(*typed, direct=True, **kwargs))
             except SIEError as exc:
                 if exc.code != ErrorCode.MODEL_LOADING or time.monotonic() > deadline:
                     raise

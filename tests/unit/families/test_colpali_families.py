@@ -22,6 +22,7 @@ from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import ModelConfig
 from tests.support.colpali_models import DIM, build_colpali, build_colqwen2
 from tests.support.image_models import picture, png
+from tests.support.typed import inputs, runtime_args
 from tests.unit.families.conftest import runtime_serving
 from worker.adapters.base import LoadSpec, RequestContext
 from worker.adapters.colpali import FAMILIES, ColPaliAdapter
@@ -121,7 +122,9 @@ def test_corrupt_image_fails_only_its_request(served):
 
     async def both():  # through the BatchFormer, so that the two could share a forward pass
         return await asyncio.gather(
-            rt.runtime.encode(model, corrupt, mv), rt.runtime.encode(model, good, mv), return_exceptions=True
+            rt.runtime.encode(*runtime_args("encode", model, corrupt, mv)),
+            rt.runtime.encode(*runtime_args("encode", model, good, mv)),
+            return_exceptions=True,
         )
 
     bad, ok = asyncio.run_coroutine_threadsafe(both(), rt.loop).result(timeout=120)
@@ -146,14 +149,14 @@ def test_a_padded_batch_equals_its_items_alone(served):
     a.load()
     ctx = RequestContext(op="encode", output_types=("multivector",))
     units = a.prepare(
-        ctx, [{"text": QUERIES[0]}, {"text": QUERIES[1]}, *({"images": [png(i)]} for i in IMAGES)]
+        ctx, inputs([{"text": QUERIES[0]}, {"text": QUERIES[1]}, *({"images": [png(i)]} for i in IMAGES)])
     )
     together = a.forward(ctx, units)
     for unit, out in zip(units, together, strict=True):
         np.testing.assert_allclose(out["multivector"], a.forward(ctx, [unit])[0]["multivector"], atol=1e-5)
     long_query = [{"text": "a question far longer than the window " * 4}]
-    cut = a.prepare(ctx, long_query)[0]
+    cut = a.prepare(ctx, inputs(long_query))[0]
     assert cut.truncated and cut.input_tokens == 64
     with pytest.raises(SIEError) as err:
-        a.prepare(RequestContext(op="encode", truncate=False), long_query)
+        a.prepare(RequestContext(op="encode", truncate=False), inputs(long_query))
     assert err.value.code == ErrorCode.INPUT_TOO_LONG

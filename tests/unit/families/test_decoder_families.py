@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, Qwen3Mode
 from protocol.codec import packb, unpackb
 from protocol.model_config import ModelConfig
 from tests.support.serve import ServeProcess
+from tests.support.typed import inputs
 from tests.unit.families.conftest import runtime_serving
 from worker.adapters.base import InputTooLong, LoadSpec, RequestContext
 from worker.adapters.dense import DenseAdapter
@@ -81,7 +82,7 @@ def test_last_token_embedder_equals_transformers(checkpoints):
     a = adapter(DenseAdapter, checkpoints["embedder"])
     assert a.default_pooling == "last" and a.packed is None  # decoders keep the transformers path
     ctx = RequestContext(op="encode")
-    got = np.stack([o["dense"] for o in a.forward(ctx, a.prepare(ctx, [{"text": t} for t in TEXTS]))])
+    got = np.stack([o["dense"] for o in a.forward(ctx, a.prepare(ctx, inputs([{"text": t} for t in TEXTS])))])
     model = Qwen3Model.from_pretrained(str(checkpoints["embedder"])).eval()
     tok = checkpoints["tok"]
     for row, text in zip(got, TEXTS, strict=True):
@@ -100,7 +101,7 @@ def test_llm_reranker_is_p_yes_of_the_prompt(checkpoints):
     )
     ctx = RequestContext(op="score")
     pairs = [({"text": "what is ml"}, {"text": t}) for t in TEXTS]
-    scores = a.forward(ctx, a.prepare(ctx, pairs))
+    scores = a.forward(ctx, a.prepare(ctx, inputs(pairs)))
     model = Qwen3ForCausalLM.from_pretrained(str(checkpoints["reranker"])).eval()
     tok = checkpoints["tok"]
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
@@ -116,11 +117,13 @@ def test_llm_reranker_is_p_yes_of_the_prompt(checkpoints):
 def test_llm_reranker_truncates_the_body_and_keeps_the_question(checkpoints):
     a = adapter(LLMRerankerAdapter, checkpoints["reranker"], {"prefix": PREFIX, "suffix": SUFFIX}, max_len=40)
     tok = checkpoints["tok"]
-    units = a.prepare(RequestContext(op="score"), [({"text": "q"}, {"text": "word " * 200})])
+    units = a.prepare(RequestContext(op="score"), inputs([({"text": "q"}, {"text": "word " * 200})]))
     suffix = tok.encode(SUFFIX, add_special_tokens=False)
     assert units[0].cost == 40 and units[0].data[-len(suffix) :] == suffix
     with pytest.raises(InputTooLong):
-        a.prepare(RequestContext(op="score", truncate=False), [({"text": "q"}, {"text": "word " * 200})])
+        a.prepare(
+            RequestContext(op="score", truncate=False), inputs([({"text": "q"}, {"text": "word " * 200})])
+        )
 
 
 def test_output_dim_truncates_and_renormalises_through_sie_serve(tmp_path):
@@ -160,7 +163,7 @@ def test_llm_reranker_with_lora_equals_peft(checkpoints, tmp_path):
     a.load_lora("l1", str(tmp_path / "lora"))
     pairs = [({"text": "what is ml"}, {"text": t}) for t in TEXTS]
     ctx = RequestContext(op="score", lora="l1")
-    units = a.prepare(ctx, pairs)
+    units = a.prepare(ctx, inputs(pairs))
     scores = a.forward(ctx, units)
     model = PeftModel.from_pretrained(
         Qwen3ForCausalLM.from_pretrained(str(checkpoints["reranker"])), str(tmp_path / "lora")
@@ -197,7 +200,7 @@ def test_llm_reranker_scores_long_documents_by_their_best_window(checkpoints, tm
     """``overflow_policy: chunk`` on an LLM reranker (MaxP): each window of a long document scored
     beside the query, the document's score its best window's, with that window's span; the same
     scores as sending the windows as documents of their own."""
-    from worker.chunking import windows, word_starts
+    from worker.runtime.chunking import windows, word_starts
 
     yaml = (
         f"sie_id: t/rr\nweights_path: {checkpoints['reranker']}\nmax_sequence_length: 64\ntasks:\n  score: {{}}\n"

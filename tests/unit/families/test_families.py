@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertModel
 
 from protocol.errors import ErrorCode, SIEError
-from worker.muvera import MuveraConfig, fde
+from worker.runtime.muvera import MuveraConfig, fde
 
 TEXTS = [
     "ColBERT encodes every token of a passage.",

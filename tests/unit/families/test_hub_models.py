@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from protocol.errors import ErrorCode, SIEError
+from tests.support.typed import inputs as typed_inputs
 from tests.unit.families.conftest import RuntimeThread
 from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR
 
@@ -104,7 +105,7 @@ def test_cuda_half_precision_path_matches_fp32(family_checkpoints):
     except ImportError:
         assert attn_implementation("cuda") == "sdpa"
     texts = [{"text": "short"}, {"text": "a somewhat longer document about late interaction " * 5}]
-    for model_id, cls, ctx, inputs in (
+    for model_id, cls, ctx, examples in (
         ("local/colbert", ColBERTAdapter, RequestContext(op="encode", output_types=("multivector",)), texts),
         (
             "local/reranker",
@@ -122,7 +123,7 @@ def test_cuda_half_precision_path_matches_fp32(family_checkpoints):
             }[model_id]
             adapter = cls(LoadSpec(r.config, "default", str(weights), device, precision))
             adapter.load()
-            outs.append(adapter.forward(ctx, adapter.prepare(ctx, inputs)))
+            outs.append(adapter.forward(ctx, adapter.prepare(ctx, typed_inputs(examples))))
         for a, b in zip(*outs, strict=True):
             if isinstance(a, float):
                 assert b == pytest.approx(a, rel=0.02, abs=0.02)

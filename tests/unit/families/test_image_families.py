@@ -25,6 +25,7 @@ from sdk import SIEClient
 from sdk.media import sniff_format, to_wire_image
 from tests.support.image_models import build_image_checkpoints, picture, png
 from tests.support.serve import ServeProcess
+from tests.support.typed import inputs
 from worker.adapters.base import LoadSpec, RequestContext
 from worker.adapters.clip import CLIPAdapter
 
@@ -76,7 +77,7 @@ def test_images_and_texts_equal_transformers(checkpoints, kind):
         {"text": texts[1]},
     ]
     ctx = RequestContext(op="encode")
-    got = np.stack([o["dense"] for o in a.forward(ctx, a.prepare(ctx, items))])
+    got = np.stack([o["dense"] for o in a.forward(ctx, a.prepare(ctx, inputs(items)))])
     model = (SiglipModel if siglip else CLIPModel).from_pretrained(str(path)).eval()
     proc = (SiglipImageProcessor if siglip else CLIPImageProcessor).from_pretrained(str(path))
     tok = checkpoints["tok"]

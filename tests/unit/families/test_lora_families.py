@@ -12,6 +12,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from protocol.model_config import ModelConfig
+from tests.support.typed import inputs
 from tests.unit.families import checkpoints as ck
 from worker.adapters.base import LoadSpec, RequestContext
 from worker.adapters.cross_encoder import CrossEncoderAdapter
@@ -67,7 +68,7 @@ def test_splade_lora_equals_peft(tmp_path, packed):
         ).numpy()
     for lora_name, expected in (("l1", ref), (None, base)):
         ctx = RequestContext(op="encode", output_types=("sparse",), lora=lora_name)
-        out = a.forward(ctx, a.prepare(ctx, [{"text": t} for t in TEXTS]))
+        out = a.forward(ctx, a.prepare(ctx, inputs([{"text": t} for t in TEXTS])))
         for row, o in zip(expected, out, strict=True):
             idx, val = o["sparse"]
             np.testing.assert_array_equal(idx, np.flatnonzero(row))
@@ -96,5 +97,5 @@ def test_cross_encoder_lora_equals_peft(tmp_path, packed):
     pairs = [({"text": "what is ml"}, {"text": t}) for t in TEXTS]
     for lora_name, expected in (("l1", ref), (None, base)):
         ctx = RequestContext(op="score", lora=lora_name)
-        np.testing.assert_allclose(a.forward(ctx, a.prepare(ctx, pairs)), expected, atol=1e-5)
+        np.testing.assert_allclose(a.forward(ctx, a.prepare(ctx, inputs(pairs))), expected, atol=1e-5)
     assert not np.allclose(ref, base, atol=1e-4)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from protocol.errors import SIEError
-from worker.muvera import MuveraConfig, fde, matrices
+from worker.runtime.muvera import MuveraConfig, fde, matrices
 
 CFG = MuveraConfig(num_repetitions=3, num_simhash_projections=3, projection_dim=None, seed=7)
 

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, BertConfig, BertForSequenceClassificatio
 from protocol.model_config import ModelConfig
 from sdk import SIEClient
 from tests.support.serve import ServeProcess
+from tests.support.typed import inputs
 from tests.unit.families import checkpoints as ck
 from worker.adapters.base import LoadSpec, RequestContext
 from worker.adapters.zero_shot import ZeroShotAdapter
@@ -51,7 +52,7 @@ def test_scores_equal_the_transformers_pipeline(nli, multi):
         labels=tuple(LABELS),
         options_json=RequestContext.canonical_options({"multi_label": multi}),
     )
-    got = a.forward(ctx, a.prepare(ctx, [{"text": t} for t in TEXTS]))
+    got = a.forward(ctx, a.prepare(ctx, inputs([{"text": t} for t in TEXTS])))
     pipe = pipeline("zero-shot-classification", model=str(nli), tokenizer=str(nli), device="cpu")
     for text, out in zip(TEXTS, got, strict=True):
         want = pipe(text, candidate_labels=LABELS, multi_label=multi)

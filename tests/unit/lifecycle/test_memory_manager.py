@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from worker.memory import MemoryManager, host_usage, pick_victim
+from worker.models.loop_bridge import LoopBridge
+from worker.models.memory import MemoryManager, MemoryUsage, SiblingEviction, host_usage, pick_victim
 
 
 @dataclass
@@ -140,3 +141,25 @@ async def test_monitor_relieves_pressure_in_the_background():
 def test_host_usage_is_a_plausible_fraction():
     used, total = host_usage()
     assert 0 < used <= total
+
+
+def test_a_budget_counts_the_resident_models_against_it():
+    dev = Device(100, Model("a", 40, 1), Model("b", 45, 2))
+    assert MemoryUsage("cpu", 500, dev.loaded)() == (85, 500)
+    used, total = MemoryUsage("cpu", 0, dev.loaded)()  # no budget: the host
+    assert total > 1_000_000 and 0 < used < total
+
+
+async def test_sibling_eviction_runs_on_the_loop_from_a_lane_thread():
+    dev = Device(100, Model("a", 40, 1), Model("b", 45, 2), Model("c", 5, 3))
+    bridge = LoopBridge()
+    siblings = SiblingEviction(dev.manager(), bridge)
+    assert not siblings.evict_for(Model("c", 5, 3))  # not bound to a loop yet: nothing to do
+    bridge.bind()
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, siblings.evict_for, Model("c", 5, 3))
+    assert dev.keys() == ["b", "c"]  # the least recently used other model went
+    alone = Device(100, Model("c", 5, 3))
+    assert not await loop.run_in_executor(
+        None, SiblingEviction(alone.manager(), bridge).evict_for, alone.models[0]
+    )

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.settings import WorkerSettings
-from worker.weights import (
+from worker.models.weights import (
     LAST_USED,
     MANIFEST,
     Progress,
@@ -21,6 +20,7 @@ from worker.weights import (
     hub_offline,
     progress_line,
 )
+from worker.settings import WorkerSettings
 
 
 def make_weights(root: Path, name: str, size: int = 1000) -> Path:
@@ -175,7 +175,7 @@ def test_real_disk_usage_without_a_budget(tmp_path):
 
 
 def test_progress_is_logged_while_a_download_runs(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="worker.weights")
+    caplog.set_level(logging.INFO, logger="worker.models.weights")
     target = tmp_path / "dl"
     target.mkdir()
     (target / "part").write_bytes(b"x" * 2_000_000)
@@ -199,7 +199,7 @@ def test_progress_line_draws_a_bar_when_the_total_is_known():
 
 
 def test_cluster_download_logs_progress(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="worker.weights")
+    caplog.set_level(logging.INFO, logger="worker.models.weights")
     cluster = tmp_path / "cluster"
     seed_cluster(cluster, "a")
     WeightCache(tmp_path / "d", cluster_url=str(cluster), offline=True).resolve(Source(ident="a"))

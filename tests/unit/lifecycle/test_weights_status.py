@@ -13,7 +13,7 @@ import pytest
 
 from protocol import weights as W
 from protocol.model_config import ModelConfig
-from worker.weights import MANIFEST, Source, WeightCache, WeightsReport, hub_answers, weights_status
+from worker.models.weights import MANIFEST, Source, WeightCache, WeightsReport, hub_answers, weights_status
 
 PROFILES = {"default": {"adapter_path": "worker.adapters.dense:DenseAdapter", "max_batch_tokens": 1024}}
 

@@ -18,7 +18,7 @@ from protocol.errors import ErrorCode
 from protocol.model_config import parse_model_yaml
 from worker.adapters.base import Adapter
 from worker.adapters.hf import HFTextAdapter
-from worker.loaded import import_adapter
+from worker.models.loaded import import_adapter
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
 

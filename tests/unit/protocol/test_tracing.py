@@ -21,7 +21,7 @@ def test_off_by_default_and_free():
     code = (
         "import sys\n"
         "from protocol import tracing\n"
-        "import gateway.core, sidecar.lane, worker.ipc_server\n"
+        "import gateway.core, sidecar.lane, worker.ipc.server\n"
         "assert tracing.setup_tracing('x') is False\n"
         "with tracing.span('a', parent='00-' + '1' * 32 + '-' + '2' * 16 + '-01') as s:\n"
         "    assert s is None and tracing.traceparent() is None\n"

@@ -17,7 +17,7 @@ from protocol.codec import packb, unpackb
 from protocol.model_config import parse_model_yaml
 from protocol.work import WorkItem, WorkResult
 from sidecar.ipc_client import IpcClient, IpcRemoteError, IpcTransportError
-from worker.ipc_server import serve_ipc
+from worker.ipc.server import serve_ipc
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
 

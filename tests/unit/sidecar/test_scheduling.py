@@ -164,7 +164,7 @@ async def test_the_gather_wait_is_bounded():
 
 
 async def test_two_idle_forwards_share_what_is_pending():
-    """Six items pending and two forwards free: two batches of three (``protocol.ipc.lane_share``)."""
+    """Six items pending and two forwards free: two batches of three (``protocol.ipc.forward_share``)."""
     async with rig(depth=2, forwards=2) as r:
         for _ in range(6):  # submit does not yield: all six are queued before the scheduler looks
             r.submit()

@@ -1,9 +1,13 @@
+"""The BatchFormer and its cost-based chunking. Every former here reads a ManualClock: time moves
+only when a test moves it, and ``clock.settled()`` says the former has done all it can for now."""
+
 import asyncio
 
 import pytest
 
+from tests.support.clock import ManualClock
 from worker.adapters.base import Prepared, RequestContext
-from worker.batching import BatchFormer, BatchStats, chunk_by_cost
+from worker.batching.former import BatchFormer, BatchStats, chunk_by_cost
 
 
 def units(*costs):
@@ -54,14 +58,16 @@ def test_padding_is_counted():
 
 
 class Recorder:
-    def __init__(self, delay=0.0):
+    def __init__(self):
         self.batches = []
-        self.delay = delay
 
     async def __call__(self, ctx, batch):
         self.batches.append([u.cost for u in batch])
-        await asyncio.sleep(self.delay)
         return [u.data * 2 for u in batch]
+
+
+def make(run, clock=None, **opts):
+    return BatchFormer(run, clock=clock or ManualClock(), **opts)
 
 
 async def test_a_packed_context_takes_mixed_lengths_in_one_batch():
@@ -69,7 +75,7 @@ async def test_a_packed_context_takes_mixed_lengths_in_one_batch():
     bands, one = [[8, 9, 10], [100, 110, 120], [250]], [[8, 9, 10, 100, 110, 120, 250]]
     for packs, want in ((None, bands), (lambda c: c is ctx, one)):
         rec = Recorder()
-        bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=50, coalesce_ms=20, packs=packs)
+        bf = make(rec, max_cost=10_000, max_requests=64, max_wait_ms=50, coalesce_ms=20, packs=packs)
         await asyncio.gather(*bf.submit(ctx, units(8, 9, 10, 100, 110, 120, 250)))
         await bf.close()
         assert sorted(rec.batches) == want
@@ -77,7 +83,7 @@ async def test_a_packed_context_takes_mixed_lengths_in_one_batch():
 
 async def test_concurrent_submissions_share_a_forward_pass():
     rec = Recorder()
-    bf = BatchFormer(rec, max_cost=1000, max_requests=64, max_wait_ms=50, coalesce_ms=20)
+    bf = make(rec, max_cost=1000, max_requests=64, max_wait_ms=50, coalesce_ms=20)
     ctx = RequestContext(op="encode")
     futs = bf.submit(ctx, units(3, 4)) + bf.submit(ctx, units(5))
     results = await asyncio.gather(*futs)
@@ -88,7 +94,7 @@ async def test_concurrent_submissions_share_a_forward_pass():
 
 async def test_different_keys_never_share_a_batch():
     rec = Recorder()
-    bf = BatchFormer(rec, max_cost=1000, max_requests=64, max_wait_ms=20, coalesce_ms=5)
+    bf = make(rec, max_cost=1000, max_requests=64, max_wait_ms=20, coalesce_ms=5)
     a = bf.submit(RequestContext(op="encode", is_query=True), units(3))
     b = bf.submit(RequestContext(op="encode", is_query=False), units(4))
     c = bf.submit(RequestContext(op="encode", lora="x"), units(5))
@@ -99,48 +105,76 @@ async def test_different_keys_never_share_a_batch():
 
 async def test_announced_requests_are_waited_for_and_idle_flushes_at_once():
     rec = Recorder()
-    bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=5_000, coalesce_ms=5_000)
+    clock = ManualClock()  # never moved here: whatever runs, runs without waiting for a deadline
+    bf = make(rec, clock, max_cost=10_000, max_requests=64, max_wait_ms=5_000, coalesce_ms=5_000)
     ctx = RequestContext(op="encode")
     bf.expect()
     bf.expect()
     first = bf.submit(ctx, units(3), expected=True)
-    await asyncio.sleep(0.05)
+    await clock.settled()
     assert not first[0].done() and rec.batches == []  # one announced request is still tokenising
     second = bf.submit(ctx, units(4), expected=True)
-    await asyncio.wait_for(asyncio.gather(*first, *second), timeout=2)
+    await asyncio.gather(*first, *second)
     assert rec.batches == [[3, 4]]
-    # nobody announced: a lone unit runs at once, long before its 5 s deadline
+    # nobody announced: a lone unit runs at once, without waiting for its deadline
     (lone,) = bf.submit(ctx, units(9))
-    await asyncio.wait_for(lone, timeout=1)
+    await lone
     # an announced request that fails to prepare releases the wait
     bf.expect()
     (waiting,) = bf.submit(ctx, units(2))
-    await asyncio.sleep(0.05)
+    await clock.settled()
     assert not waiting.done()
     bf.unexpect()
-    await asyncio.wait_for(waiting, timeout=1)
+    await waiting
     await bf.close()
 
 
 async def test_count_cap_flushes_without_waiting():
     rec = Recorder()
-    bf = BatchFormer(
-        rec, max_cost=10_000, max_requests=2, max_wait_ms=10_000, coalesce_ms=10_000, max_pad_share=1.0
+    clock = ManualClock()
+    bf = make(
+        rec, clock, max_cost=10_000, max_requests=2, max_wait_ms=10_000, coalesce_ms=10_000, max_pad_share=1.0
     )
     bf.expect()  # another request is still tokenising, so only the count cap can flush
     futs = bf.submit(RequestContext(op="encode"), units(1, 2, 3, 4))
-    await asyncio.wait_for(asyncio.gather(*futs[:2]), timeout=2)
-    assert rec.batches[0] == [1, 2]
+    await asyncio.gather(*futs)
+    assert rec.batches == [[1, 2], [3, 4]]
     await bf.close()
 
 
 async def test_wait_deadline_flushes_a_lone_item():
     rec = Recorder()
-    bf = BatchFormer(rec, max_cost=10_000, max_requests=64, max_wait_ms=30, coalesce_ms=10_000)
+    clock = ManualClock()
+    bf = make(rec, clock, max_cost=10_000, max_requests=64, max_wait_ms=30, coalesce_ms=10_000)
     bf.expect()  # a request that never arrives: only the 30 ms deadline can flush
     (fut,) = bf.submit(RequestContext(op="encode"), units(7))
-    out, info = await asyncio.wait_for(fut, timeout=2)
+    await clock.settled()
+    clock.advance(0.029)
+    await clock.settled()
+    assert not fut.done()
+    clock.advance(0.002)
+    out, info = await fut
     assert out == 14 and info.size == 1
+    await bf.close()
+
+
+async def test_a_quiet_coalesce_window_flushes_before_the_deadline():
+    rec = Recorder()
+    clock = ManualClock()
+    bf = make(rec, clock, max_cost=10_000, max_requests=64, max_wait_ms=1_000, coalesce_ms=20)
+    ctx = RequestContext(op="encode")
+    bf.expect()  # someone is tokenising, so the queue waits for the window or the deadline
+    first = bf.submit(ctx, units(3))
+    await clock.settled()
+    clock.advance(0.015)
+    second = bf.submit(ctx, units(4))  # an arrival opens a new window
+    await clock.settled()
+    clock.advance(0.015)  # 30 ms since the first, 15 since the last: still open
+    await clock.settled()
+    assert rec.batches == []
+    clock.advance(0.006)
+    await asyncio.gather(*first, *second)
+    assert rec.batches == [[3, 4]]
     await bf.close()
 
 
@@ -150,7 +184,7 @@ async def test_failure_fails_only_its_batch_and_close_fails_pending():
             raise RuntimeError("boom")
         return [u.cost for u in batch]
 
-    bf = BatchFormer(run, max_cost=10_000, max_requests=64, max_wait_ms=5, coalesce_ms=1)
+    bf = make(run, max_cost=10_000, max_requests=64, max_wait_ms=5, coalesce_ms=1)
     bad = bf.submit(RequestContext(op="encode", instruction="a"), units(13))
     good = bf.submit(RequestContext(op="encode", instruction="b"), units(2))
     with pytest.raises(RuntimeError):
@@ -160,26 +194,27 @@ async def test_failure_fails_only_its_batch_and_close_fails_pending():
 
 
 async def test_two_in_flight_queues_the_next_batch_while_one_runs():
-    started: list[list[int]] = []
+    started: asyncio.Queue[list[int]] = asyncio.Queue()
     release = asyncio.Event()
 
     async def run(ctx, us):
-        started.append([u.cost for u in us])
+        started.put_nowait([u.cost for u in us])
         await release.wait()
         return [u.cost for u in us]
 
-    former = BatchFormer(run, max_cost=10_000, max_requests=64, max_wait_ms=1, coalesce_ms=1, in_flight=2)
+    clock = ManualClock()
+    former = make(run, clock, max_cost=10_000, max_requests=64, max_wait_ms=1, coalesce_ms=1, in_flight=2)
     ctx = RequestContext(op="encode")
     first = former.submit(ctx, units(3))
-    await asyncio.sleep(0.05)
+    assert await started.get() == [3]
     second = former.submit(ctx, units(4))
-    await asyncio.sleep(0.05)
+    assert await started.get() == [4]  # handed over before the first finished
     third = former.submit(ctx, units(5))
-    await asyncio.sleep(0.05)
-    assert started == [[3], [4]]  # the second batch was handed over before the first finished
+    await clock.settled()
+    assert started.empty() and former.depth == 1  # two in flight: the third waits for one to end
     release.set()
     results = await asyncio.gather(*first, *second, *third)
-    assert [r[0] for r in results] == [3, 4, 5] and started[2] == [5]
+    assert [r[0] for r in results] == [3, 4, 5] and await started.get() == [5]
     await former.close()
 
 
@@ -209,7 +244,7 @@ class Gate:
         return [u.data for u in batch]
 
     async def next_start(self):
-        return await asyncio.wait_for(self.started.get(), timeout=5)
+        return await self.started.get()
 
 
 def labelled(prefix, n):
@@ -220,7 +255,7 @@ def classes(batches):
     return ["".join(sorted({label[0] for label in b})) for b in batches]
 
 
-def former(run, **over):
+def former(run, clock=None, **over):
     opts = dict(
         max_cost=10_000,
         max_requests=8,
@@ -230,7 +265,7 @@ def former(run, **over):
         bulk_mixed_window_s=3600,
         bulk_max_wait_ms=3_600_000,
     )
-    return BatchFormer(run, **{**opts, **over})
+    return make(run, clock, **{**opts, **over})
 
 
 async def test_interactive_overtakes_a_bulk_backlog_and_bulk_shrinks_while_it_arrives():
@@ -241,7 +276,7 @@ async def test_interactive_overtakes_a_bulk_backlog_and_bulk_shrinks_while_it_ar
     assert await gate.next_start() == 1  # bulk alone: a full-size batch
     inter = bf.submit(ctx, labelled("i", 3))  # interactive is the default class
     gate.open.set()
-    await asyncio.wait_for(asyncio.gather(*inter, *bulk), timeout=5)
+    await asyncio.gather(*inter, *bulk)
     # the interactive request ran right after the bulk batch that was on the worker, and bulk
     # batches were cut at the mixed size from then on
     assert classes(gate.batches[:3]) == ["b", "i", "b"]
@@ -252,10 +287,12 @@ async def test_interactive_overtakes_a_bulk_backlog_and_bulk_shrinks_while_it_ar
 async def test_without_interactive_traffic_bulk_keeps_the_full_batch_size():
     gate = Gate()
     gate.open.set()
-    bf = former(gate, bulk_mixed_window_s=0)  # interactive seen 'recently' never applies
+    clock = ManualClock()
+    bf = former(gate, clock, bulk_mixed_window_s=2)
     ctx = RequestContext(op="encode")
     (done,) = bf.submit(ctx, labelled("i", 1))
     await done
+    clock.advance(2.5)  # the interactive request is no longer recent
     futs = bf.submit(ctx, labelled("b", 24), priority="bulk")
     await asyncio.gather(*futs)
     assert [len(b) for b in gate.batches] == [1, 8, 8, 8]
@@ -264,18 +301,19 @@ async def test_without_interactive_traffic_bulk_keeps_the_full_batch_size():
 
 async def test_at_most_one_bulk_batch_is_in_flight_and_interactive_runs_beside_it():
     gate = Gate()
-    bf = former(gate, in_flight=2)
+    clock = ManualClock()
+    bf = former(gate, clock, in_flight=2)
     ctx = RequestContext(op="encode")
     bulk = bf.submit(ctx, labelled("b", 16), priority="bulk")
     bulk += bf.submit(RequestContext(op="encode", is_query=True), labelled("c", 16), priority="bulk")
     await gate.next_start()
-    await asyncio.sleep(0.05)  # a free slot and two bulk queues: still only one bulk batch started
+    await clock.settled()  # a free slot and two bulk queues: still only one bulk batch started
     assert len(gate.batches) == 1 and gate.running == 1
     inter = bf.submit(ctx, labelled("i", 2))
     await gate.next_start()  # the second slot takes the interactive batch at once
     assert classes(gate.batches) == ["b", "i"] and gate.running == 2
     gate.open.set()
-    await asyncio.wait_for(asyncio.gather(*inter, *bulk), timeout=5)
+    await asyncio.gather(*inter, *bulk)
     assert gate.most_running == 2
     await bf.close()
 
@@ -293,23 +331,27 @@ async def test_interactive_batches_use_both_slots():
 
 
 async def _bulk_behind_an_interactive_stream(bulk_max_wait_ms: float, batches: int) -> list[str]:
-    """A bulk backlog, and interactive work that keeps arriving: one new interactive unit each time
-    a batch starts. The classes of the first ``batches`` batches."""
+    """A bulk backlog, and interactive work that keeps arriving: one new interactive unit while each
+    batch runs, each batch running two milliseconds. The classes of the first ``batches`` batches."""
     gate = Gate()
-    bf = former(gate, max_requests=1, bulk_mixed_requests=1, bulk_max_wait_ms=bulk_max_wait_ms)
+    clock = ManualClock()
+    bf = former(gate, clock, max_requests=1, bulk_mixed_requests=1, bulk_max_wait_ms=bulk_max_wait_ms)
     ctx = RequestContext(op="encode")
     (first,) = bf.submit(ctx, labelled("i", 1))
     await gate.next_start()
+    clock.advance(0.001)
     bulk = bf.submit(ctx, labelled("b", 3), priority="bulk")
     futs = [first]
     for n in range(batches - 1):
+        clock.advance(0.001)
         futs += bf.submit(ctx, labelled(f"i{n}-", 1))
+        clock.advance(0.001)  # the running batch takes a millisecond more
         gate.open.set()
         gate.open.clear()  # let exactly the running batch finish
         await gate.next_start()
     out = classes(gate.batches[:batches])
     gate.open.set()
-    await asyncio.wait_for(asyncio.gather(*futs, *bulk), timeout=5)
+    await asyncio.gather(*futs, *bulk)
     await bf.close()
     return out
 
@@ -333,14 +375,20 @@ async def test_an_unknown_priority_is_refused():
     await bf.close()
 
 
-async def test_idle_lanes_share_a_lone_request():
-    """Two lanes idle and one request of 8: two forwards of 4, one per lane; with one lane (CUDA:
+async def test_idle_forward_threads_share_a_lone_request():
+    """Two forward threads idle and one request of 8: two forwards of 4, one per thread; with one (CUDA:
     the second slot only queues) the request stays one forward."""
-    for lanes, expected in ((2, [[4, 4, 4, 4], [4, 4, 4, 4]]), (1, [[4] * 8])):
-        rec = Recorder(delay=0.05)
-        bf = BatchFormer(
-            rec, max_cost=10_000, max_requests=64, max_wait_ms=50, coalesce_ms=20, in_flight=2, lanes=lanes
+    for threads, expected in ((2, [[4, 4, 4, 4], [4, 4, 4, 4]]), (1, [[4] * 8])):
+        rec = Recorder()
+        bf = make(
+            rec,
+            max_cost=10_000,
+            max_requests=64,
+            max_wait_ms=50,
+            coalesce_ms=20,
+            in_flight=2,
+            forward_threads=threads,
         )
         await asyncio.gather(*bf.submit(RequestContext(op="encode"), units(*[4] * 8)))
-        assert rec.batches == expected, lanes
+        assert rec.batches == expected, threads
         await bf.close()

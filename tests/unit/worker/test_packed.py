@@ -26,8 +26,9 @@ from transformers import (
 )
 
 from protocol.model_config import ModelConfig
+from tests.support.typed import inputs
 from worker.adapters.base import LoadSpec, RequestContext
-from worker.packed import (
+from worker.modeling.packed import (
     PackedBatch,
     classifier_head,
     mlm_head,
@@ -210,7 +211,7 @@ def test_dense_adapter_packed_equals_padded(pooling):
     on = make_adapter("worker.adapters.dense:DenseAdapter", MINILM, True, max_len=256)
     off = make_adapter("worker.adapters.dense:DenseAdapter", MINILM, False, max_len=256)
     ctx = RequestContext(op="encode", options_json=RequestContext.canonical_options({"pooling": pooling}))
-    units = on.prepare(ctx, [{"text": t} for t in TEXTS])
+    units = on.prepare(ctx, inputs([{"text": t} for t in TEXTS]))
     assert max(u.cost for u in units) == 256
     a = np.stack([o["dense"] for o in on.forward(ctx, units)])
     b = np.stack([o["dense"] for o in off.forward(ctx, units)])
@@ -221,7 +222,7 @@ def test_sparse_adapter_packed_equals_padded():
     on = make_adapter("worker.adapters.sparse:SpladeAdapter", SPLADE, True)
     off = make_adapter("worker.adapters.sparse:SpladeAdapter", SPLADE, False)
     ctx = RequestContext(op="encode", output_types=("sparse",))
-    units = on.prepare(ctx, [{"text": t} for t in TEXTS])
+    units = on.prepare(ctx, inputs([{"text": t} for t in TEXTS]))
     for a, b in zip(on.forward(ctx, units), off.forward(ctx, units), strict=True):
         (ia, va), (ib, vb) = a["sparse"], b["sparse"]
         np.testing.assert_array_equal(ia, ib)
@@ -236,5 +237,5 @@ def test_cross_encoder_adapter_packed_equals_padded(tmp_path):
     off = make_adapter("worker.adapters.cross_encoder:CrossEncoderAdapter", path, False)
     ctx = RequestContext(op="score")
     pairs = [({"text": "what is ML"}, {"text": t}) for t in TEXTS]
-    units = on.prepare(ctx, pairs)
+    units = on.prepare(ctx, inputs(pairs))
     np.testing.assert_allclose(on.forward(ctx, units), off.forward(ctx, units), atol=1e-5)

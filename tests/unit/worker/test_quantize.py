@@ -1,6 +1,6 @@
 import numpy as np
 
-from worker.postprocess import encode_item, quantize_rows
+from worker.runtime.postprocess import encode_item, quantize_rows
 
 
 def test_int8_symmetric_per_row():

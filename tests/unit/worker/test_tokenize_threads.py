@@ -15,6 +15,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from protocol.model_config import ModelConfig
+from tests.support.typed import inputs
 from worker.adapters.base import InputTooLong, LoadSpec, RequestContext
 from worker.adapters.dense import DenseAdapter
 
@@ -63,7 +64,7 @@ def test_concurrent_tokenisation_never_exceeds_the_limit(adapter):
     def work() -> None:
         start.wait()
         for _ in range(60):
-            units = adapter.prepare(ctx, texts)
+            units = adapter.prepare(ctx, inputs(texts))
             lengths.extend(u.cost for u in units)
             try:
                 adapter.forward(ctx, units)
@@ -82,5 +83,5 @@ def test_concurrent_tokenisation_never_exceeds_the_limit(adapter):
 def test_over_long_text_refused_with_its_full_length(adapter):
     ctx = RequestContext(op="encode", truncate=False)
     with pytest.raises(InputTooLong) as err:
-        adapter.prepare(ctx, [{"text": "short"}, {"text": "word " * 50}])
+        adapter.prepare(ctx, inputs([{"text": "short"}, {"text": "word " * 50}]))
     assert "Item 1 has 52 tokens" in err.value.message

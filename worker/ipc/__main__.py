@@ -1,0 +1,3 @@
+from worker.ipc.server import main
+
+main()

@@ -1,0 +1,1 @@
+"""The worker's models: which are loaded (the registry), each loaded model, LoRAs, memory, weights."""
