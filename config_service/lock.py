@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -35,14 +35,36 @@ class NotWriter(RuntimeError):
     """This replica does not hold the writer lock (it is a standby, or it lost the lock)."""
 
 
-class WriterLock:
-    """Common part: the background acquire/monitor loop and the held flag."""
+class LockBackend(Protocol):
+    """How one database holds the lock and runs the writer's transactions. The :class:`WriterLock`
+    calls these one at a time (under its mutex), from a worker thread."""
 
-    def __init__(self, poll_s: float = 1.0, check_every_s: float = 5.0) -> None:
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; True when this replica holds it now."""
+        ...
+
+    def check(self) -> bool:
+        """Whether this replica still holds the lock."""
+        ...
+
+    def release(self) -> None: ...
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in one write transaction; raises NotWriter when the lock is gone with it."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WriterLock:
+    """The background acquire/monitor loop and the held flag, over a :class:`LockBackend`."""
+
+    def __init__(self, backend: LockBackend, poll_s: float = 1.0, check_every_s: float = 5.0) -> None:
+        self.backend = backend
         self.poll_s = poll_s
         self.check_every_s = check_every_s
         self._held = False
-        self._mutex = threading.Lock()  # one write (or check) at a time on the writer connection
+        self._mutex = threading.Lock()  # one backend call at a time (a write, a check) on its connection
         self.acquired = asyncio.Event()
         self.on_change: Callable[[bool], None] | None = None
 
@@ -61,6 +83,13 @@ class WriterLock:
             if self.on_change:
                 self.on_change(held)
 
+    async def _call(self, step: Callable[[], T]) -> T:
+        def locked() -> T:
+            with self._mutex:
+                return step()
+
+        return await asyncio.to_thread(locked)
+
     async def maintain(self) -> None:
         """Acquire the lock (waiting as a standby), then watch it; reacquire if it is lost."""
         last_check = 0.0
@@ -69,7 +98,7 @@ class WriterLock:
         while True:
             try:
                 if not self._held:
-                    if await asyncio.to_thread(self._try_acquire):
+                    if await self._call(self.backend.try_acquire):
                         self._set_held(True)
                         last_check = loop.time()
                     elif not waiting_logged:
@@ -79,15 +108,15 @@ class WriterLock:
                         )
                 elif loop.time() - last_check >= self.check_every_s:
                     last_check = loop.time()
-                    if not await asyncio.to_thread(self._check):
-                        await asyncio.to_thread(self._release)
+                    if not await self._call(self.backend.check):
+                        await self._call(self.backend.release)
                         self._set_held(False)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # database down: stay (or become) a standby and retry
                 log.warning("writer lock: %s: %s", exc.__class__.__name__, exc)
                 with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self._release)
+                    await self._call(self.backend.release)
                 self._set_held(False)
             await asyncio.sleep(self.poll_s)
 
@@ -96,37 +125,31 @@ class WriterLock:
         with self._mutex:
             if not self._held:
                 raise NotWriter("this replica does not hold the writer lock")
-            return self._write(fn)
+            try:
+                return self.backend.write(fn)
+            except NotWriter:
+                # the lock went with the connection; maintain() (on the loop) says so and reacquires
+                self._held = False
+                raise
 
     def close(self) -> None:
         with self._mutex:
-            self._release()
+            self.backend.release()
             self._held = False
-
-    # backend parts
-    def _try_acquire(self) -> bool:
-        raise NotImplementedError
-
-    def _check(self) -> bool:
-        raise NotImplementedError
-
-    def _release(self) -> None:
-        raise NotImplementedError
-
-    def _write(self, fn: Callable[[Connection], T]) -> T:
-        raise NotImplementedError
+            self.backend.close()
 
 
-class SqliteWriterLock(WriterLock):
-    def __init__(self, engine: Engine, poll_s: float = 1.0, holder: str = "") -> None:
-        super().__init__(poll_s)
+class SqliteLock:
+    """An exclusive ``flock`` on ``<db>.writer.lock`` beside the database file."""
+
+    def __init__(self, engine: Engine, holder: str = "") -> None:
         self.engine = engine
         db = sqlite_path(engine)
         self.path: Path = db.with_name(db.name + ".writer.lock")
         self.holder = holder
         self._fd: int | None = None
 
-    def _try_acquire(self) -> bool:
+    def try_acquire(self) -> bool:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -138,58 +161,59 @@ class SqliteWriterLock(WriterLock):
         self._fd = fd
         return True
 
-    def _check(self) -> bool:
+    def check(self) -> bool:
         return self._fd is not None
 
-    def _release(self) -> None:
+    def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
 
-    def _write(self, fn: Callable[[Connection], T]) -> T:
+    def write(self, fn: Callable[[Connection], T]) -> T:
         with self.engine.connect() as conn:
             conn = conn.execution_options(sqlite_immediate=True)
             with conn.begin():
                 return fn(conn)
 
+    def close(self) -> None:
+        pass  # the engine is the store's
 
-class PostgresWriterLock(WriterLock):
-    def __init__(self, url: str, poll_s: float = 1.0, key: int = PG_WRITER_LOCK_KEY) -> None:
-        super().__init__(poll_s)
+
+class PostgresLock:
+    """A session-level ``pg_advisory_lock`` on a connection of its own, on which the writer's
+    transactions run too."""
+
+    def __init__(self, url: str, key: int = PG_WRITER_LOCK_KEY) -> None:
         # A connection of its own (no pool): the lock lives exactly as long as it does.
         self.engine = sa.create_engine(url, poolclass=NullPool)
         self.key = key
         self._conn: Connection | None = None
 
-    def _try_acquire(self) -> bool:
-        with self._mutex:
-            if self._conn is None:
-                self._conn = self.engine.connect()
-            got = bool(
-                self._conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
-            )
+    def try_acquire(self) -> bool:
+        if self._conn is None:
+            self._conn = self.engine.connect()
+        got = bool(self._conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar())
+        self._conn.commit()
+        return got
+
+    def check(self) -> bool:
+        if self._conn is None:
+            return False
+        try:
+            held = self._conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND pid = pg_backend_pid() AND objid = (:k & 4294967295) "
+                    "AND classid = (:k >> 32) AND objsubid = 1"
+                ),
+                {"k": self.key},
+            ).scalar()
             self._conn.commit()
-            return got
+            return bool(held)
+        except sa.exc.SQLAlchemyError:
+            return False
 
-    def _check(self) -> bool:
-        with self._mutex:
-            if self._conn is None:
-                return False
-            try:
-                held = self._conn.execute(
-                    sa.text(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                        "AND pid = pg_backend_pid() AND objid = (:k & 4294967295) "
-                        "AND classid = (:k >> 32) AND objsubid = 1"
-                    ),
-                    {"k": self.key},
-                ).scalar()
-                self._conn.commit()
-                return bool(held)
-            except sa.exc.SQLAlchemyError:
-                return False
-
-    def _release(self) -> None:
+    def release(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -197,7 +221,7 @@ class PostgresWriterLock(WriterLock):
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _write(self, fn: Callable[[Connection], T]) -> T:
+    def write(self, fn: Callable[[Connection], T]) -> T:
         if self._conn is None:
             raise NotWriter("writer connection is gone")
         try:
@@ -205,20 +229,21 @@ class PostgresWriterLock(WriterLock):
                 return fn(self._conn)
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             if self._conn.invalidated or self._conn.closed:
-                self._release()
-                self._held = False
+                self.release()
                 raise NotWriter(f"writer connection lost: {exc}") from exc
             raise
 
     def close(self) -> None:
-        super().close()
         self.engine.dispose()
 
 
 def make_writer_lock(engine: Engine, poll_s: float = 1.0, holder: str = "") -> WriterLock:
+    backend: LockBackend
     if is_sqlite(engine):
-        return SqliteWriterLock(engine, poll_s=poll_s, holder=holder)
-    return PostgresWriterLock(engine.url.render_as_string(hide_password=False), poll_s=poll_s)
+        backend = SqliteLock(engine, holder=holder)
+    else:
+        backend = PostgresLock(engine.url.render_as_string(hide_password=False))
+    return WriterLock(backend, poll_s=poll_s)
 
 
-__all__ = ["NotWriter", "PostgresWriterLock", "SqliteWriterLock", "WriterLock", "make_writer_lock"]
+__all__ = ["LockBackend", "NotWriter", "PostgresLock", "SqliteLock", "WriterLock", "make_writer_lock"]

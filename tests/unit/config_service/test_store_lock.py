@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from config_service.lock import NotWriter, SqliteWriterLock
+from config_service.lock import NotWriter, SqliteLock, WriterLock
 from config_service.store import Store, StoreError, make_engine, migrate, normalize_db_url
 
 
@@ -33,7 +33,7 @@ async def test_only_one_lock_holder_and_the_standby_takes_over(tmp_path):
     url = f"sqlite:///{tmp_path / 'c.db'}"
     e1, e2 = make_engine(url), make_engine(url)
     migrate(e1)
-    a, b = SqliteWriterLock(e1, poll_s=0.05), SqliteWriterLock(e2, poll_s=0.05)
+    a, b = WriterLock(SqliteLock(e1), poll_s=0.05), WriterLock(SqliteLock(e2), poll_s=0.05)
     ta = asyncio.create_task(a.maintain())
     await asyncio.wait_for(a.acquired.wait(), 5)
     tb = asyncio.create_task(b.maintain())
@@ -54,8 +54,8 @@ async def test_only_one_lock_holder_and_the_standby_takes_over(tmp_path):
 def test_a_failed_write_transaction_rolls_back(tmp_path):
     engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
     migrate(engine)
-    lock = SqliteWriterLock(engine)
-    assert lock._try_acquire()
+    lock = WriterLock(SqliteLock(engine))
+    assert lock.backend.try_acquire()
     lock._held = True
 
     def boom(conn):
