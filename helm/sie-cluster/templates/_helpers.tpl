@@ -139,6 +139,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- toYaml (dict "lanes" $lanes) -}}
 {{- end -}}
 
+{{/* PodDisruptionBudget: policy/v1 where the cluster serves it (1.21+, the only one from 1.25),
+policy/v1beta1 before (1.20). Offline (helm template/lint) Helm's built-in list has policy/v1. */}}
+{{- define "sie.pdbApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "policy/v1" -}}policy/v1{{- else -}}policy/v1beta1{{- end -}}
+{{- end -}}
+
 {{- define "sie.lifecycleSleep" -}}
 lifecycle:
   preStop:
