@@ -65,13 +65,14 @@ base_image() {
     rm -rf "$d"/var/lib/apt/lists/* "$d"/var/cache/apt/*.bin "$d"/var/cache/apt/archives/*.deb
     tar -C "$d" --numeric-owner -cf "$tar.tmp" . && mv "$tar.tmp" "$tar" && rm -rf "$d"
   fi
-  pm import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  pm import -q --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'CMD ["python3"]' "$tar" "$BASE_NAME" >/dev/null
 }
 
 wheelhouse() {
-  # keyed by the dependency list: a changed pyproject.toml downloads what is new
-  local key; key=$(sha256sum "$REPO/pyproject.toml" | cut -c1-16)
+  # keyed by the dependency lists: a changed one downloads what is new
+  local key; key=$("$PY" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print(p["dependencies"], p["optional-dependencies"])' "$REPO/pyproject.toml" | sha256sum | cut -c1-16)
   [ -f "$WHEELS/.ok-$key" ] && return 0
   say "pip download: the images' dependencies into $WHEELS (torch: the CPU wheel)"
   "$PY" -m pip download -q -d "$WHEELS" "torch==2.13.0" \

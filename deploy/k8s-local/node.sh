@@ -28,7 +28,7 @@ COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-p
 SYSCTLS="vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.conf.all.route_localnet net.bridge.bridge-nf-call-iptables net.ipv4.ip_forward"
 DEBS="golang-go rsync etcd-server etcd-client containerd runc containernetworking-plugins iptables
 conntrack gcc libc6-dev dpkg-dev openssl curl dnsmasq-base docker-registry podman buildah
-debootstrap fuse-overlayfs uidmap skopeo iproute2 xz-utils"
+debootstrap fuse-overlayfs uidmap skopeo iproute2 xz-utils nftables"
 export KUBECONFIG=$S/kubeconfig
 
 say() { echo "k8s-local: $*" >&2; }
@@ -248,6 +248,9 @@ start() {
   # the saved values come from before this node's first start, never from a half-started one
   [ -f "$S/sysctl.saved" ] || for k in $SYSCTLS; do
     v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"; done >"$S/sysctl.saved"
+  # iptables tables that exist now (kube-proxy and CNI add nat/filter/mangle), and /run/netns
+  [ -f "$S/iptables-tables.saved" ] || iptables-save | sed -n 's/^\*//p' >"$S/iptables-tables.saved"
+  [ -e /run/netns ] || { mkdir -p /run/netns; touch "$S/netns-made"; }
   # pod bridge up front: dnsmasq listens on it and the API server advertises its address to pods
   ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
   ip addr show dev "$BRIDGE" | grep -q "$BRIDGE_IP/" || ip addr add "$BRIDGE_IP/24" dev "$BRIDGE"
@@ -276,6 +279,13 @@ start() {
   launch dnsmasq dnsmasq --keep-in-foreground --no-resolv --no-hosts --listen-address=$BRIDGE_IP \
     --bind-interfaces --local=/cluster.local/ --hostsdir="$S/dns/hosts.d" --pid-file="$S/dns/dnsmasq.pid"
   launch sync python3 "$(dirname "$(readlink -f "$0")")/sync.py" --state "$S"
+  # Pod network namespaces are bind mounts in /run/netns. Unless that folder is already a shared
+  # mount of itself, the first podman or `ip netns` run binds it over itself, stacking a second copy
+  # of every pod's mount; containerd then cannot remove them and those pods stay Terminating.
+  mkdir -p /run/netns
+  if ! mountpoint -q /run/netns; then
+    mount --bind /run/netns /run/netns && mount --make-shared /run/netns && touch "$S/netns-bound"
+  fi
   launch containerd containerd --config "$S/ctrd/config.toml"
   wait_for "ctr_ version" 60
   pause_image
@@ -325,17 +335,38 @@ stop() {
     for ch in $(iptables-save -t $t 2>/dev/null | grep -oE '^:(KUBE|CNI)-[A-Za-z0-9_-]+' | tr -d :); do iptables -w -t $t -X "$ch" 2>/dev/null; done
   done
   # network namespaces CNI made for pods (named cni-*), mounts under the state dir, the bridge, veths
-  local ns
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^cni-'); do ip netns del "$ns" 2>/dev/null; done
+  clean_netns
+  if ls /run/netns/cni-* >/dev/null 2>&1 && mountpoint -q /run/netns && [ ! -f "$S/netns-bound" ]; then
+    # stacked under a later bind of /run/netns over itself (see start): lift that bind, retry
+    umount -l /run/netns 2>/dev/null; clean_netns
+  fi
+  [ -f "$S/netns-bound" ] && umount -l /run/netns 2>/dev/null
   grep " $S" /proc/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
   grep " /run/netns/cni-" /proc/mounts | awk '{print $2}' | xargs -r -n1 umount -l 2>/dev/null
   ip link del "$BRIDGE" 2>/dev/null
+  [ -f "$S/netns-made" ] && rmdir /run/netns 2>/dev/null
+  # tables this node brought into being, now empty
+  if [ -f "$S/iptables-tables.saved" ]; then
+    for t in mangle filter nat; do
+      grep -qx "$t" "$S/iptables-tables.saved" && continue
+      [ "$(iptables-save -t $t 2>/dev/null | grep -c '^-A')" = 0 ] && nft delete table ip $t 2>/dev/null
+    done
+  fi
   conntrack -D -s 10.244.0.0/16 >/dev/null 2>&1; conntrack -D -d 10.96.0.0/16 >/dev/null 2>&1
   if [ -f "$S/sysctl.saved" ]; then
     local kv; while read -r kv; do [ -n "$kv" ] && sysctl -q -w "$kv" 2>/dev/null; done <"$S/sysctl.saved"
   fi
   rm -rf "$S"
   say "stopped; removed $S"
+}
+
+clean_netns() {  # the pod network namespaces containerd made (cni-*): unmount every copy, remove
+  local ns i
+  for ns in /run/netns/cni-*; do
+    [ -e "$ns" ] || continue
+    for i in 1 2 3 4; do mountpoint -q "$ns" || break; umount "$ns" 2>/dev/null || umount -l "$ns" 2>/dev/null; done
+    rm -f "$ns" 2>/dev/null
+  done
 }
 
 status() {
