@@ -94,6 +94,8 @@ build() {
     [ -f "$CACHE/src/k8s/build/pause/linux/pause.c" ] || die "pause.c missing: remove $CACHE/src/k8s and rerun build"
     gcc -Os -static -o "$BIN/pause.tmp" "$CACHE/src/k8s/build/pause/linux/pause.c" && mv "$BIN/pause.tmp" "$BIN/pause"
   fi
+  # the source tree and Go's cache (about 9 GB) are only needed for another build
+  rm -rf "$CACHE/src/k8s" "$CACHE/src/k8s.tmp" "$CACHE/gocache"
   say "binaries ready in $BIN"
 }
 
