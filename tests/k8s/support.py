@@ -222,7 +222,9 @@ def run_load(
         env=env,
     )
     err: list[str] = []
-    reader = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr else ""), daemon=True)
+    reader = threading.Thread(
+        target=lambda: err.append(proc.stderr.read() if proc.stderr else ""), daemon=True
+    )
     reader.start()
     out = LoadResult(results=[], signalled_at=None)
     timer = threading.Timer(timeout_s, proc.kill)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
-from tests.k8s.support import CHART, LOCAL_VALUES, Cluster
+from tests.k8s.support import CHART, LOCAL_VALUES, REPO, Cluster
 
 pytestmark = pytest.mark.k8s
 
@@ -87,3 +90,33 @@ def test_local_values_only_change_what_the_node_needs():
     values = yaml.safe_load(LOCAL_VALUES.read_text())
     assert set(values) == {"gateway", "config", "nats", "machineProfiles", "workers"}
     assert "image" not in values["gateway"] and "global" not in values  # default images
+
+
+def registry_layers(name: str, tag: str) -> list[str]:
+    r = httpx.get(
+        f"http://127.0.0.1:15000/v2/{name}/manifests/{tag}",
+        headers={
+            "Accept": "application/vnd.oci.image.manifest.v1+json, "
+            "application/vnd.docker.distribution.manifest.v2+json"
+        },
+        timeout=30,
+    )
+    r.raise_for_status()
+    return [layer["digest"] for layer in r.json()["layers"]]
+
+
+def test_images_share_layers_and_leave_the_venv_out(table):
+    """The three service images differ in their last layer only; no build context carries .venv."""
+    layers = {s: registry_layers(f"sie-cluster/sie-{s}", "0.10.1") for s in ("gateway", "sidecar", "config")}
+    shared = set.intersection(*(set(v[:-1]) for v in layers.values()))
+    assert all(set(v[:-1]) == shared for v in layers.values()), layers
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv", ".venv312", ".git"} <= set(ignored)
+    sizes = ""
+    report = Path(os.environ.get("SIE_K8S_CACHE", "/var/cache/sie-k8s")) / "images.tsv"
+    if report.exists():
+        rows = [line.split("\t") for line in report.read_text().splitlines() if line.strip()]
+        sizes = "; ".join(
+            f"{n.rsplit('/', 1)[-1]} {int(b) / 2**20:.0f} MiB {float(t):.0f} s" for n, b, t in rows
+        )
+    table.row("images", f"service images share {len(shared)} layers; {sizes}")

@@ -11,7 +11,7 @@ from tests.support.sdk312 import run_sdk
 
 pytestmark = pytest.mark.k8s
 
-SPARE = "sie-w-spare-cpu-spare"
+SPARE = "sie-w-default-cpu-spare"
 
 
 def replicas(cluster: Cluster, sts: str) -> int:
@@ -62,8 +62,6 @@ def test_scale_from_zero_through_the_gateways_scaler(cluster: Cluster, sdk, tabl
         f"PROVISIONING, then {SPARE} 0 -> 1 by the gateway; served after {out['waited_s']:.1f} s, "
         f"{out['retries']} SDK retries",
     )
-    # back to zero: the rest of the suite runs on the default pool alone
-    cluster.kubectl("scale", "statefulset", SPARE, "--replicas=0")
     cluster.wait_ready()
     log(f"scale from zero done in {time.monotonic() - t0:.0f} s")
 
