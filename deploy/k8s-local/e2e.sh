@@ -7,6 +7,17 @@ REPO=$(cd "$HERE/../.." && pwd)
 OUT=$REPO/.k8s-e2e
 mkdir -p "$OUT"
 rm -f "$OUT/table.txt"
+# what k8s-down must give back: links, iptables tables and chains, the sysctls the node
+# touches, mounts of pod namespaces and node state, processes of the node
+host_state() {
+  ip -o link | awk -F': ' '{print "link", $2}' | sed 's/@.*//' | sort
+  iptables-save | grep -E '^\*|^:' | sed 's/ \[.*//' | sort
+  sysctl vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.conf.all.route_localnet \
+    net.ipv4.ip_forward 2>/dev/null
+  grep -E '/run/netns|/var/lib/sie-k8s' /proc/self/mountinfo | awk '{print "mount", $5}' | sort
+  pgrep -a -f '/var/lib/sie-k8s|/var/cache/sie-k8s/bin' | awk '{print "process", $2}' | sort
+}
+host_state >"$OUT/host-before.txt"
 T0=$SECONDS
 "$HERE/up.sh" 2>&1 | tee "$OUT/up.log"
 up_rc=${PIPESTATUS[0]}
@@ -20,6 +31,17 @@ fi
 SUITE_S=$((SECONDS - T0 - UP_S))
 "$HERE/down.sh"
 down_rc=$?
+host_state >"$OUT/host-after.txt"
+if [ "$down_rc" = 0 ] && cmp -s "$OUT/host-before.txt" "$OUT/host-after.txt"; then
+  row="pass    links, iptables, sysctls, mounts, processes as before k8s-up"
+else
+  row="FAIL    rc $down_rc; $(diff "$OUT/host-before.txt" "$OUT/host-after.txt" | grep '^[<>]' | head -5 | tr '\n' ' ')"
+  down_rc=1
+fi
+[ -f "$OUT/table.txt" ] || echo "(no suite table)" >"$OUT/table.txt"
+grep -q "rows pass$" "$OUT/table.txt" && sed -i '$d' "$OUT/table.txt"  # the count line, written again below
+echo "make k8s-down leaves the host clean  $row" >>"$OUT/table.txt"
+echo "$(grep -c '  pass  ' "$OUT/table.txt") of $(($(wc -l <"$OUT/table.txt") - 2)) rows pass" >>"$OUT/table.txt"
 [ "$rc" = 0 ] && rc=$down_rc
 echo
 echo "==== make e2e-k8s: k8s-up $UP_S s (rc $up_rc), suite $SUITE_S s, k8s-down rc $down_rc"
