@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 CLASS = "local-path"
 PROVISIONER = "sie.dev/local-path"
@@ -86,7 +87,7 @@ def provision(claims: list[dict], volumes: list[dict], voldir: str) -> None:
         path = os.path.join(voldir, name)
         os.makedirs(path, exist_ok=True)
         os.chmod(path, 0o777)
-        pv = {
+        pv: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
             "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
