@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.dev-installed
 SIE_ARGS ?=
 
-.PHONY: up install dev test test-fast typecheck lint bench bench-gpu clean
+.PHONY: up install dev test test-fast typecheck lint bench bench-gpu clean k8s-up k8s-down e2e-k8s
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -58,5 +58,18 @@ bench: $(DEVSTAMP)
 bench-gpu: $(DEVSTAMP)
 	$(BIN)/python -m tests.benchmarks.gpu $(BENCH_ARGS)
 
+# A one-node Kubernetes v1.20 here (as root), the project's images, the chart installed, every
+# pod Ready; the last two lines: the gateway URL and KUBECONFIG=<path>. docs/kubernetes.md.
+k8s-up: $(DEVSTAMP)
+	@deploy/k8s-local/up.sh
+
+# Stops it and puts the host back (processes, bridge, iptables chains, sysctls). Idempotent.
+k8s-down:
+	@deploy/k8s-local/down.sh
+
+# k8s-up, the suite of tests/k8s (marker k8s), k8s-down, and the table of checks.
+e2e-k8s: $(DEVSTAMP)
+	@deploy/k8s-local/e2e.sh
+
 clean:
-	rm -rf $(VENV) .sie-state
+	rm -rf $(VENV) .sie-state .k8s-e2e

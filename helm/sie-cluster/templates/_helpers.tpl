@@ -101,6 +101,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{/* Where the gateway and the sidecar read the model registry: the config service (start-up
+export, epoch poll, deltas on NATS from its pods only), with the read token. Without it the
+gateway knew only the models baked into its image and never saw a model added through the API. */}}
+{{- define "sie.configSyncEnv" -}}
+- name: SIE_CONFIG_SERVICE_URL
+  value: {{ printf "http://%s.%s.svc:%d" (include "sie.configName" .) .Release.Namespace (int .Values.config.port) | quote }}
+- name: SIE_CONFIG_SERVICE_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ include "sie.authSecretName" . }}, key: SIE_CONFIG_READ_TOKEN}
+- name: SIE_NATS_CONFIG_TRUSTED_PRODUCERS
+  value: {{ include "sie.configName" . | quote }}
+{{- end -}}
+
 {{/* Stream knobs written identically to gateway and sidecar. */}}
 {{- define "sie.streamEnv" -}}
 - name: SIE_STREAM_STORAGE
@@ -137,6 +150,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 {{- toYaml (dict "lanes" $lanes) -}}
+{{- end -}}
+
+{{/* PodDisruptionBudget: policy/v1 where the cluster serves it (1.21+, the only one from 1.25),
+policy/v1beta1 before (1.20). Offline (helm template/lint) Helm's built-in list has policy/v1. */}}
+{{- define "sie.pdbApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "policy/v1" -}}policy/v1{{- else -}}policy/v1beta1{{- end -}}
 {{- end -}}
 
 {{- define "sie.lifecycleSleep" -}}
