@@ -27,7 +27,9 @@ def status(config: ModelConfig, cache: WeightCache, *, keys=frozenset(), hub: bo
 
 
 @pytest.fixture
-def cache(tmp_path):
+def cache(tmp_path, monkeypatch):
+    # online unless a test says otherwise: the hub client's own switch may be set where this runs
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     return WeightCache(tmp_path / "disk", offline=False)
 
 
