@@ -209,9 +209,10 @@ class Gateway:
     def known_profiles(self) -> list[str]:
         return sorted(set(self.settings.configured_gpus()) | set(self.workers.live_profiles()))
 
-    def lane_served(self, machine_profile: str, bundle: str) -> bool:
-        """True when a healthy worker serves ``(machine_profile, bundle)`` ("any"/"" = any profile)."""
-        return routing.lane_served(self.workers.healthy(), machine_profile, bundle)
+    def lane_served(self, lane: Lane) -> bool:
+        """True when a healthy worker of ``lane``'s pool serves its profile ("any"/"" = any profile)
+        and bundle."""
+        return routing.lane_served(self.workers.healthy(), lane)
 
     def canonical_profile(self, value: str | None) -> str | None:
         if not value:  # most requests name no profile: no list of the live ones to build
@@ -253,7 +254,7 @@ class Gateway:
         lane = self._served_lane(route, queue_pool, profile, assigned_ids)
         if lane is None or pool_state != "active":
             bundle = route.bundles[0]
-            self.demand.record(profile or "any", bundle)
+            self.demand.record(profile or "any", bundle, queue_pool)
             raise Provisioning(
                 profile,
                 bundle,
@@ -413,8 +414,8 @@ class Gateway:
                 request_id, lane, route.model_id, todo, payloads, headers, operation=operation, deadline=t0 + timeout,
                 known=known,
             )  # fmt: skip
-        self.demand.clear(lane.machine_profile, lane.bundle)
-        self.demand.clear("any", lane.bundle)
+        self.demand.clear(lane.machine_profile, lane.bundle, lane.pool)
+        self.demand.clear("any", lane.bundle, lane.pool)
         if keys and self.cache is not None:
             fresh: list[tuple[str, WorkResult]] = []
             for item in todo:

@@ -10,8 +10,9 @@ The Helm chart renders, when KEDA is not installed::
 and a Role that allows get/patch on ``statefulsets/scale`` of exactly those StatefulSets.
 
 Only the 0 → 1 step lives here: when the gateway has pending demand for a lane
-``(machine_profile, bundle)`` and no live worker serves it, each matching StatefulSet whose
-scale is 0 is patched to 1 (``min_replicas``). Scaling further out and back in is KEDA's job
+``(pool, machine_profile, bundle)`` and no live worker of that pool serves it, the lane's
+StatefulSet is patched to 1 (``min_replicas``) if its scale is 0; other pools' StatefulSets of
+the same profile and bundle stay asleep. Scaling further out and back in is KEDA's job
 (or an operator's); this never scales down, so it cannot fight a human or an HPA.
 
 The client is anything with the two ``kubernetes.client.AppsV1Api`` methods used here
@@ -31,7 +32,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.routing import Lane
+from gateway.routing import ANY_PROFILE, Lane
 
 log = logging.getLogger("gateway.k8s_scaler")
 
@@ -100,14 +101,18 @@ class K8sScaler:
     def statefulsets_for(
         self, machine_profile: str, bundle: str, pool: str | None = None
     ) -> list[tuple[Lane, str]]:
+        """The targets of ``(machine_profile, bundle)`` (in ``pool``, else in any pool). Demand that
+        named no profile ("any") wakes the first target of the bundle, in the order the targets are
+        configured (the chart's order of profiles): one lane to serve it, not every profile's."""
         profile, bundle = machine_profile.lower(), bundle.lower()
-        return [
+        found = [
             (lane, name)
             for lane, name in self.targets.items()
-            if lane.machine_profile == profile
-            and lane.bundle == bundle
+            if lane.bundle == bundle
             and (pool is None or lane.pool == pool.lower())
+            and (profile in ANY_PROFILE or lane.machine_profile == profile)
         ]
+        return found[:1] if profile in ANY_PROFILE else found
 
     def wake(self, machine_profile: str, bundle: str, pool: str | None = None) -> list[ScaleEvent]:
         """Scale each matching StatefulSet that is at 0 replicas to ``min_replicas`` (blocking).
@@ -140,26 +145,22 @@ class K8sScaler:
             done.append(event)
         return done
 
-    def reconcile(
-        self, pending: Iterable[tuple[str, str]], served: Callable[[str, str], bool]
-    ) -> list[ScaleEvent]:
-        """For each pending ``(machine_profile, bundle)`` that ``served`` says has no live worker, wake."""
+    def reconcile(self, pending: Iterable[Lane], served: Callable[[Lane], bool]) -> list[ScaleEvent]:
+        """For each pending lane that ``served`` says has no live worker, wake its StatefulSet."""
         events: list[ScaleEvent] = []
-        for machine_profile, bundle in pending:
-            if served(machine_profile, bundle):
+        for lane in pending:
+            if served(lane):
                 continue
-            events.extend(self.wake(machine_profile, bundle))
+            events.extend(self.wake(lane.machine_profile, lane.bundle, lane.pool))
         return events
 
-    async def areconcile(
-        self, pending: Iterable[tuple[str, str]], served: Callable[[str, str], bool]
-    ) -> list[ScaleEvent]:
+    async def areconcile(self, pending: Iterable[Lane], served: Callable[[Lane], bool]) -> list[ScaleEvent]:
         return await asyncio.to_thread(self.reconcile, list(pending), served)
 
     async def run(
         self,
-        pending: Callable[[], Iterable[tuple[str, str]]],
-        served: Callable[[str, str], bool],
+        pending: Callable[[], Iterable[Lane]],
+        served: Callable[[Lane], bool],
         interval_s: float,
     ) -> None:
         """Reconcile every ``interval_s`` until cancelled (the gateway runs this as a task)."""

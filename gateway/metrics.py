@@ -9,6 +9,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.pools import DEFAULT_POOL
+from gateway.routing import Lane
+
 
 @functools.lru_cache(maxsize=1024)
 def labelled(metric: Any, *values: str) -> Any:
@@ -115,7 +118,10 @@ class GatewayMetrics:
 
 
 class DemandTracker:
-    """Pending demand per (machine_profile, bundle): set to 1 on a miss, expires after ``expiry_s``."""
+    """Pending demand per lane (pool, machine_profile, bundle): set on a miss, expires after
+    ``expiry_s``. The gauge keeps the reference's labels (machine_profile, bundle) and reads 1 while
+    any pool has demand for them; the scaler reads the lanes themselves, so it wakes only the pool
+    that was asked for."""
 
     def __init__(
         self, metrics: GatewayMetrics, expiry_s: float = 120.0, clock: Callable[[], float] = time.monotonic
@@ -123,24 +129,34 @@ class DemandTracker:
         self.metrics = metrics
         self.expiry_s = expiry_s
         self._clock = clock
-        self._until: dict[tuple[str, str], float] = {}
+        self._until: dict[Lane, float] = {}
 
-    def record(self, machine_profile: str, bundle: str) -> None:
-        key = (machine_profile.lower(), bundle.lower())
-        self._until[key] = self._clock() + self.expiry_s
-        self.metrics.pending_demand.labels(*key).set(1)
+    def record(self, machine_profile: str, bundle: str, pool: str = DEFAULT_POOL) -> None:
+        lane = Lane(pool.lower(), machine_profile.lower(), bundle.lower())
+        self._until[lane] = self._clock() + self.expiry_s
+        self.metrics.pending_demand.labels(lane.machine_profile, lane.bundle).set(1)
 
-    def clear(self, machine_profile: str, bundle: str) -> None:
-        key = (machine_profile.lower(), bundle.lower())
-        if self._until.pop(key, None) is not None:
-            self.metrics.pending_demand.labels(*key).set(0)
+    def clear(self, machine_profile: str, bundle: str, pool: str | None = None) -> None:
+        """Forget the demand of ``(machine_profile, bundle)`` in ``pool`` (None: in every pool)."""
+        profile, bundle = machine_profile.lower(), bundle.lower()
+        gone = [
+            lane
+            for lane in self._until
+            if lane.machine_profile == profile and lane.bundle == bundle and pool in (None, lane.pool)
+        ]
+        for lane in gone:
+            del self._until[lane]
+        if gone and not any(
+            lane.machine_profile == profile and lane.bundle == bundle for lane in self._until
+        ):
+            self.metrics.pending_demand.labels(profile, bundle).set(0)
 
-    def pending(self) -> dict[tuple[str, str], float]:
+    def pending(self) -> dict[Lane, float]:
         return dict(self._until)
 
-    def refresh(self, fulfilled: Callable[[str, str], bool] | None = None) -> None:
+    def refresh(self, fulfilled: Callable[[Lane], bool] | None = None) -> None:
         """Expire old entries and clear those a healthy worker now serves."""
         now = self._clock()
-        for key, until in list(self._until.items()):
-            if until <= now or (fulfilled is not None and fulfilled(*key)):
-                self.clear(*key)
+        for lane, until in list(self._until.items()):
+            if until <= now or (fulfilled is not None and fulfilled(lane)):
+                self.clear(lane.machine_profile, lane.bundle, lane.pool)

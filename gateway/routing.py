@@ -67,10 +67,13 @@ def canonical_profile(value: str | None, configured: Sequence[str], live: Iterab
     )
 
 
-def lane_served(healthy: Iterable[WorkerRecord], machine_profile: str, bundle: str) -> bool:
-    """True when one of ``healthy`` serves ``(machine_profile, bundle)`` ("any"/"" = any profile)."""
+def lane_served(healthy: Iterable[WorkerRecord], lane: Lane) -> bool:
+    """True when one of ``healthy`` is in ``lane``'s pool and serves its bundle and profile
+    ("any"/"" = any profile)."""
     return any(
-        w.bundle == bundle and (machine_profile in ANY_PROFILE or w.profile == machine_profile)
+        w.pool == lane.pool
+        and w.bundle == lane.bundle
+        and (lane.machine_profile in ANY_PROFILE or w.profile == lane.machine_profile)
         for w in healthy
     )
 

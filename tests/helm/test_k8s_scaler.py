@@ -62,12 +62,11 @@ def test_parse_targets():
 
 def test_wakes_statefulset_at_zero(recorded):
     s = scaler(recorded)
-    events = s.reconcile([("L4", "default")], served=lambda p, b: False)
-    # demand for l4/default maps to two pools' StatefulSets; the batch one does not exist (404)
+    events = s.reconcile([Lane("default", "l4", "default")], served=lambda lane: False)
+    # l4/default has a StatefulSet in two pools; only the pool with the demand is read and woken
     assert [(e.statefulset, e.from_replicas, e.to_replicas) for e in events] == [("sie-w-default-l4", 0, 1)]
     calls = [(r.method, r.path) for r in recorded.requests]
-    assert ("GET", f"{BASE}/sie-w-default-l4/scale") in calls
-    assert ("GET", f"{BASE}/sie-w-batch-l4/scale") in calls
+    assert calls == [("GET", f"{BASE}/sie-w-default-l4/scale"), ("PATCH", f"{BASE}/sie-w-default-l4/scale")]
     patches = [r for r in recorded.requests if r.method == "PATCH"]
     assert len(patches) == 1
     assert patches[0].path == f"{BASE}/sie-w-default-l4/scale"
@@ -76,19 +75,37 @@ def test_wakes_statefulset_at_zero(recorded):
     assert patches[0].headers["authorization"] == "Bearer recorded-sa-token"
 
 
+def test_demand_in_one_pool_wakes_that_pool_only(recorded):
+    recorded.route("GET", f"{BASE}/sie-w-batch-l4/scale", 200, "read-scale-zero.json")
+    recorded.route("PATCH", f"{BASE}/sie-w-batch-l4/scale", 200, "patch-scale-one.json")
+    served = {Lane("default", "l4", "default")}  # the default pool's l4 workers are up
+    events = scaler(recorded).reconcile(
+        [Lane("batch", "l4", "default"), Lane("default", "l4", "default")], served=lambda lane: lane in served
+    )
+    assert [e.statefulset for e in events] == ["sie-w-batch-l4"]
+    assert {r.path for r in recorded.requests} == {f"{BASE}/sie-w-batch-l4/scale"}
+
+
+def test_demand_that_named_no_profile_wakes_the_first_target_of_its_pool(recorded):
+    events = scaler(recorded).reconcile([Lane("default", "any", "default")], served=lambda lane: False)
+    assert [e.statefulset for e in events] == ["sie-w-default-l4"]  # first in the configured order
+    assert {r.path for r in recorded.requests} == {f"{BASE}/sie-w-default-l4/scale"}
+
+
 def test_running_statefulset_is_left_alone(recorded):
-    events = scaler(recorded).reconcile([("cpu", "default")], served=lambda p, b: False)
+    events = scaler(recorded).reconcile([Lane("default", "cpu", "default")], served=lambda lane: False)
     assert events == []
     assert [(r.method, r.path) for r in recorded.requests] == [("GET", f"{BASE}/sie-w-default-cpu/scale")]
 
 
 def test_served_lane_makes_no_api_call(recorded):
-    assert scaler(recorded).reconcile([("l4", "default")], served=lambda p, b: True) == []
+    assert scaler(recorded).reconcile([Lane("default", "l4", "default")], served=lambda lane: True) == []
     assert recorded.requests == []
 
 
 def test_unknown_lane_makes_no_api_call(recorded):
-    assert scaler(recorded).reconcile([("a100-80gb", "default")], served=lambda p, b: False) == []
+    unknown = Lane("default", "a100-80gb", "default")
+    assert scaler(recorded).reconcile([unknown], served=lambda lane: False) == []
     assert recorded.requests == []
 
 
@@ -119,7 +136,9 @@ def test_forbidden_patch_is_logged_and_retried(recorded, caplog):
 
 async def test_async_run_loop(recorded):
     s = scaler(recorded)
-    task = asyncio.create_task(s.run(lambda: [("l4", "default")], lambda p, b: False, interval_s=0.01))
+    task = asyncio.create_task(
+        s.run(lambda: [Lane("default", "l4", "default")], lambda lane: False, interval_s=0.01)
+    )
     for _ in range(200):
         if s.events:
             break

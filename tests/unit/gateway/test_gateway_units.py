@@ -6,6 +6,7 @@ import pytest
 
 from gateway import responses
 from gateway.metrics import DemandTracker, GatewayMetrics
+from gateway.routing import Lane
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerRegistry
 from protocol.codec import packb, unpackb
@@ -108,8 +109,23 @@ def test_demand_expires_and_clears():
     d = DemandTracker(m, expiry_s=120, clock=lambda: now[0])
     d.record("L4", "default")
     assert b'sie_gateway_pending_demand{bundle="default",machine_profile="l4"} 1.0' in m.render()
+    assert list(d.pending()) == [Lane("default", "l4", "default")]
     now[0] = 121
     d.refresh()
+    assert b'sie_gateway_pending_demand{bundle="default",machine_profile="l4"} 0.0' in m.render()
+    assert d.pending() == {}
+
+
+def test_demand_is_kept_per_pool_and_the_gauge_per_profile_and_bundle():
+    m = GatewayMetrics()
+    d = DemandTracker(m, expiry_s=120, clock=lambda: 0.0)
+    d.record("l4", "default", "batch")
+    d.record("l4", "default", "default")
+    d.refresh(lambda lane: lane.pool == "default")  # the default pool's workers came up
+    assert list(d.pending()) == [Lane("batch", "l4", "default")]
+    assert b'sie_gateway_pending_demand{bundle="default",machine_profile="l4"} 1.0' in m.render()
+    d.clear("l4", "default")  # every pool
+    assert d.pending() == {}
     assert b'sie_gateway_pending_demand{bundle="default",machine_profile="l4"} 0.0' in m.render()
 
 

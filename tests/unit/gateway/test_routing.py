@@ -18,13 +18,19 @@ from protocol.work import Heartbeat
 
 
 def worker(
-    wid: str, profile: str, bundle: str, *, depth: int = 0, loaded: tuple[str, ...] = ()
+    wid: str,
+    profile: str,
+    bundle: str,
+    *,
+    depth: int = 0,
+    loaded: tuple[str, ...] = (),
+    pool: str = "default",
 ) -> WorkerRecord:
     hb = Heartbeat(
         name=wid,
         ready=True,
         machine_profile=profile,
-        pool_name="default",
+        pool_name=pool,
         bundle=bundle,
         queue_depth=depth,
         loaded_models=list(loaded),
@@ -77,14 +83,21 @@ def test_canonical_profile_refuses_an_unknown_profile_naming_the_configured_ones
     assert err.extra["configured_gpu_types"] == ["l4", "a100"]
 
 
-def test_lane_served_matches_bundle_and_profile_or_any():
-    ws = [worker("w1", "l4", "default"), worker("w2", "a100", "gliner")]
-    assert lane_served(ws, "l4", "default")
-    assert lane_served(ws, "any", "gliner")
-    assert lane_served(ws, "", "default")
-    assert not lane_served(ws, "a100", "default")
-    assert not lane_served(ws, "any", "other")
-    assert not lane_served([], "any", "default")
+def test_lane_served_matches_pool_bundle_and_profile_or_any():
+    ws = [
+        worker("w1", "l4", "default"),
+        worker("w2", "a100", "gliner"),
+        worker("w3", "l4", "x", pool="batch"),
+    ]
+    assert lane_served(ws, Lane("default", "l4", "default"))
+    assert lane_served(ws, Lane("default", "any", "gliner"))
+    assert lane_served(ws, Lane("default", "", "default"))
+    assert lane_served(ws, Lane("batch", "l4", "x"))
+    assert not lane_served(ws, Lane("batch", "l4", "default"))  # l4/default is up in another pool
+    assert not lane_served(ws, Lane("default", "l4", "x"))
+    assert not lane_served(ws, Lane("default", "a100", "default"))
+    assert not lane_served(ws, Lane("default", "any", "other"))
+    assert not lane_served([], Lane("default", "any", "default"))
 
 
 def test_best_lane_prefers_a_lane_with_the_model_loaded():
