@@ -17,6 +17,9 @@ host_state() {
   grep -E '/run/netns|/var/lib/sie-k8s' /proc/self/mountinfo | awk '{print "mount", $5}' | sort
   pgrep -a -f '/var/lib/sie-k8s|/var/cache/sie-k8s/bin' | awk '{print "process", $2}' | sort
 }
+# the Debian packages first: installing iptables on a fresh host is not something k8s-down undoes,
+# and before it there is no iptables-save to read the host with
+"$HERE/node.sh" install || exit 1
 host_state >"$OUT/host-before.txt"
 T0=$SECONDS
 "$HERE/up.sh" 2>&1 | tee "$OUT/up.log"
