@@ -113,7 +113,9 @@ class WorkItemRunner:
                     instruction=first.instruction,
                     options=options,
                 )
-                res = await self.operations.extract(spec, _items(group), extract_params, direct=True)
+                res = await self.operations.extract(
+                    spec, _items(group, named=True), extract_params, direct=True
+                )
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
             elif first.operation == "tokenize":
@@ -168,6 +170,13 @@ class WorkItemRunner:
         return WorkResult.failure(wi, exc.code, exc.message, retry_after_s=exc.retry_after, extra=exc.extra)
 
 
-def _items(group: list[WorkItem]) -> list[Item]:
-    """The group's items (one per work item), typed; a malformed one is 400 INVALID_INPUT."""
-    return [parse_item(wi.item or {}, "items", k) for k, wi in enumerate(group)]
+def _items(group: list[WorkItem], *, named: bool = False) -> list[Item]:
+    """The group's items (one per work item), typed; a malformed one is 400 INVALID_INPUT. With
+    ``named``, an item without an ``id`` gets the contract's default, ``item-<index>`` of its place
+    in its own request (a group can hold items of several requests)."""
+    items = [parse_item(wi.item or {}, "items", k) for k, wi in enumerate(group)]
+    if named:
+        for item, wi in zip(items, group, strict=True):
+            if item.id is None:
+                item.id = f"item-{wi.item_index}"
+    return items

@@ -101,3 +101,15 @@ async def test_a_bug_is_an_inference_error_for_the_group():
     results = await WorkItemRunner(Broken()).run_work_items([work_item(0), work_item(1)])
     assert {r.error_code for r in results} == {ErrorCode.INFERENCE_ERROR}
     assert results[0].error == "internal error: boom"
+
+
+async def test_an_extract_item_without_an_id_is_named_by_its_place_in_its_request(runner):
+    # one forward group holding items of two requests: each default id is the item's position in
+    # its own request (the contract's item-<index>), not its place in the group
+    group = [
+        work_item(2, "extract", request_id="r", work_item_id="r.2"),
+        work_item(0, "extract", request_id="s", work_item_id="s.0"),
+        work_item(1, "extract", request_id="s", work_item_id="s.1", item={"id": "mine", "text": "x"}),
+    ]
+    results = await runner.run_work_items(group)
+    assert [unpackb(r.result_msgpack)["id"] for r in results] == ["item-2", "item-0", "mine"]
