@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
-from gateway import routing
+from gateway import routing, same_items
 from gateway.dispatch import Dispatcher
 from gateway.dlq import DLQForwarder
 from gateway.metrics import DemandTracker, GatewayMetrics
@@ -369,7 +369,11 @@ class Gateway:
             keys = [work_item_key(item, config_hash) for item in items]
             for i, entry in enumerate(await self.cache.lookup(keys)):
                 if entry is not None:
-                    known[i] = cached_result(request_id, i, entry)
+                    known[i] = same_items.answer_for(cached_result(request_id, i, entry), items[i])
+        # an item equal to an earlier one of the request waits for that one's answer
+        copies = same_items.duplicates(items, known) if len(items) > 1 else {}
+        for i in copies:
+            known[i] = same_items.COPY
         todo = [item for item, done in zip(items, known, strict=True) if done is None]
         if not todo:  # every item answered from the cache: nothing to publish
             hits = [r for r in known if r is not None]
@@ -414,6 +418,8 @@ class Gateway:
                 request_id, lane, route.model_id, todo, payloads, headers, operation=operation, deadline=t0 + timeout,
                 known=known,
             )  # fmt: skip
+        for i, j in copies.items():
+            results[i] = same_items.answer_for(results[j], items[i])
         self.demand.clear(lane.machine_profile, lane.bundle, lane.pool)
         self.demand.clear("any", lane.bundle, lane.pool)
         if keys and self.cache is not None:

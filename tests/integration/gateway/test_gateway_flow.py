@@ -129,6 +129,36 @@ async def test_score_and_extract_pass_through(nats_server, start_gateway):
         await w.stop()
 
 
+async def test_equal_items_of_a_request_are_computed_once(nats_server, start_gateway):
+    h = await start_gateway()
+    w = await FakeWorker(nats_server.url, "w1").start()
+    try:
+        await wait_workers(h)
+        items = [{"text": "same"}] * 100 + [{"text": "other"}, {"id": "a", "text": "same"}]
+        status, headers, body = await post(h, f"/v1/encode/{DENSE}", {"items": items})
+        assert status == 200, body
+        # one work item per distinct input: the plain one, the other text, the one with its own id
+        assert sorted(wi.item_index for wi in w.seen) == [0, 100, 101]
+        assert len(body["items"]) == 102
+        for it, src in zip(body["items"], items, strict=True):
+            np.testing.assert_array_equal(it["dense"]["values"], fake_vector(src["text"]))
+            assert it.get("id") == src.get("id")
+        assert headers["X-SIE-Units-Input-Tokens"] == str(3 * 102)  # each item counts, as if computed
+
+        # an extract answer names its item; an equal one without an id gets its own item-<index>
+        w.seen.clear()
+        extract = [{"text": "Apple hired Steve"}, {"text": "nothing"}, {"text": "Apple hired Steve"}]
+        status, _, body = await post(
+            h, f"/v1/extract/{EXTRACT}", {"items": extract, "params": {"labels": ["org"]}}
+        )
+        assert status == 200, body
+        assert len(w.seen) == 2
+        assert [it["id"] for it in body["items"]] == ["item-0", "item-1", "item-2"]
+        assert body["items"][2]["entities"] == body["items"][0]["entities"]
+    finally:
+        await w.stop()
+
+
 async def test_scale_from_zero_answers_and_records_demand(start_gateway):
     h = await start_gateway()
     body = {"items": [{"text": "hi"}]}
