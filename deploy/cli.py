@@ -95,6 +95,18 @@ def _models_add(args: argparse.Namespace) -> int:
     return add_model(args.file, args.url, args.token, args.state_dir)
 
 
+def _batch(args: argparse.Namespace) -> int:
+    from deploy import batch_cli
+
+    if args.batch_command == "submit":
+        return batch_cli.submit(
+            args.file, args.model, args.endpoint, args.url, args.token, args.state_dir, args.output
+        )
+    return batch_cli.status(
+        args.batch_id, args.url, args.token, args.state_dir, cancel=args.batch_command == "cancel"
+    )
+
+
 def _version() -> str:
     from protocol import SERVER_VERSION
 
@@ -193,6 +205,31 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--token", help="admin token (default: SIE_ADMIN_TOKEN, else the running sie up's)")
         cmd.add_argument("--state-dir", help=f"the state directory `sie up` was given ({found})")
         cmd.set_defaults(func=_models_other)
+    batch = sub.add_parser("batch", help="run a file of texts through the cluster's Batch API")
+    bsub = batch.add_subparsers(dest="batch_command", required=True)
+    submit = bsub.add_parser(
+        "submit",
+        help="submit FILE (texts, one per line, or OpenAI batch request lines), follow it, write the output",
+    )
+    submit.add_argument("file")
+    submit.add_argument("--model", help="the model each text is encoded with (needed for a file of texts)")
+    submit.add_argument(
+        "--endpoint",
+        default="/v1/embeddings",
+        choices=["/v1/embeddings", "/v1/encode"],
+        help="the API of each line",
+    )
+    submit.add_argument(
+        "-o", "--output", help="where the output file goes (default: FILE's name + .out.jsonl)"
+    )
+    for name, what in (("status", "print a batch and its progress"), ("cancel", "cancel a batch")):
+        cmd = bsub.add_parser(name, help=what)
+        cmd.add_argument("batch_id")
+    for cmd in (submit, *(bsub.choices[n] for n in ("status", "cancel"))):
+        cmd.add_argument("--url", help="gateway URL (default: SIE_URL, else the running sie up's)")
+        cmd.add_argument("--token", help="API token (default: SIE_API_KEY)")
+        cmd.add_argument("--state-dir", help=f"the state directory `sie up` was given ({found})")
+        cmd.set_defaults(func=_batch)
     return parser
 
 

@@ -13,6 +13,17 @@ from nats.aio.client import Client as NATS
 from gateway.core import GATEWAY_KEY, Gateway
 from gateway.middleware import error_middleware
 from gateway.registry import ModelRegistry
+from gateway.routes.batches import (
+    handle_batch_cancel,
+    handle_batch_create,
+    handle_batch_get,
+    handle_batch_list,
+    handle_file_content,
+    handle_file_delete,
+    handle_file_get,
+    handle_file_list,
+    handle_file_upload,
+)
 from gateway.routes.config import (
     handle_config_bundle,
     handle_config_bundles,
@@ -73,6 +84,15 @@ def create_app(
     r.add_get("/healthz", handle_healthz)
     r.add_get("/readyz", handle_readyz)
     r.add_get("/metrics", handle_metrics)
+    r.add_post("/v1/files", handle_file_upload)
+    r.add_get("/v1/files", handle_file_list)
+    r.add_get("/v1/files/{file_id}", handle_file_get)
+    r.add_get("/v1/files/{file_id}/content", handle_file_content)
+    r.add_delete("/v1/files/{file_id}", handle_file_delete)
+    r.add_post("/v1/batches", handle_batch_create)
+    r.add_get("/v1/batches", handle_batch_list)
+    r.add_get("/v1/batches/{batch_id}", handle_batch_get)
+    r.add_post("/v1/batches/{batch_id}/cancel", handle_batch_cancel)
     r.add_post("/v1/pools", handle_pool_create)
     r.add_get("/v1/pools", handle_pool_list)
     r.add_get("/v1/pools/{name}", handle_pool_get)

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 from gateway import routing, same_items
+from gateway.batches import BatchRunner, BatchStore
 from gateway.dispatch import Dispatcher
 from gateway.dlq import DLQForwarder
 from gateway.metrics import DemandTracker, GatewayMetrics
@@ -106,6 +107,8 @@ class Gateway:
         )
         self.pools: PoolStore | None = None
         self.cache: ResultCache | None = None
+        self.batches: BatchStore | None = None  # the OpenAI Batch API's files and batches
+        self.batch_runner: BatchRunner | None = None
         self.dlq = DLQForwarder(nc, self.dispatcher, self.metrics)
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -164,6 +167,18 @@ class Gateway:
                 replicas=self.settings.stream_replicas,
                 timeout_s=self.settings.result_cache_timeout_s,
             )
+        if self.settings.batch_enabled:
+            self.batches = await BatchStore.open(
+                js, storage=self.settings.stream_storage, replicas=self.settings.stream_replicas
+            )
+            self.batch_runner = BatchRunner(
+                self.batches,
+                self.router_id,
+                lines_in_flight=self.settings.batch_lines_in_flight,
+                chunk_lines=self.settings.batch_chunk_lines,
+                max_lines=self.settings.batch_max_lines,
+                lease_s=self.settings.batch_lease_s,
+            )  # its lines go to this gateway's own URL, set once the server listens (run_batches)
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         await self.registry.start(self.nc, self.metrics)
 
@@ -183,6 +198,12 @@ class Gateway:
             await self.registry.stop()
         await self.dlq.stop()
         await self.dispatcher.stop()
+
+    def run_batches(self, base_url: str) -> None:
+        """Start running batches, sending their lines to ``base_url`` (this gateway's front door)."""
+        if self.batch_runner is not None and self.batch_runner.base_url is None:
+            self.batch_runner.base_url = base_url.rstrip("/")
+            self._tasks.append(asyncio.create_task(self.batch_runner.run(), name="batches"))
 
     def on_reconnect(self) -> None:
         self.dispatcher.on_reconnect()

@@ -80,6 +80,8 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         runner, settings.gateway_host, settings.gateway_port, reuse_port=settings.gateway_reuse_port or None
     )
     await site.start()
+    # batches send their lines to this gateway's own front door, on loopback
+    app[GATEWAY_KEY].run_batches(f"http://127.0.0.1:{runner.addresses[0][1]}")
     heap.freeze()  # what start-up built lives as long as the process (protocol/heap.py)
     log.info(
         "gateway %s listening on %s:%d (NATS %s)",

@@ -93,6 +93,22 @@ class GatewaySettings(BaseSettings):
         default=1.0, gt=0
     )  # a cache read or write slower than this counts as a miss
 
+    # OpenAI Batch API (files and batches in JetStream: an object store and two key-value buckets)
+    batch_enabled: bool = True  # serve /v1/files and /v1/batches, and run batches on this gateway
+    batch_max_file_bytes: int = Field(
+        default=100 * 1024 * 1024, gt=0
+    )  # largest file POST /v1/files takes (413 beyond)
+    batch_max_lines: int = Field(default=50_000, gt=0)  # most request lines one batch file may hold
+    batch_lines_in_flight: int = Field(
+        default=16, gt=0
+    )  # lines of one batch a gateway runs at a time (each a request at bulk priority)
+    batch_chunk_lines: int = Field(
+        default=200, gt=0
+    )  # lines between two progress records: a gateway that dies loses at most this much work
+    batch_lease_s: float = Field(
+        default=15.0, gt=0
+    )  # a batch whose gateway stopped renewing its lease this long ago is taken over by another
+
     # Priority classes
     gateway_default_priority: str = (
         "interactive"  # priority of requests without X-SIE-Priority, a token or a pool default

@@ -18,7 +18,7 @@ from nats.js.api import ConsumerConfig, StreamConfig
 
 from protocol.codec import packb
 from protocol.streams import lane_consumer_config, stream_config
-from protocol.subjects import health_subject, lane_durable, pool_stream_name
+from protocol.subjects import INTERACTIVE, health_subject, lane_durable, pool_stream_name
 from protocol.work import Heartbeat, RoutingHeader, WorkItem, WorkResult, pack_results
 
 DIM = 4
@@ -93,7 +93,9 @@ class FakeWorker:
         heartbeat_s: float = 0.5,
         heartbeat_extra: dict | None = None,
         together: bool = False,
+        priority: str = INTERACTIVE,
     ) -> None:
+        self.priority = priority  # the lane's durable it pulls: interactive or bulk
         self.url = url
         self.together = (
             together  # each fetch's results in one message to the results subject, as a sidecar sends them
@@ -148,11 +150,12 @@ class FakeWorker:
                     self.bundle,
                     ack_wait_s=self.ack_wait_s,
                     max_deliver=self.max_deliver,
+                    priority=self.priority,
                 )
             ),
         )
         self.psub = await js.pull_subscribe_bind(
-            lane_durable(self.pool, self.profile, self.bundle), pool_stream_name(self.pool)
+            lane_durable(self.pool, self.profile, self.bundle, self.priority), pool_stream_name(self.pool)
         )
 
     async def _pull_loop(self) -> None:

@@ -1,0 +1,596 @@
+"""The OpenAI Batch API's state and its runner: files and batches kept in JetStream, so that any
+gateway replica answers for any batch and one that dies mid-batch loses nothing.
+
+Where things live (every replica opens the same buckets):
+
+- ``SIE_FILES`` (object store): file contents, input files and the output and error files;
+- ``SIE_BATCHES`` (key-value): ``file.<id>`` and ``batch.<id>``, the objects the API returns;
+- ``SIE_BATCH_LEASES`` (key-value): one key per batch not yet ended, naming the gateway running it
+  and until when. A gateway renews its leases; another takes a batch over once its lease ran out.
+
+A batch runs in chunks of ``batch_chunk_lines`` lines. Each line is sent to this gateway's own HTTP
+front door with ``X-SIE-Priority: bulk`` (the same checks, errors and queue as any request, behind
+interactive traffic). A chunk's output and error lines are written as objects named by the batch
+and chunk before the batch record counts the chunk done, with a compare-and-set on its revision: a
+gateway that takes over redoes at most the chunk in flight and writes the same objects again, so
+no line is lost and none appears twice in the output file, which is joined from the chunks at the
+end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.subjects import BULK
+
+log = logging.getLogger(__name__)
+
+FILES_BUCKET = "SIE_FILES"
+RECORDS_BUCKET = "SIE_BATCHES"
+LEASES_BUCKET = "SIE_BATCH_LEASES"
+ENDPOINTS = ("/v1/embeddings", "/v1/encode")  # a native encode line's url is /v1/encode/<model>
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+ENDED = ("completed", "failed", "expired", "cancelled")
+MAX_METADATA = 16
+# a line answered 429, 503 or PROVISIONING is sent again (after its Retry-After) until the batch
+# expires; other server errors at most this many times before the line counts as failed
+SERVER_ERROR_TRIES = 3
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+def not_found(what: str, ident: str) -> SIEError:
+    return SIEError(ErrorCode.NOT_FOUND, f"No {what} with id '{ident}'", param="id")
+
+
+# ---- state in JetStream -------------------------------------------------------------------------
+
+
+class BatchStore:
+    """Files and batch records in JetStream (see the module's docstring)."""
+
+    def __init__(self, files: ObjectStore, records: KeyValue, leases: KeyValue) -> None:
+        self.files = files
+        self.records = records
+        self.leases = leases
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, *, storage: str = "file", replicas: int = 1) -> BatchStore:
+        st = StorageType.FILE if storage == "file" else StorageType.MEMORY
+        try:
+            files = await js.object_store(FILES_BUCKET)
+        except nats.js.errors.NotFoundError:
+            with contextlib.suppress(nats.js.errors.BadRequestError):  # another replica made it first
+                await js.create_object_store(
+                    FILES_BUCKET, ObjectStoreConfig(storage=st, replicas=replicas, description="batch files")
+                )
+            files = await js.object_store(FILES_BUCKET)
+        kvs = []
+        for bucket in (RECORDS_BUCKET, LEASES_BUCKET):
+            try:
+                kv = await js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                with contextlib.suppress(nats.js.errors.BadRequestError):
+                    await js.create_key_value(
+                        KeyValueConfig(bucket=bucket, history=1, storage=st, replicas=replicas)
+                    )
+                kv = await js.key_value(bucket)
+            kvs.append(kv)
+        return cls(files, kvs[0], kvs[1])
+
+    # files
+    async def put_file(
+        self, data: bytes, *, filename: str, purpose: str, file_id: str | None = None
+    ) -> dict[str, Any]:
+        file_id = file_id or new_id("file-")
+        await self.files.put(file_id, data)
+        meta = {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(data),
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "status_details": None,
+            "expires_at": None,
+        }
+        await self.records.put(f"file.{file_id}", json.dumps(meta).encode())
+        return meta
+
+    async def file(self, file_id: str) -> dict[str, Any]:
+        record = await self._get(f"file.{file_id}")
+        if record is None:
+            raise not_found("file", file_id)
+        return record[0]
+
+    async def file_content(self, file_id: str) -> bytes:
+        await self.file(file_id)
+        try:
+            got = await self.files.get(file_id)
+        except nats.js.errors.ObjectNotFoundError:
+            raise not_found("file", file_id) from None
+        return got.data or b""
+
+    async def delete_file(self, file_id: str) -> None:
+        await self.file(file_id)
+        with contextlib.suppress(nats.js.errors.ObjectNotFoundError, nats.js.errors.ObjectDeletedError):
+            await self.files.delete(file_id)
+        await self.records.delete(f"file.{file_id}")
+
+    async def list_records(self, kind: str) -> list[dict[str, Any]]:
+        try:
+            keys = await self.records.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        out = []
+        for key in keys:
+            if key.startswith(kind + "."):
+                record = await self._get(key)
+                if record is not None:
+                    out.append(record[0])
+        return out
+
+    # batches
+    async def create_batch(self, batch: dict[str, Any], auth: str | None) -> None:
+        await self.records.put(f"batch.{batch['id']}", json.dumps({**batch, "_auth": auth}).encode())
+        await self.leases.put(batch["id"], json.dumps({"owner": "", "until": 0}).encode())
+
+    async def batch(self, batch_id: str) -> tuple[dict[str, Any], int]:
+        """The stored record (with its private fields) and its revision."""
+        record = await self._get(f"batch.{batch_id}")
+        if record is None:
+            raise not_found("batch", batch_id)
+        return record
+
+    async def update_batch(self, batch_id: str, change: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """Apply ``change`` to the record and store it if it returns True, retried on a concurrent
+        write (compare-and-set on the revision). Returns the record as stored."""
+        while True:
+            record, revision = await self.batch(batch_id)
+            if not change(record):
+                return record
+            try:
+                await self.records.update(f"batch.{batch_id}", json.dumps(record).encode(), last=revision)
+                return record
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+
+    async def _get(self, key: str) -> tuple[dict[str, Any], int] | None:
+        try:
+            entry = await self.records.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        if not entry.value:
+            return None
+        return json.loads(entry.value), int(entry.revision or 0)
+
+    # leases
+    async def claimable(self, owner: str, now: float) -> list[tuple[str, int]]:
+        """Batches whose lease ran out (or is ``owner``'s own from an earlier life): id and revision."""
+        try:
+            keys = await self.leases.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        out = []
+        for key in keys:
+            try:
+                entry = await self.leases.get(key)
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                continue
+            lease = json.loads(entry.value or b"{}")
+            if lease.get("until", 0) < now or lease.get("owner") == owner:
+                out.append((key, int(entry.revision or 0)))
+        return out
+
+    async def take_lease(self, batch_id: str, owner: str, until: float, revision: int) -> int | None:
+        """The new revision of the lease when it was ours to take or renew, else None."""
+        try:
+            return int(
+                await self.leases.update(
+                    batch_id, json.dumps({"owner": owner, "until": until}).encode(), last=revision
+                )
+            )
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
+            return None
+
+    async def end_lease(self, batch_id: str) -> None:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self.leases.delete(batch_id)
+
+
+def public(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch object as the API returns it (no private fields)."""
+    return {k: v for k, v in batch.items() if not k.startswith("_")}
+
+
+# ---- the input file -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # 1-based, as OpenAI's errors count lines
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+
+
+def parse_input(data: bytes, endpoint: str, max_lines: int) -> tuple[list[Line], list[dict[str, Any]]]:
+    """The request lines of an input file and the problems found (OpenAI's ``errors.data``)."""
+    lines: list[Line] = []
+    errors: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def problem(number: int | None, message: str, param: str | None = None) -> None:
+        errors.append({"code": "invalid_request", "message": message, "param": param, "line": number})
+
+    raw_lines = [raw for raw in data.splitlines() if raw.strip()]
+    if not raw_lines:
+        problem(None, "The input file holds no request lines")
+    if len(raw_lines) > max_lines:
+        problem(
+            None, f"The input file holds {len(raw_lines)} request lines; a batch takes at most {max_lines}"
+        )
+        return [], errors
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            problem(number, "This line is not valid JSON")
+            continue
+        if not isinstance(line, dict):
+            problem(number, "A request line must be a JSON object")
+            continue
+        custom_id, method, url, body = (line.get(k) for k in ("custom_id", "method", "url", "body"))
+        if not isinstance(custom_id, str) or not custom_id:
+            problem(number, "custom_id must be a non-empty string", "custom_id")
+        elif custom_id in seen:
+            problem(number, f"custom_id '{custom_id}' appears more than once in the file", "custom_id")
+        elif method != "POST":
+            problem(number, "method must be POST", "method")
+        elif not isinstance(url, str) or not _url_fits(url, endpoint):
+            problem(number, f"url must be {endpoint}{'/<model>' if endpoint == '/v1/encode' else ''}", "url")
+        elif not isinstance(body, dict):
+            problem(number, "body must be a JSON object", "body")
+        else:
+            seen.add(custom_id)
+            lines.append(Line(number, custom_id, url, body))
+    return lines, errors
+
+
+def _url_fits(url: str, endpoint: str) -> bool:
+    if endpoint == "/v1/encode":
+        return url.startswith("/v1/encode/") and len(url) > len("/v1/encode/")
+    return url == endpoint
+
+
+# ---- the runner ---------------------------------------------------------------------------------
+
+
+Send = Callable[[str, dict[str, Any], str | None], Awaitable[tuple[int, dict[str, str], Any]]]
+
+
+class BatchRunner:
+    """Claims batches whose lease ran out and runs them (one task per batch), renewing its leases."""
+
+    def __init__(
+        self,
+        store: BatchStore,
+        owner: str,
+        *,
+        base_url: str | None = None,
+        lines_in_flight: int = 16,
+        chunk_lines: int = 200,
+        max_lines: int = 50_000,
+        lease_s: float = 15.0,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.base_url = base_url  # this gateway's own front door; lines wait until it is known
+        self.lines_in_flight = lines_in_flight
+        self.chunk_lines = chunk_lines
+        self.max_lines = max_lines
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def run(self) -> None:
+        """Until cancelled: claim what is claimable, every ``poll_s``."""
+        try:
+            while True:
+                try:
+                    await self.claim()
+                except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                    log.warning("batch claim pass failed: %s", exc)
+                await asyncio.sleep(self.poll_s)
+        finally:
+            for task in self.running.values():
+                task.cancel()
+            for task in list(self.running.values()):
+                with contextlib.suppress(BaseException):
+                    await task
+            if self._session is not None:
+                await self._session.close()
+
+    async def claim(self) -> None:
+        if self.base_url is None:
+            return
+        for batch_id, revision in await self.store.claimable(self.owner, time.time()):
+            if batch_id in self.running:
+                continue
+            taken = await self.store.take_lease(batch_id, self.owner, time.time() + self.lease_s, revision)
+            if taken is None:
+                continue  # another gateway was quicker
+            log.info("batch %s: running it here (%s)", batch_id, self.owner)
+            task = asyncio.create_task(self._run(batch_id, taken), name=f"batch-{batch_id}")
+            self.running[batch_id] = task
+            task.add_done_callback(functools.partial(self._finished, batch_id))
+
+    def _finished(self, batch_id: str, _task: asyncio.Task[None]) -> None:
+        self.running.pop(batch_id, None)
+
+    async def _run(self, batch_id: str, lease_revision: int) -> None:
+        renew = asyncio.create_task(self._renew(batch_id, lease_revision))
+        work = asyncio.create_task(self._work(batch_id))
+        try:
+            done, _ = await asyncio.wait({work, renew}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                log.warning("batch %s: lease lost; leaving it to the gateway that took it", batch_id)
+                work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+        except Exception:
+            log.exception("batch %s failed here; another pass (or gateway) takes it up again", batch_id)
+        finally:
+            renew.cancel()
+            with contextlib.suppress(BaseException):
+                await renew
+
+    async def _renew(self, batch_id: str, revision: int) -> None:
+        """Renew the lease every third of its length; returns when another gateway holds it."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                got = await self.store.take_lease(batch_id, self.owner, time.time() + self.lease_s, revision)
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                log.warning("batch %s: lease renewal failed (%s); trying again", batch_id, exc)
+                continue
+            if got is None:
+                return
+            revision = got
+
+    async def _work(self, batch_id: str) -> None:
+        record, _ = await self.store.batch(batch_id)
+        if record["status"] in ENDED:
+            await self.store.end_lease(batch_id)
+            return
+        data = await self.store.file_content(record["input_file_id"])
+        lines, errors = parse_input(data, record["endpoint"], self.max_lines)
+        if errors:
+            await self._end(batch_id, "failed", errors={"object": "list", "data": errors[:100]})
+            return
+        if record["status"] == "validating":
+
+            def start(r: dict[str, Any]) -> bool:
+                if r["status"] != "validating":
+                    return False
+                r.update(status="in_progress", in_progress_at=int(time.time()))
+                r["request_counts"]["total"] = len(lines)
+                return True
+
+            record = await self.store.update_batch(batch_id, start)
+        chunks = [lines[i : i + self.chunk_lines] for i in range(0, len(lines), self.chunk_lines)]
+        while True:
+            record, _ = await self.store.batch(batch_id)
+            if record["status"] == "cancelling":
+                await self._end(batch_id, "cancelled")
+                return
+            if time.time() >= record["expires_at"]:
+                await self._end(batch_id, "expired")
+                return
+            done = int(record.get("_chunks_done", 0))
+            if done >= len(chunks):
+                break
+            chunk = asyncio.create_task(self._chunk(batch_id, done, chunks[done], auth=record.get("_auth")))
+            try:
+                while not chunk.done():  # a cancel does not wait for the chunk (its lines may be waiting)
+                    await asyncio.wait({chunk}, timeout=self.poll_s)
+                    if not chunk.done() and (await self.store.batch(batch_id))[0]["status"] == "cancelling":
+                        chunk.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await chunk
+                        await self._end(batch_id, "cancelled")
+                        return
+            finally:
+                chunk.cancel()
+            ok, failed = chunk.result()
+
+            def count(r: dict[str, Any], n: int = done, ok: int = ok, failed: int = failed) -> bool:
+                if int(r.get("_chunks_done", 0)) != n:
+                    return False  # counted already (by a gateway that ran it too)
+                r["_chunks_done"] = n + 1
+                r["request_counts"]["completed"] += ok
+                r["request_counts"]["failed"] += failed
+                return True
+
+            await self.store.update_batch(batch_id, count)
+        await self._end(batch_id, "completed")
+
+    async def _chunk(self, batch_id: str, index: int, lines: list[Line], auth: str | None) -> tuple[int, int]:
+        """Run one chunk's lines and store its output and error lines; (succeeded, failed)."""
+        gate = asyncio.Semaphore(self.lines_in_flight)
+
+        async def one(line: Line) -> tuple[bool, dict[str, Any]]:
+            async with gate:
+                return await self._line(batch_id, line, auth)
+
+        answers = await asyncio.gather(*(one(line) for line in lines))
+        out = b"".join(json.dumps(a).encode() + b"\n" for good, a in answers if good)
+        err = b"".join(json.dumps(a).encode() + b"\n" for good, a in answers if not good)
+        await self.store.files.put(f"{batch_id}/out/{index:06d}", out)
+        await self.store.files.put(f"{batch_id}/err/{index:06d}", err)
+        ok = sum(1 for good, _ in answers if good)
+        return ok, len(answers) - ok
+
+    async def _line(self, batch_id: str, line: Line, auth: str | None) -> tuple[bool, dict[str, Any]]:
+        server_errors = 0
+        while True:
+            try:
+                status, headers, body = await self._send(line.url, line.body, auth)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                status, headers, body = 599, {}, {"error": {"message": f"{type(exc).__name__}: {exc}"}}
+            waiting = status in (202, 429) or (status == 503 and "Retry-After" in headers)
+            if waiting or (status >= 500 and server_errors + 1 < SERVER_ERROR_TRIES):
+                server_errors += 0 if waiting else 1
+                retry = headers.get("Retry-After")
+                await asyncio.sleep(min(float(retry), 30.0) if retry else 1.0)
+                continue
+            answer = {
+                "id": f"batch_req_{batch_id.removeprefix('batch_')}_{line.number}",
+                "custom_id": line.custom_id,
+                "response": {
+                    "status_code": status,
+                    "request_id": headers.get("X-SIE-Request-ID", ""),
+                    "body": body,
+                },
+                "error": None,
+            }
+            return 200 <= status < 300, answer
+
+    async def _send(
+        self, url: str, body: dict[str, Any], auth: str | None
+    ) -> tuple[int, dict[str, str], Any]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        headers = {"X-SIE-Priority": BULK, "Accept": "application/json"}
+        if auth:
+            headers["Authorization"] = auth
+        async with self._session.post(f"{self.base_url}{url}", json=body, headers=headers) as resp:
+            raw = await resp.read()
+            try:
+                parsed = json.loads(raw) if raw else None
+            except ValueError:
+                parsed = {"error": {"message": raw.decode("utf-8", "replace")[:500]}}
+            return resp.status, dict(resp.headers), parsed
+
+    async def _end(self, batch_id: str, status: str, *, errors: dict[str, Any] | None = None) -> None:
+        """Join the chunks into the output and error files and record the batch's end."""
+        record, _ = await self.store.batch(batch_id)
+        if status != "failed":
+
+            def finalizing(r: dict[str, Any]) -> bool:
+                if r["status"] != "in_progress":
+                    return False
+                r.update(status="finalizing", finalizing_at=int(time.time()))
+                return True
+
+            await self.store.update_batch(batch_id, finalizing)
+        files: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
+        for kind, field in (("out", "output_file_id"), ("err", "error_file_id")):
+            joined = await self._joined(batch_id, kind, int(record.get("_chunks_done", 0)))
+            if joined or (kind == "out" and status == "completed"):
+                meta = await self.store.put_file(
+                    joined,
+                    filename=f"{batch_id}_{'output' if kind == 'out' else 'error'}.jsonl",
+                    purpose="batch_output",
+                    file_id=f"file-{batch_id.removeprefix('batch_')}{kind}",
+                )
+                files[field] = meta["id"]
+        now = int(time.time())
+
+        def end(r: dict[str, Any]) -> bool:
+            if r["status"] in ENDED:
+                return False
+            r.update(status=status, **files)
+            r[f"{status}_at"] = now
+            if errors is not None:
+                r["errors"] = errors
+            return True
+
+        await self.store.update_batch(batch_id, end)
+        for kind in ("out", "err"):
+            for index in range(int(record.get("_chunks_done", 0)) + 1):
+                with contextlib.suppress(
+                    nats.js.errors.ObjectNotFoundError, nats.js.errors.ObjectDeletedError
+                ):
+                    await self.store.files.delete(f"{batch_id}/{kind}/{index:06d}")
+        await self.store.end_lease(batch_id)
+        log.info("batch %s %s", batch_id, status)
+
+    async def _joined(self, batch_id: str, kind: str, chunks: int) -> bytes:
+        parts = []
+        for index in range(chunks):
+            try:
+                got = await self.store.files.get(f"{batch_id}/{kind}/{index:06d}")
+            except nats.js.errors.ObjectNotFoundError:
+                continue
+            parts.append(got.data or b"")
+        return b"".join(parts)
+
+
+def new_batch(body: Any, input_file: dict[str, Any], *, now: float | None = None) -> dict[str, Any]:
+    """The batch object ``POST /v1/batches`` creates from its body, checked."""
+    if not isinstance(body, dict):
+        raise invalid_input("The body must be a JSON object")
+    endpoint = body.get("endpoint")
+    if endpoint not in ENDPOINTS:
+        raise invalid_input(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
+    window = body.get("completion_window")
+    if window not in COMPLETION_WINDOWS:
+        raise invalid_input("completion_window must be '24h'", param="completion_window")
+    metadata = body.get("metadata")
+    if metadata is not None and (
+        not isinstance(metadata, dict)
+        or len(metadata) > MAX_METADATA
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise invalid_input(f"metadata must map at most {MAX_METADATA} strings to strings", param="metadata")
+    if input_file.get("purpose") != "batch":
+        raise invalid_input("The input file's purpose must be 'batch'", param="input_file_id")
+    created = int(now if now is not None else time.time())
+    return {
+        "id": new_id("batch_"),
+        "object": "batch",
+        "endpoint": endpoint,
+        "errors": None,
+        "input_file_id": input_file["id"],
+        "completion_window": window,
+        "status": "validating",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": created,
+        "in_progress_at": None,
+        "expires_at": created + COMPLETION_WINDOWS[window],
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "expired_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": 0, "completed": 0, "failed": 0},
+        "metadata": metadata,
+    }

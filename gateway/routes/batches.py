@@ -1,0 +1,175 @@
+"""The OpenAI Batch API routes: ``/v1/files`` and ``/v1/batches`` (OpenAI's shapes and errors)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import BodyPartReader, web
+
+from gateway.batches import BatchStore, new_batch, public
+from gateway.http_common import error_response, gateway_of
+from protocol import http
+from protocol.codec import CodecError
+from protocol.errors import ErrorCode, SIEError, invalid_input
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+FILE_PURPOSES = ("batch",)
+MAX_LIST = 100
+
+
+def openai_errors(handler: Handler) -> Handler:
+    @functools.wraps(handler)
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except SIEError as err:
+            return error_response(err, openai=True)
+
+    return wrapped
+
+
+def _store(request: web.Request) -> BatchStore:
+    store = gateway_of(request).batches
+    if store is None:
+        raise SIEError(ErrorCode.QUEUE_UNAVAILABLE, "The batch store is not ready", retry_after=2)
+    return store
+
+
+@openai_errors
+async def handle_file_upload(request: web.Request) -> web.Response:
+    """``POST /v1/files`` (multipart: ``purpose`` and ``file``), streamed up to the size limit."""
+    limit = gateway_of(request).settings.batch_max_file_bytes
+    if not (request.content_type or "").startswith("multipart/"):
+        raise invalid_input("Upload the file as multipart/form-data with fields 'purpose' and 'file'")
+    purpose: str | None = None
+    filename = "upload.jsonl"
+    data: bytearray | None = None
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            continue  # a nested multipart: nothing of ours
+        if part.name == "purpose":
+            purpose = (await part.text()).strip()
+        elif part.name == "file":
+            filename = part.filename or filename
+            data = bytearray()
+            while chunk := await part.read_chunk(65536):
+                data += chunk
+                if len(data) > limit:
+                    raise SIEError(
+                        ErrorCode.INPUT_TOO_LONG,
+                        f"The file is larger than this gateway takes ({limit} bytes, SIE_BATCH_MAX_FILE_BYTES)",
+                        param="file",
+                        status=413,
+                    )
+    if purpose not in FILE_PURPOSES:
+        raise invalid_input(f"purpose must be one of {', '.join(FILE_PURPOSES)}", param="purpose")
+    if data is None:
+        raise invalid_input("The upload has no 'file' field", param="file")
+    meta = await _store(request).put_file(bytes(data), filename=filename, purpose=purpose)
+    return web.json_response(meta)
+
+
+@openai_errors
+async def handle_file_list(request: web.Request) -> web.Response:
+    files = await _store(request).list_records("file")
+    purpose = request.query.get("purpose")
+    if purpose:
+        files = [f for f in files if f.get("purpose") == purpose]
+    files.sort(key=lambda f: (f["created_at"], f["id"]), reverse=True)
+    return web.json_response({"object": "list", "data": files, "has_more": False})
+
+
+@openai_errors
+async def handle_file_get(request: web.Request) -> web.Response:
+    return web.json_response(await _store(request).file(request.match_info["file_id"]))
+
+
+@openai_errors
+async def handle_file_content(request: web.Request) -> web.Response:
+    content = await _store(request).file_content(request.match_info["file_id"])
+    return web.Response(body=content, content_type="application/octet-stream")
+
+
+@openai_errors
+async def handle_file_delete(request: web.Request) -> web.Response:
+    file_id = request.match_info["file_id"]
+    await _store(request).delete_file(file_id)
+    return web.json_response({"id": file_id, "object": "file", "deleted": True})
+
+
+@openai_errors
+async def handle_batch_create(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    raw = await http.read_body(
+        request, gw.settings.gateway_max_body_bytes, timeout_s=gw.settings.gateway_body_timeout_s
+    )
+    try:
+        body: Any = http.loads_json(raw) if raw else None
+    except CodecError:
+        raise invalid_input("The body must be JSON") from None
+    store = _store(request)
+    file_id = body.get("input_file_id") if isinstance(body, dict) else None
+    if not isinstance(file_id, str) or not file_id:
+        raise invalid_input("input_file_id is required", param="input_file_id")
+    batch = new_batch(body, await store.file(file_id))
+    await store.create_batch(batch, request.headers.get("Authorization"))
+    return web.json_response(batch)
+
+
+@openai_errors
+async def handle_batch_get(request: web.Request) -> web.Response:
+    record, _ = await _store(request).batch(request.match_info["batch_id"])
+    return web.json_response(public(record))
+
+
+@openai_errors
+async def handle_batch_list(request: web.Request) -> web.Response:
+    try:
+        limit = int(request.query.get("limit", "20"))
+    except ValueError:
+        raise invalid_input("limit must be an integer", param="limit") from None
+    if not 1 <= limit <= MAX_LIST:
+        raise invalid_input(f"limit must be between 1 and {MAX_LIST}", param="limit")
+    batches = sorted(
+        (public(b) for b in await _store(request).list_records("batch")),
+        key=lambda b: (b["created_at"], b["id"]),
+        reverse=True,
+    )
+    after = request.query.get("after")
+    if after:
+        ids = [b["id"] for b in batches]
+        batches = batches[ids.index(after) + 1 :] if after in ids else []
+    page = batches[:limit]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(batches) > limit,
+        }
+    )
+
+
+@openai_errors
+async def handle_batch_cancel(request: web.Request) -> web.Response:
+    batch_id = request.match_info["batch_id"]
+
+    def cancel(r: dict[str, Any]) -> bool:
+        if r["status"] not in ("validating", "in_progress"):
+            return False
+        r.update(status="cancelling", cancelling_at=int(time.time()))
+        return True
+
+    record = await _store(request).update_batch(batch_id, cancel)
+    if record["status"] not in ("cancelling", "cancelled"):
+        raise SIEError(
+            ErrorCode.INVALID_INPUT,
+            f"Batch '{batch_id}' is {record['status']}; it cannot be cancelled",
+            param="id",
+        )
+    return web.json_response(public(record))
