@@ -24,6 +24,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -60,7 +61,18 @@ def new_id(prefix: str) -> str:
 
 
 def not_found(what: str, ident: str) -> SIEError:
-    return SIEError(ErrorCode.NOT_FOUND, f"No {what} with id '{ident}'", param="id")
+    return SIEError(ErrorCode.NOT_FOUND, f"No {what} with id '{ident[:100]}'", param="id")
+
+
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def checked_id(what: str, ident: str) -> str:
+    """``ident`` when it can name a file or batch (the ids this module makes), else 404: anything
+    else is no key of ours, and some characters are not even a valid key."""
+    if not _ID.fullmatch(ident):
+        raise not_found(what, ident)
+    return ident
 
 
 # ---- state in JetStream -------------------------------------------------------------------------
@@ -119,7 +131,7 @@ class BatchStore:
         return meta
 
     async def file(self, file_id: str) -> dict[str, Any]:
-        record = await self._get(f"file.{file_id}")
+        record = await self._get(f"file.{checked_id('file', file_id)}")
         if record is None:
             raise not_found("file", file_id)
         return record[0]
@@ -158,7 +170,7 @@ class BatchStore:
 
     async def batch(self, batch_id: str) -> tuple[dict[str, Any], int]:
         """The stored record (with its private fields) and its revision."""
-        record = await self._get(f"batch.{batch_id}")
+        record = await self._get(f"batch.{checked_id('batch', batch_id)}")
         if record is None:
             raise not_found("batch", batch_id)
         return record

@@ -141,6 +141,11 @@ async def test_a_file_with_bad_lines_fails_the_batch_naming_each(nats_server, st
             await oa.files.create(file=("in.jsonl", content), purpose="fine-tune")
         with pytest.raises(openai.BadRequestError, match="cannot be cancelled"):
             await oa.batches.cancel(batch.id)
+        for odd in ("a.b", "a*", "x" * 65):  # not even a key of the store: still a plain 404
+            with pytest.raises(openai.NotFoundError):
+                await oa.files.retrieve(odd)
+            with pytest.raises(openai.NotFoundError):
+                await oa.batches.retrieve(odd)
     finally:
         await oa.close()
 
