@@ -136,7 +136,63 @@ def bench_priority(url: str, seconds: float, bulk_items: int) -> list[str]:
     ]
 
 
-def bench_classes(seconds: float, threads: int, bulk_items: int) -> list[str]:
+async def _batch(url: str, lines: int, per_line: int) -> float:
+    """Run a Batch API batch of ``lines`` lines (``per_line`` texts each) to its end; its seconds."""
+    import json
+
+    content = b"".join(
+        json.dumps({
+            "custom_id": f"b{i}", "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": D, "input": [f"batch {i} {k} corpus text of the batch row" for k in range(per_line)]},
+        }).encode() + b"\n"
+        for i in range(lines)
+    )  # fmt: skip
+    start = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field("file", content, filename="corpus.jsonl")
+        async with session.post(f"{url}/v1/files", data=form) as r:
+            file_id = (await r.json())["id"]
+        body = {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"}
+        async with session.post(f"{url}/v1/batches", json=body) as r:
+            batch_id = (await r.json())["id"]
+        while True:
+            await asyncio.sleep(0.5)
+            async with session.get(f"{url}/v1/batches/{batch_id}") as r:
+                batch = await r.json()
+            if batch["status"] in ("completed", "failed", "cancelled", "expired"):
+                if batch["status"] != "completed" or batch["request_counts"]["failed"]:
+                    raise RuntimeError(f"batch ended {batch['status']}: {batch['request_counts']}")
+                return time.perf_counter() - start
+
+
+async def _batch_probed(url: str, lines: int, per_line: int) -> tuple[float, list[float]]:
+    batch = asyncio.ensure_future(_batch(url, lines, per_line))
+    await asyncio.sleep(1.0)  # the batch's first lines in the queue before probing
+    lat = await _probe(url, batch, 0)
+    return await batch, lat
+
+
+def bench_batch(url: str, seconds: float, lines: int) -> list[str]:
+    """Interactive single-text p99 idle and while a Batch API batch runs (issue 34's row)."""
+    per_line = 25
+    asyncio.run(_probe(url, None, 2.0))  # warm-up
+    idle = asyncio.run(_probe(url, None, seconds))
+    batch_s, busy = asyncio.run(_batch_probed(url, lines, per_line))
+    idle99, busy99 = _pct(idle, 0.99), _pct(busy, 0.99)
+    return [
+        f"Batch API, MiniLM: a batch of {lines} lines x {per_line} texts beside interactive single-text requests",
+        f"interactive 1 text, idle:          p50 {_pct(idle, 0.5):7.1f} ms  p99 {idle99:7.1f} ms  ({len(idle)} requests)",
+        f"interactive 1 text, batch running: p50 {_pct(busy, 0.5):7.1f} ms  p99 {busy99:7.1f} ms  ({len(busy)} requests)"
+        f"  = {busy99 / idle99:.2f}x idle p99 (goal <= 1.5x)",
+        f"batch: {lines * per_line / batch_s:8.1f} texts/s while probed ({batch_s:.1f} s)",
+    ]
+
+
+def bench_classes(
+    seconds: float, threads: int, bulk_items: int, batch_lines: int = 0, only_batch: bool = False
+) -> list[str]:
     from deploy.launcher import Cluster
     from tests.support.nats_server import free_port
 
@@ -156,9 +212,13 @@ def bench_classes(seconds: float, threads: int, bulk_items: int) -> list[str]:
         )
         try:
             cluster.start(say=lambda line: None)
-            lines = bench_cache_hits(cluster.gateway_url, seconds)
-            lines.append("")
-            lines += bench_priority(cluster.gateway_url, seconds, bulk_items)
+            lines: list[str] = []
+            if not only_batch:
+                lines += bench_cache_hits(cluster.gateway_url, seconds)
+                lines.append("")
+                lines += bench_priority(cluster.gateway_url, seconds, bulk_items)
+            if batch_lines:
+                lines += ["", *bench_batch(cluster.gateway_url, seconds, batch_lines)]
         finally:
             cluster.stop()
     return lines

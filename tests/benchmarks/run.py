@@ -210,6 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--bulk-items", type=int, default=50_000, help="bulk backlog of the priority row")
     ap.add_argument("--only-classes", action="store_true", help="run only the --classes rows")
+    ap.add_argument(
+        "--batch-lines",
+        type=int,
+        default=200,
+        help="lines (25 texts each) of the Batch API row of --classes; 0 leaves the row out",
+    )
+    ap.add_argument("--only-batch", action="store_true", help="run only the Batch API row")
     ap.add_argument("--only-cluster", action="store_true", help="run only the --cluster rows")
     ap.add_argument(
         "--cluster-seconds",
@@ -237,10 +244,16 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds, args.cluster_seconds, args.repeats = 3.0, 3.0, 1
     if args.lanes:
         os.environ["SIE_FORWARD_THREADS"] = str(args.lanes)  # inherited by every server this run starts
-    if args.only_classes:
+    if args.only_classes or args.only_batch:
         from tests.benchmarks.classes import bench_classes
 
-        print("\n".join(bench_classes(args.seconds, args.threads, args.bulk_items)))
+        print(
+            "\n".join(
+                bench_classes(
+                    args.seconds, args.threads, args.bulk_items, args.batch_lines, only_batch=args.only_batch
+                )
+            )
+        )
         return 0
     texts = sentences(512, 32, seed=1)
     if args.only_cluster:
@@ -302,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         from tests.benchmarks.classes import bench_classes
 
         print()
-        print("\n".join(bench_classes(args.seconds, args.threads, args.bulk_items)))
+        print("\n".join(bench_classes(args.seconds, args.threads, args.bulk_items, args.batch_lines)))
     if args.families:
         from tests.benchmarks.families import bench_score_extract
 
