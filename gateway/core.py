@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import nats.errors
@@ -34,6 +34,7 @@ from gateway.workers import WorkerRegistry
 from protocol import http, tracing
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.logs import bind
+from protocol.payloads import HEADER as PAYLOAD_HEADER
 from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
@@ -112,6 +113,8 @@ class Gateway:
         self.dlq = DLQForwarder(nc, self.dispatcher, self.metrics)
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self.payloads = self.dispatcher.payloads  # items and results over the NATS max payload
         self._stopping = False  # background loops end on this too: library code may swallow a cancel
         self.started_at = time.time()
         self.draining = False  # set by drain(): new API requests are answered 503, /readyz fails
@@ -198,6 +201,12 @@ class Gateway:
             await self.registry.stop()
         await self.dlq.stop()
         await self.dispatcher.stop()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background, kept until it ends (its errors are its own to log)."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def run_batches(self, base_url: str) -> None:
         """Start running batches, sending their lines to ``base_url`` (this gateway's front door)."""
@@ -419,26 +428,20 @@ class Gateway:
         if len(todo) > 1 and routing.lane_pullers(self.workers.healthy(), lane) == 1:
             together = len(todo)
         headers = [RoutingHeader.headers_of(item, together, self.dispatcher.results_subject) for item in todo]
-        max_payload = getattr(self.nc, "max_payload", 0) or 0
-        if max_payload:
-            limit = max_payload - 1024  # NATS headers and subject travel in the same message
-            for item, payload in zip(todo, payloads, strict=True):
-                if len(payload) > limit:
-                    raise invalid_input(
-                        f"Item {item.item_index} is {len(payload)} bytes encoded; each item travels as one "
-                        f"work-queue message, and this cluster's queue takes at most {limit} bytes per item "
-                        f"(the NATS server's max_payload of {max_payload} bytes, less 1024 for headers). "
-                        "Send a smaller item, or raise max_payload in the NATS server's configuration",
-                        param="items",
-                    )
-        with bind(
-            request_id=request_id,
-            trace_id=tracing.current_trace_id() or tracing.trace_id_of(request.headers.get("traceparent")),
-        ):
-            results = await self.dispatcher.run(
-                request_id, lane, route.model_id, todo, payloads, headers, operation=operation, deadline=t0 + timeout,
-                known=known,
-            )  # fmt: skip
+        offloaded = await self._offload(todo, payloads, headers)
+        try:
+            with bind(
+                request_id=request_id,
+                trace_id=tracing.current_trace_id()
+                or tracing.trace_id_of(request.headers.get("traceparent")),
+            ):
+                results = await self.dispatcher.run(
+                    request_id, lane, route.model_id, todo, payloads, headers, operation=operation,
+                    deadline=t0 + timeout, known=known,
+                )  # fmt: skip
+        finally:
+            if offloaded:  # the workers have read them (or never will): not kept for the bucket's max age
+                self._spawn(self._forget_payloads(offloaded))
         for i, j in copies.items():
             results[i] = same_items.answer_for(results[j], items[i])
         self.demand.clear(lane.machine_profile, lane.bundle, lane.pool)
@@ -451,6 +454,41 @@ class Gateway:
                     fresh.append((key, results[item.item_index]))
             await self.cache.store(fresh)
         return request_id, results, (time.monotonic() - t0) * 1000.0, lane
+
+    async def _offload(
+        self, todo: list[WorkItem], payloads: list[bytes], headers: list[dict[str, str]]
+    ) -> list[str]:
+        """Put each item over the NATS max payload into the payload store, its message left with
+        an empty body and a header naming the object (protocol.payloads). Returns the names put."""
+        max_payload = getattr(self.nc, "max_payload", 0) or 0
+        if not max_payload:
+            return []
+        limit = max_payload - 4096  # NATS headers and subject travel in the same message
+        names: list[str] = []
+        for k, (item, payload) in enumerate(zip(todo, payloads, strict=True)):
+            if len(payload) <= limit:
+                continue
+            try:
+                await self.payloads.put(item.work_item_id, payload)
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                raise SIEError(
+                    ErrorCode.QUEUE_UNAVAILABLE,
+                    f"Item {item.item_index} is {len(payload)} bytes, more than one queue message takes, and "
+                    f"the payload store did not take it ({type(exc).__name__}); retry later",
+                    retry_after=2,
+                ) from None
+            names.append(item.work_item_id)
+            payloads[k] = b""
+            headers[k] = {**headers[k], PAYLOAD_HEADER: item.work_item_id}
+            self.metrics.payload_offloads.inc()
+        return names
+
+    async def _forget_payloads(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                await self.payloads.delete(name)
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:  # the bucket's max age takes it
+                log.debug("payload %s not deleted: %s", name, exc)
 
     def work_item(
         self,

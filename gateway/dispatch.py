@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ from gateway.publisher import AckedPublisher
 from gateway.routing import Lane
 from protocol import tracing
 from protocol.errors import ErrorCode, SIEError
+from protocol.payloads import PayloadStore
 from protocol.streams import reconcile_stream, stream_config, stream_fields
 from protocol.subjects import (
     BULK,
@@ -96,6 +98,8 @@ class Dispatcher:
         self.publish_timeout_s = publish_timeout_s
         self.queue_full_retry_after_s = queue_full_retry_after_s
         self.bulk_share = bulk_share
+        # work items and results over the NATS max payload (protocol.payloads)
+        self.payloads = PayloadStore(self.js, storage=storage, replicas=replicas, max_age_s=max_age_s)
         self.publish_window = publish_concurrency  # a request's items waiting for their acks at once
         self._collectors: dict[str, Collector] = {}
         self._ensured: set[str] = set()
@@ -377,7 +381,10 @@ class Dispatcher:
                 log.warning("dropping a malformed results message: %s", exc)
                 return
             for result in results:
-                self._deliver(result.request_id, result)
+                if result.result_ref is None:
+                    self._deliver(result.request_id, result)
+                else:
+                    await self._deliver_resolved(result.request_id, result)
             return
         request_id = msg.subject.rsplit(".", 1)[-1]
         if request_id not in self._collectors:  # decided before decoding: late or duplicate
@@ -388,6 +395,29 @@ class Dispatcher:
         except Exception as exc:
             log.warning("dropping malformed result for %s: %s", request_id, exc)
             return
+        await self._deliver_resolved(request_id, result)
+
+    async def _deliver_resolved(self, request_id: str, result: WorkResult) -> None:
+        """Deliver ``result``, read first from the payload store when it was too large to travel."""
+        ref = result.result_ref
+        if ref is not None:
+            if request_id not in self._collectors:
+                self.metrics.inbox_skips.inc()
+                return
+            try:
+                result = WorkResult.from_msgpack(await self.payloads.get(ref))
+            except Exception as exc:  # noqa: BLE001 - gone, or the store unreachable: the item fails
+                log.warning("result %s of %s not read from the payload store: %s", ref, request_id, exc)
+                result = dataclasses.replace(
+                    result,
+                    success=False,
+                    error_code=ErrorCode.INTERNAL_ERROR.value,
+                    error=f"the result was too large for one message and could not be read back ({exc})",
+                    result_ref=None,
+                )
+            else:
+                with contextlib.suppress(Exception):
+                    await self.payloads.delete(ref)
         self._deliver(request_id, result)
 
     def _deliver(self, request_id: str, result: WorkResult) -> None:

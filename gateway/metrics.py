@@ -77,6 +77,11 @@ class GatewayMetrics:
         self.priority_items = Counter(
             "sie_gateway_priority_items", "Work items published per priority class", ["priority"], registry=r
         )
+        self.payload_offloads = Counter(
+            "sie_gateway_queue_payload_offloads",
+            "Work items over the NATS max payload, sent through the payload store",
+            registry=r,
+        )
         self.cancels = Counter("sie_gateway_work_cancels", "work_cancel publishes", ["reason"], registry=r)
         self.dlq_events = Counter(
             "sie_gateway_dlq_events", "Max-delivery advisories forwarded", ["stream", "consumer"], registry=r

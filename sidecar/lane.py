@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 from nats.aio.client import Client as NATS
 
 from protocol.clock import Clock, MonotonicClock
+from protocol.payloads import PayloadStore
 from protocol.subjects import BULK, INTERACTIVE
 from sidecar.barrier import ExecutionBarrier
 from sidecar.deliveries import Delivery, Held, ModelScheduler
@@ -109,9 +110,17 @@ class LaneConsumer:
         self.metrics = SidecarMetrics(settings.pool, settings.machine_profile, settings.bundle)
         self.stopping = asyncio.Event()
         clock = clock or MonotonicClock()
+        # work items and results over the NATS max payload (protocol.payloads)
+        self.payloads = PayloadStore(
+            self.js,
+            storage=settings.stream_storage,
+            replicas=settings.stream_replicas,
+            max_age_s=settings.stream_max_age_s,
+        )
         self.settlement = Settlement(
             nc,
             self.js,
+            payloads=self.payloads,
             worker_id=settings.worker_id,
             nak_delay_s=settings.nak_delay_s,
             oom_nak_delay_s=settings.oom_nak_delay_s,
@@ -125,6 +134,7 @@ class LaneConsumer:
             worker=self.link,
             readiness=self.readiness,
             settlement=self.settlement,
+            payloads=self.payloads,
             barrier=self.barrier,
             tombstones=self.tombstones,
             metrics=self.metrics,

@@ -18,9 +18,15 @@ from collections.abc import Callable, Container, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+import nats.js.errors
+
 from protocol import ipc, tracing
 from protocol.clock import Clock
+from protocol.errors import ErrorCode
+from protocol.payloads import HEADER as PAYLOAD_HEADER
+from protocol.payloads import PayloadReader
 from protocol.subjects import BULK
+from protocol.work import WorkResult
 from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
@@ -63,6 +69,12 @@ class BatchSettler(Protocol):
 
     async def publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None: ...
 
+    def error_result(self, d: Delivery, code: str, message: str) -> WorkResult: ...
+
+    async def publish_and_ack(
+        self, d: Delivery, result: WorkResult | bytes, *, success: bool = False
+    ) -> None: ...
+
 
 class SharedGate(Protocol):
     """Held shared by every batch on the worker (:class:`sidecar.barrier.ExecutionBarrier`)."""
@@ -87,6 +99,7 @@ class Scheduler:
         worker: BatchRunner,
         readiness: ModelReadiness,
         settlement: BatchSettler,
+        payloads: PayloadReader,
         barrier: SharedGate,
         tombstones: Container[str],
         metrics: SidecarMetrics,
@@ -98,6 +111,7 @@ class Scheduler:
         self.worker = worker
         self.readiness = readiness
         self.settlement = settlement
+        self.payloads = payloads  # the bodies of work items too large for a message
         self.barrier = barrier
         self.tombstones = tombstones
         self.metrics = metrics
@@ -287,6 +301,28 @@ class Scheduler:
         elif self.inflight_batches < 0.7 * cap:
             self.saturated = False
 
+    async def _bodies(self, live: list[Delivery]) -> dict[str, bytes]:
+        """Each delivery's body by item id: the message's, or the payload store's object that the
+        message names (protocol.payloads). An object that is gone fails its item; a store that
+        does not answer leaves the item to a redelivery."""
+        bodies: dict[str, bytes] = {}
+        for d in live:
+            ref = (d.msg.headers or {}).get(PAYLOAD_HEADER)
+            if ref is None:
+                bodies[d.route.work_item_id] = d.msg.data
+                continue
+            try:
+                bodies[d.route.work_item_id] = await self.payloads.get(ref)
+            except nats.js.errors.ObjectNotFoundError:
+                message = "the item's body is no longer in the payload store (its request ended)"
+                await self.settlement.publish_and_ack(
+                    d, self.settlement.error_result(d, ErrorCode.INTERNAL_ERROR, message)
+                )
+            except Exception as exc:  # noqa: BLE001 - the store unreachable: later, again
+                log.warning("payload %s not read (%s); the item is redelivered", ref, exc)
+                await self.settlement.nak(d, self.settings.nak_delay_s)
+        return bodies
+
     async def _run_batch(self, sched: ModelScheduler, batch: list[Delivery], bulk: bool = False) -> None:
         s = self.settings
         self.inflight_batches += 1
@@ -312,11 +348,15 @@ class Scheduler:
                     live.append(d)
             if not live:
                 return
+            bodies = await self._bodies(live)
+            live = [d for d in live if d.route.work_item_id in bodies]
+            if not live:
+                return
             self.stats["batches"] += 1
             dispatched = time.time()
             request = ipc.RunBatchRequest(
                 model_id=sched.spec,
-                items=[d.msg.data for d in live],
+                items=[bodies[d.route.work_item_id] for d in live],
                 worker_id=s.worker_id,
                 item_ids=[d.route.work_item_id for d in live],
             )

@@ -44,6 +44,12 @@ class Publisher(Protocol):
     ) -> None: ...
 
 
+class PayloadWriter(Protocol):
+    """:class:`protocol.payloads.PayloadStore`, as settlement uses it."""
+
+    async def put(self, name: str, data: bytes) -> None: ...
+
+
 class JetStreamPublisher(Protocol):
     """JetStream publishes (``nats.js.JetStreamContext``): the DLQ copy of a dead message."""
 
@@ -63,6 +69,7 @@ class Settlement:
         nc: Publisher,
         js: JetStreamPublisher,
         *,
+        payloads: PayloadWriter | None = None,
         worker_id: str,
         nak_delay_s: float,
         oom_nak_delay_s: float,
@@ -72,6 +79,7 @@ class Settlement:
     ) -> None:
         self.nc = nc
         self.js = js
+        self.payloads = payloads  # results over the max payload go there (protocol.payloads)
         self.worker_id = worker_id
         self.nak_delay_s = nak_delay_s
         self.oom_nak_delay_s = oom_nak_delay_s
@@ -193,15 +201,27 @@ class Settlement:
             try:
                 await self.nc.publish(d.route.reply_subject, data)
             except nats.errors.MaxPayloadError:
-                compact = self.error_result(
-                    d, ErrorCode.INTERNAL_ERROR, "result larger than the NATS max payload"
-                )
-                await self.nc.publish(d.route.reply_subject, compact.to_msgpack())
+                await self.nc.publish(d.route.reply_subject, (await self._by_reference(d, data)).to_msgpack())
         except Exception as exc:  # noqa: BLE001 - the caller decides what a failed publish means
             log.warning("publishing result of %s failed: %s", d.route.work_item_id, exc)
             return False
         self.stats["published"] += 1
         return True
+
+    async def _by_reference(self, d: Delivery, data: bytes) -> WorkResult:
+        """What stands for a result too large for one message: a result naming the payload store's
+        object that holds it, or an error result where there is no store or it refused the bytes."""
+        name = f"result.{d.route.work_item_id}"
+        if self.payloads is not None:
+            try:
+                await self.payloads.put(name, data)
+            except Exception as exc:  # noqa: BLE001 - the item fails; others go on
+                log.warning("result of %s not put in the payload store: %s", d.route.work_item_id, exc)
+            else:
+                ref = WorkResult(d.route.work_item_id, d.route.request_id, d.route.item_index, True)
+                ref.result_ref, ref.worker_id = name, self.worker_id
+                return ref
+        return self.error_result(d, ErrorCode.INTERNAL_ERROR, "result larger than the NATS max payload")
 
     async def ack(self, d: Delivery, *, drop: bool = False) -> None:
         if d.settled:

@@ -202,17 +202,19 @@ def test_the_readme_lists_every_request_limit_with_its_default():
     assert not wrong, "limits missing from the README, or with another default:\n" + "\n".join(wrong)
 
 
-def test_the_readme_names_the_queue_message_limit_of_one_item():
-    """The gateway refuses an item over the NATS server's max_payload less 1,024 (gateway/core.py);
-    nats-server's default max_payload, as `sie up` runs it, is 1 MiB; the chart sets 8MB."""
+def test_the_readme_says_items_over_a_queue_message_go_through_the_payload_store():
+    """An item over the NATS server's max_payload travels through the payload store (issue 34,
+    protocol/payloads.py): no limit of its own; nats-server's default is 1 MiB, the chart's 8MB."""
     import re
+
+    from protocol.payloads import BUCKET
 
     rows = [ln for ln in _outside_the_settings_table(README.read_text()) if ln.startswith("|")]
     (row,) = [ln for ln in rows if "max_payload" in ln and "work-queue message" in ln]
-    assert f"{(1 << 20) - 1024:,} bytes" in row
+    assert f"`{BUCKET}`" in row and "1 MiB under `sie up`" in row
     nats_conf = (README.parent / "helm/sie-cluster/templates/nats.yaml").read_text()
     chart = re.search(r"max_payload: (\d+)MB", nats_conf)
-    assert chart and f"{chart.group(1)} MB less 1,024 with the Helm chart" in row
+    assert chart and f"{chart.group(1)} MB with the Helm chart" in row
 
 
 def test_the_readme_says_what_the_weights_field_tells():

@@ -222,6 +222,21 @@ def test_tokenize_gives_the_models_own_tokens_ids_and_offsets(url):
     assert body["usage"]["input_tokens"] == first["count"] + 302
 
 
+def test_an_item_and_an_answer_larger_than_a_queue_message_are_served(url):
+    """1.2 MB of text, over the 1 MiB NATS message under `sie up`, and its tokenization (several MB):
+    in the cluster both travel through the payload store (issue 34); `sie serve` answers the same."""
+    words = [f"w{k % 97}" for k in range(320_000)]
+    text = " ".join(words)
+    assert 1024 * 1024 < len(text.encode()) < 2 * 1024 * 1024  # over a message, under the worker's limit
+    r = _post(url, f"/v1/tokenize/{MINILM}", {"items": [{"text": "small"}, {"text": text}]})
+    assert r.status_code == 200, r.text[:300]
+    small, big = r.json()["items"]
+    assert small["count"] == 3
+    assert big["count"] > 320_000 and len(big["ids"]) == big["count"] == len(big["offsets"])
+    start, end = big["offsets"][-2]  # the last word, before [SEP]
+    assert text[start:end] in words[-1]
+
+
 def test_tokenize_through_our_sdk(url):
     with SIEClient(url, timeout_s=120) as client:
         one = client.tokenize(MINILM, {"text": "hello world"})

@@ -17,6 +17,8 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from protocol.codec import packb
+from protocol.payloads import BUCKET as PAYLOAD_BUCKET
+from protocol.payloads import HEADER as PAYLOAD_HEADER
 from protocol.streams import lane_consumer_config, stream_config
 from protocol.subjects import INTERACTIVE, health_subject, lane_durable, pool_stream_name
 from protocol.work import Heartbeat, RoutingHeader, WorkItem, WorkResult, pack_results
@@ -172,7 +174,11 @@ class FakeWorker:
             for msg in msgs:
                 if self._stopping:
                     return
-                item = WorkItem.from_msgpack(msg.data)
+                body = msg.data
+                ref = (msg.headers or {}).get(PAYLOAD_HEADER)
+                if ref is not None:  # too large for a message: in the payload store, as a sidecar reads it
+                    body = (await (await self.nc.jetstream().object_store(PAYLOAD_BUCKET)).get(ref)).data
+                item = WorkItem.from_msgpack(body)
                 self.seen.append(item)
                 self.seen_headers.append(dict(msg.headers or {}))
                 result = await self.handler(item, self)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 
+import nats.js.errors
+import numpy as np
 import pytest
 
 from tests.integration.gateway.conftest import DENSE, RERANK
-from tests.integration.gateway.fake_worker import FakeWorker
+from tests.integration.gateway.fake_worker import FakeWorker, fake_vector
 from tests.integration.gateway.test_gateway_flow import post, wait_workers
+from tests.support.polling import wait_until
 
 JSON = {"Content-Type": "application/json", "Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
 DEEP = "[" * 1000 + "]" * 1000
@@ -89,24 +92,32 @@ async def test_malformed_pool_body_is_a_400(start_gateway, body):
         assert resp.headers["X-SIE-Error-Code"] == "INVALID_INPUT"
 
 
-async def test_an_item_over_the_queue_message_limit_is_a_400_that_names_the_limit(nats_server, start_gateway):
-    """One item travels as one JetStream message: over the NATS server's max_payload (less 1 KiB
-    for headers) it is refused before publishing, with the limit in the message (issue 36)."""
+async def test_an_item_over_the_queue_message_limit_travels_through_the_payload_store(
+    nats_server, start_gateway
+):
+    """An item larger than one JetStream message (the NATS server's max_payload) is put into the
+    payload store and its message names it (issue 34); the object is gone once the request ended."""
     h = await start_gateway()
     w = await FakeWorker(nats_server.url, "w1").start()
     try:
         await wait_workers(h)
         max_payload = h.gateway.nc.max_payload
         assert max_payload == 1024 * 1024  # nats-server's default, as `sie up` runs it
-        body = {"items": [{"text": "ok"}, {"text": "x" * max_payload}]}
-        async with h.session.post(h.url(f"/v1/encode/{DENSE}"), data=json.dumps(body), headers=JSON) as resp:
-            doc = json.loads(await resp.read())
-            assert resp.status == 400 and doc["detail"]["code"] == "INVALID_INPUT", doc
-        message = doc["detail"]["message"]
-        assert message.startswith("Item 1 is ") and "work-queue message" in message, message
-        assert f"at most {max_payload - 1024} bytes per item" in message
-        assert f"max_payload of {max_payload} bytes" in message
-        status, _, good = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "y" * 500_000}]})
-        assert status == 200, good  # under the limit: served
+        big = "x" * (3 * max_payload)
+        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "ok"}, {"text": big}]})
+        assert status == 200, body
+        np.testing.assert_array_equal(body["items"][1]["dense"]["values"], fake_vector(big))
+        assert [wi.item["text"] == big for wi in w.seen] == [False, True]
+        assert [bool(hdr.get("Sie-Payload")) for hdr in w.seen_headers] == [False, True]
+        assert "sie_gateway_queue_payload_offloads_total 1.0" in h.gateway.metrics.render().decode()
+        store = await h.nc.jetstream().object_store("SIE_PAYLOADS")
+
+        async def forgotten() -> bool:
+            try:
+                return not await store.list(ignore_deletes=True)
+            except nats.js.errors.NotFoundError:  # nothing in the store
+                return True
+
+        await wait_until(forgotten, 10, what="the payload deleted")
     finally:
         await w.stop()

@@ -74,6 +74,7 @@ class GatedWorker:
     def __init__(self) -> None:
         self.generation = 1
         self.batches: list[list[str]] = []
+        self.bodies: list[list[bytes]] = []  # what each batch carried to the worker
         self.gate = asyncio.Event()
 
     async def run_batch(
@@ -81,12 +82,27 @@ class GatedWorker:
     ) -> dict[str, list[Outcome]]:
         ids = list(request.item_ids or [])
         self.batches.append(ids)
+        self.bodies.append(list(request.items))
         await self.gate.wait()
         return {i: [{"work_item_id": i, "disposition": ipc.PUBLISH_AND_ACK, "result": b"r"}] for i in ids}
 
     @property
     def sizes(self) -> list[int]:
         return [len(b) for b in self.batches]
+
+
+class StoredPayloads:
+    """The payload store as the scheduler reads it: named objects (protocol.payloads)."""
+
+    def __init__(self, objects: dict[str, bytes] | None = None) -> None:
+        self.objects = dict(objects or {})
+
+    async def get(self, name: str) -> bytes:
+        import nats.js.errors
+
+        if name not in self.objects:
+            raise nats.js.errors.ObjectNotFoundError
+        return self.objects[name]
 
 
 class ReadyModel:

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from nats.aio.msg import Msg
+
 from protocol import ipc
 from protocol.subjects import BULK
 from sidecar.barrier import ExecutionBarrier
@@ -20,7 +22,14 @@ from sidecar.settings import SidecarSettings
 from sidecar.tombstones import Tombstones
 from tests.support.clock import ManualClock
 from tests.support.polling import wait_until
-from tests.unit.sidecar.parts import GatedWorker, ReadyModel, RecordingSettler, delivery, quiesce
+from tests.unit.sidecar.parts import (
+    GatedWorker,
+    ReadyModel,
+    RecordingSettler,
+    StoredPayloads,
+    delivery,
+    quiesce,
+)
 
 
 @dataclass
@@ -49,6 +58,7 @@ async def rig(*, depth: int = 1, forwards: int = 1, **settings: object) -> Async
     values.update(settings)
     clock = ManualClock()
     worker, readiness, settler = GatedWorker(), ReadyModel(depth=depth, forwards=forwards), RecordingSettler()
+    payloads = StoredPayloads({"big.1": b"the body from the store"})
     tombstones = Tombstones()
     stats: dict[str, int] = {"batches": 0}
     stopping = asyncio.Event()
@@ -57,6 +67,7 @@ async def rig(*, depth: int = 1, forwards: int = 1, **settings: object) -> Async
         worker=worker,
         readiness=readiness,
         settlement=settler,
+        payloads=payloads,
         barrier=ExecutionBarrier(),
         tombstones=tombstones,
         metrics=SidecarMetrics("default", "cpu", "default"),
@@ -222,3 +233,22 @@ async def test_bulk_batches_are_small_while_interactive_work_arrives():
             r.submit(priority=BULK)
         r.clock.advance(0.010)
         await wait_until(lambda: r.worker.sizes[-1] == 6, what="a full-size bulk batch")
+
+
+async def test_a_body_in_the_payload_store_goes_to_the_worker_and_a_lost_one_fails_its_item():
+    async with rig(depth=4) as r:
+        stored = delivery(
+            r.clock.now(), msg=Msg(None, subject="sie.work.x", data=b"", headers={"Sie-Payload": "big.1"})
+        )
+        lost = delivery(
+            r.clock.now(), msg=Msg(None, subject="sie.work.x", data=b"", headers={"Sie-Payload": "gone"})
+        )
+        plain = delivery(r.clock.now())
+        for d in (stored, lost, plain):
+            assert r.scheduler.submit(d)
+        r.clock.advance(1.0)
+        await wait_until(lambda: r.worker.batches, what="a batch")
+        assert r.worker.batches == [[stored.route.work_item_id, plain.route.work_item_id]]
+        assert r.worker.bodies == [[b"the body from the store", b"body"]]
+        assert r.settler.actions("publish INTERNAL_ERROR") == [lost.route.work_item_id]
+        r.worker.gate.set()

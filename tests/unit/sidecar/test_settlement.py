@@ -17,6 +17,7 @@ from nats.js.api import ConsumerConfig, StreamConfig
 
 from protocol import ipc
 from protocol.errors import ErrorCode
+from protocol.payloads import PayloadStore
 from protocol.streams import dlq_stream_config, stream_config
 from protocol.subjects import DLQ_REASON_HEADER, DLQ_STREAM, results_subject, work_subject
 from protocol.work import RoutingHeader, WorkResult, unpack_results
@@ -77,7 +78,7 @@ class Rig:
 
 
 @asynccontextmanager
-async def rig(nats_server) -> AsyncIterator[Rig]:
+async def rig(nats_server, *, payloads: bool = False) -> AsyncIterator[Rig]:
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     await js.add_stream(StreamConfig(**stream_config("default", storage="memory")))
@@ -96,6 +97,7 @@ async def rig(nats_server) -> AsyncIterator[Rig]:
     settlement = Settlement(
         nc,
         js,
+        payloads=PayloadStore(js, storage="memory") if payloads else None,
         worker_id="w",
         nak_delay_s=0.1,
         oom_nak_delay_s=0.2,
@@ -193,6 +195,20 @@ async def test_a_result_over_the_max_payload_is_replaced_by_a_compact_error(nats
         (reply,) = await r.replies_so_far()
         answer = WorkResult.from_msgpack(reply.data)
         assert answer.error_code == ErrorCode.INTERNAL_ERROR and "max payload" in (answer.error or "")
+        await r.settled()
+
+
+async def test_a_result_over_the_max_payload_goes_through_the_payload_store(nats_server):
+    async with rig(nats_server, payloads=True) as r:
+        d = await r.delivery()
+        huge = WorkResult(
+            d.route.work_item_id, d.route.request_id, 0, True, b"x" * (r.nc.max_payload + 1)
+        ).to_msgpack()
+        await r.settlement.publish_and_ack(d, huge, success=True)
+        (reply,) = await r.replies_so_far()
+        stub = WorkResult.from_msgpack(reply.data)
+        assert stub.result_ref == f"result.{d.route.work_item_id}" and stub.result_msgpack is None
+        assert await PayloadStore(r.js).get(stub.result_ref) == huge  # the gateway reads it there
         await r.settled()
 
 

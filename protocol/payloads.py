@@ -1,0 +1,72 @@
+"""Bodies too large for one NATS message travel through a JetStream object store.
+
+A work item whose encoded body is over the server's max payload is put into the ``SIE_PAYLOADS``
+object store by the gateway and published with an empty body and a ``Sie-Payload`` header naming
+the object; the sidecar reads the object in its place before the item goes to the worker (the
+routing header is in the message, so nothing else changes). A result over the max payload goes
+the other way: the sidecar stores the result's bytes and publishes a small result that names them
+(``WorkResult.result_ref``); the gateway reads and deletes the object. The bucket's max age is the
+work streams' (an object left by a process that died goes with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Protocol
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import ObjectStoreConfig, StorageType
+from nats.js.object_store import ObjectStore
+
+BUCKET = "SIE_PAYLOADS"
+HEADER = "Sie-Payload"  # a work message whose body is the object of this name
+
+
+class PayloadReader(Protocol):
+    async def get(self, name: str) -> bytes: ...
+
+
+class PayloadStore:
+    """The object store, opened (or created) on first use."""
+
+    def __init__(
+        self, js: JetStreamContext, *, storage: str = "file", replicas: int = 1, max_age_s: float = 1800.0
+    ) -> None:
+        self.js = js
+        self.storage = storage
+        self.replicas = replicas
+        self.max_age_s = max_age_s
+        self._store: ObjectStore | None = None
+        self._lock = asyncio.Lock()
+
+    async def bucket(self) -> ObjectStore:
+        if self._store is None:
+            async with self._lock:
+                if self._store is None:
+                    try:
+                        self._store = await self.js.object_store(BUCKET)
+                    except nats.js.errors.NotFoundError:
+                        config = ObjectStoreConfig(
+                            ttl=self.max_age_s,
+                            storage=StorageType.FILE if self.storage == "file" else StorageType.MEMORY,
+                            replicas=self.replicas,
+                            description="work items and results over the max payload",
+                        )
+                        with contextlib.suppress(nats.js.errors.BadRequestError):  # made by another process
+                            await self.js.create_object_store(BUCKET, config)
+                        self._store = await self.js.object_store(BUCKET)
+        return self._store
+
+    async def put(self, name: str, data: bytes) -> None:
+        await (await self.bucket()).put(name, data)
+
+    async def get(self, name: str) -> bytes:
+        """The object's bytes; ``nats.js.errors.ObjectNotFoundError`` when there is none."""
+        got = await (await self.bucket()).get(name)
+        return got.data or b""
+
+    async def delete(self, name: str) -> None:
+        with contextlib.suppress(nats.js.errors.ObjectNotFoundError, nats.js.errors.ObjectDeletedError):
+            await (await self.bucket()).delete(name)
