@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from PIL.PngImagePlugin import PngInfo
 from transformers import CLIPImageProcessor, CLIPModel
 
+from protocol.codec import packb
 from tests.integration.cluster.test_live_model_add import LiveCluster, admin
 from tests.support.cluster import running
 from tests.support.image_models import CLIP_LOADTIME, build_image_checkpoints, model_yaml, picture
@@ -95,5 +97,29 @@ def test_image_encode_through_the_gateway(tiny, tmp_path):
             time.sleep(0.5)
         assert probe.status_code == 200, probe.text
         vecs, ref = encode_with_public_sdk(c.gateway_url, tiny)
+        # a 5 MB image: over a queue message (1 MiB), it goes through the payload store (issue 34)
+        # 1000 x 1000 pixels (the fixture's pixel limit) of noise, and a camera's worth of metadata
+        meta = PngInfo()
+        meta.add_text("Comment", "noise " * 400_000)
+        buf = io.BytesIO()
+        picture(11, (1000, 1000)).save(buf, format="PNG", pnginfo=meta)
+        big = buf.getvalue()
+        assert len(big) > 5_000_000
+        r = httpx.post(
+            c.gateway_url + "/v1/encode/tiny-clip",
+            content=packb({"items": [{"images": [{"data": big, "format": "png"}]}]}),
+            headers={"Content-Type": "application/msgpack", "Accept": "application/json"},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text[:300]
+        got = np.asarray(r.json()["items"][0]["dense"]["values"], dtype=np.float32)
     assert vecs.shape == (3, 16)
     np.testing.assert_allclose(vecs, ref, atol=1e-5)
+    model = CLIPModel.from_pretrained(str(tiny["clip"])).eval()
+    proc = CLIPImageProcessor.from_pretrained(str(tiny["clip"]))
+    with torch.no_grad():
+        feats = model.get_image_features(
+            pixel_values=proc(images=[Image.open(io.BytesIO(big))], return_tensors="pt")["pixel_values"]
+        )
+    feats = feats if isinstance(feats, torch.Tensor) else feats.pooler_output
+    np.testing.assert_allclose(got, torch.nn.functional.normalize(feats, dim=-1)[0].numpy(), atol=1e-5)
