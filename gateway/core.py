@@ -108,6 +108,9 @@ class Gateway:
         )
         self.pools: PoolStore | None = None
         self.cache: ResultCache | None = None
+        self.computing = same_items.InFlight(
+            self.metrics.cache_followed.inc
+        )  # cache misses this gateway is computing, by key
         self.batches: BatchStore | None = None  # the OpenAI Batch API's files and batches
         self.batch_runner: BatchRunner | None = None
         self.dlq = DLQForwarder(nc, self.dispatcher, self.metrics)
@@ -400,14 +403,66 @@ class Gateway:
             for i, entry in enumerate(await self.cache.lookup(keys)):
                 if entry is not None:
                     known[i] = same_items.answer_for(cached_result(request_id, i, entry), items[i])
-        # an item equal to an earlier one of the request waits for that one's answer
+        # an item equal to an earlier one of the request waits for that one's answer; a miss that a
+        # concurrent request of this gateway is computing waits for that one (when caching)
         copies = same_items.duplicates(items, known) if len(items) > 1 else {}
         for i in copies:
             known[i] = same_items.COPY
+        followed, led = self.computing.claim(keys, known) if keys else ({}, [])
+        for i in followed:
+            known[i] = same_items.COPY
         todo = [item for item, done in zip(items, known, strict=True) if done is None]
-        if not todo:  # every item answered from the cache: nothing to publish
-            hits = [r for r in known if r is not None]
-            return request_id, hits, (time.monotonic() - t0) * 1000.0, lane
+        results: list[WorkResult] | None = None
+        try:
+            if todo:
+                results = await self._compute(
+                    request, route, operation, lane, request_id, t0 + timeout, todo, known
+                )
+            else:  # cache hits, copies and followed items: every slot is set
+                results = [r for r in known if r is not None]
+        finally:
+            if led:
+                self.computing.settle(led, keys, results)
+        if followed:
+            again = []
+            for i, answer in (await self.computing.follow(followed, t0 + timeout)).items():
+                if answer is not None:
+                    results[i] = same_items.answer_for(answer, items[i])
+                else:
+                    again.append(items[i])  # its computation failed there: this request computes it
+            if again:
+                slots: list[WorkResult | None] = list(results)
+                for item in again:
+                    slots[item.item_index] = None
+                todo += again
+                results = await self._compute(
+                    request, route, operation, lane, request_id, t0 + timeout, again, slots
+                )
+        for i, j in copies.items():
+            results[i] = same_items.answer_for(results[j], items[i])
+        self.demand.clear(lane.machine_profile, lane.bundle, lane.pool)
+        self.demand.clear("any", lane.bundle, lane.pool)
+        if keys and self.cache is not None:
+            fresh: list[tuple[str, WorkResult]] = []
+            for item in todo:
+                key = keys[item.item_index]
+                if key is not None:
+                    fresh.append((key, results[item.item_index]))
+            await self.cache.store(fresh)
+        return request_id, results, (time.monotonic() - t0) * 1000.0, lane
+
+    async def _compute(
+        self,
+        request: web.Request,
+        route: Route,
+        operation: str,
+        lane: Lane,
+        request_id: str,
+        deadline: float,
+        todo: list[WorkItem],
+        known: list[WorkResult | None],
+    ) -> list[WorkResult]:
+        """Publish ``todo`` (the request's items not ``known``) and collect every result."""
         try:
             await self.dispatcher.ensure_stream(lane.pool)
             await self.dispatcher.check_capacity(lane.pool, len(todo), priority=lane.priority)
@@ -435,25 +490,13 @@ class Gateway:
                 trace_id=tracing.current_trace_id()
                 or tracing.trace_id_of(request.headers.get("traceparent")),
             ):
-                results = await self.dispatcher.run(
+                return await self.dispatcher.run(
                     request_id, lane, route.model_id, todo, payloads, headers, operation=operation,
-                    deadline=t0 + timeout, known=known,
+                    deadline=deadline, known=known,
                 )  # fmt: skip
         finally:
             if offloaded:  # the workers have read them (or never will): not kept for the bucket's max age
                 self._spawn(self._forget_payloads(offloaded))
-        for i, j in copies.items():
-            results[i] = same_items.answer_for(results[j], items[i])
-        self.demand.clear(lane.machine_profile, lane.bundle, lane.pool)
-        self.demand.clear("any", lane.bundle, lane.pool)
-        if keys and self.cache is not None:
-            fresh: list[tuple[str, WorkResult]] = []
-            for item in todo:
-                key = keys[item.item_index]
-                if key is not None:
-                    fresh.append((key, results[item.item_index]))
-            await self.cache.store(fresh)
-        return request_id, results, (time.monotonic() - t0) * 1000.0, lane
 
     async def _offload(
         self, todo: list[WorkItem], payloads: list[bytes], headers: list[dict[str, str]]

@@ -68,6 +68,11 @@ class GatewayMetrics:
         self.cache_lookups = Counter(
             "sie_gateway_result_cache_lookups", "Result cache lookups per item", ["result"], registry=r
         )
+        self.cache_followed = Counter(
+            "sie_gateway_result_cache_followed",
+            "Result cache misses that waited for an equal one a concurrent request was computing",
+            registry=r,
+        )
         self.cache_stores = Counter(
             "sie_gateway_result_cache_stores", "Results written to the cache", registry=r
         )

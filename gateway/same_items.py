@@ -8,8 +8,11 @@ is echoed in the answer). Items that travel by reference (``payload_ref``) are n
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from protocol.codec import packb, unpackb
 from protocol.work import WorkItem, WorkResult
@@ -42,3 +45,57 @@ def answer_for(result: WorkResult, item: WorkItem) -> WorkResult:
             body["id"] = f"item-{item.item_index}"
             answer.result_msgpack = packb(body)
     return answer
+
+
+class InFlight:
+    """The result-cache misses this gateway is computing, by cache key: a concurrent request with an
+    equal miss waits for that answer instead of computing it again (single flight). A computation
+    that fails or is abandoned hands its followers nothing, and they compute it themselves."""
+
+    def __init__(self, on_follow: Callable[[], None] = lambda: None) -> None:
+        self._answers: dict[str, asyncio.Future[WorkResult | None]] = {}
+        self.on_follow = on_follow  # counts each miss that waits for another's computation
+
+    def claim(
+        self, keys: Sequence[str | None], known: Sequence[WorkResult | None]
+    ) -> tuple[dict[int, asyncio.Future[WorkResult | None]], list[str]]:
+        """For each item not ``known`` with a key: follow the computation in flight, or lead it.
+        Returns ``({index: answer to wait for}, keys led)``."""
+        followed: dict[int, asyncio.Future[WorkResult | None]] = {}
+        led: list[str] = []
+        for i, key in enumerate(keys):
+            if key is None or known[i] is not None:
+                continue
+            answer = self._answers.get(key)
+            if answer is not None:
+                followed[i] = answer
+                self.on_follow()
+            else:
+                self._answers[key] = asyncio.get_running_loop().create_future()
+                led.append(key)
+        return followed, led
+
+    def settle(
+        self, led: list[str], keys: Sequence[str | None], results: Sequence[WorkResult] | None
+    ) -> None:
+        """The answers of the keys led (a failed one, or none when ``results`` is None, as None)."""
+        by_key: dict[str, WorkResult] = {}
+        for i, key in enumerate(keys):
+            if key is not None and results is not None and results[i].success:
+                by_key.setdefault(key, results[i])
+        for key in led:
+            answer = self._answers.pop(key, None)
+            if answer is not None and not answer.done():
+                answer.set_result(by_key.get(key))
+
+    @staticmethod
+    async def follow(
+        followed: dict[int, asyncio.Future[WorkResult | None]], deadline: float
+    ) -> dict[int, WorkResult | None]:
+        """Each followed answer, None where it failed or did not come by ``deadline`` (monotonic)."""
+        out: dict[int, WorkResult | None] = {}
+        for i, answer in followed.items():
+            with contextlib.suppress(TimeoutError):
+                out[i] = await asyncio.wait_for(asyncio.shield(answer), max(0.0, deadline - time.monotonic()))
+            out.setdefault(i, None)
+        return out

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from protocol.codec import packb, unpackb
-from protocol.work import RoutingHeader
+from protocol.work import RoutingHeader, WorkResult
 from tests.integration.gateway.conftest import DENSE, EXTRACT, RERANK
-from tests.integration.gateway.fake_worker import FakeWorker, fake_vector
+from tests.integration.gateway.fake_worker import FakeWorker, answer, fake_vector
+from tests.support.polling import wait_until
 
 MSGPACK = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
 SDK = {**MSGPACK, "X-SIE-SDK-Version": "0.10.1"}
@@ -438,5 +439,55 @@ async def test_results_that_share_a_message_answer_their_requests(nats_server, s
         assert {RoutingHeader.from_headers(hdr).results_subject for hdr in w.seen_headers} == {
             h.gateway.dispatcher.results_subject
         }
+    finally:
+        await w.stop()
+
+
+async def test_equal_misses_of_concurrent_requests_are_computed_once(nats_server, start_gateway):
+    h = await start_gateway(result_cache_enabled=True)
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    async def held(item, worker):
+        calls.append(item.item["text"])
+        await release.wait()
+        if item.item["text"] == "fails first" and calls.count("fails first") == 1:
+            return WorkResult.failure(item, "INFERENCE_ERROR", "injected", worker_id=worker.worker_id)
+        return answer(item, worker.worker_id)
+
+    w = await FakeWorker(nats_server.url, "w1", handler=held).start()
+    try:
+        await wait_workers(h)
+        first = asyncio.create_task(post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "shared"}]}))
+        await wait_until(lambda: calls == ["shared"], what="the first request's item on the worker")
+        second = asyncio.create_task(
+            post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "other"}, {"text": "shared"}]})
+        )
+        published = 'sie_gateway_queue_items_published_total{operation="encode"} 2.0'
+        await wait_until(
+            lambda: published in h.gateway.metrics.render().decode(), what="the second request's own item"
+        )
+        release.set()
+        for task, texts in ((first, ["shared"]), (second, ["other", "shared"])):
+            status, _, body = await task
+            assert status == 200, body
+            for it, text in zip(body["items"], texts, strict=True):
+                np.testing.assert_array_equal(it["dense"]["values"], fake_vector(text))
+        assert calls == ["shared", "other"]  # "shared" once for both requests
+        assert "sie_gateway_result_cache_followed_total 1.0" in h.gateway.metrics.render().decode()
+
+        # a computation that failed hands its follower nothing: the follower computes it itself
+        release.clear()
+        calls.clear()
+        failing = asyncio.create_task(post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "fails first"}]}))
+        await wait_until(lambda: calls == ["fails first"], what="the failing item on the worker")
+        follower = asyncio.create_task(post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "fails first"}]}))
+        followed = "sie_gateway_result_cache_followed_total 2.0"  # the first test's one, and this
+        await wait_until(lambda: followed in h.gateway.metrics.render().decode(), what="the follower waiting")
+        release.set()
+        assert (await failing)[0] == 500
+        status, _, body = await follower
+        assert status == 200, body
+        assert calls.count("fails first") == 2
     finally:
         await w.stop()
