@@ -5,18 +5,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from protocol.errors import ErrorCode, SIEError
+from tests.support.shared import build_once
 from tests.support.typed import runtime_args
 from tests.unit.families import checkpoints as ck
 from worker import DEFAULT_BUNDLES_DIR
 
 
-@pytest.fixture(scope="session")
-def family_checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("family-ckpts")
+def _build_family_checkpoints(root: Path) -> dict[str, Path]:
     paths = {}
     for name, build in (
         ("colbert", ck.build_colbert),
@@ -30,6 +30,12 @@ def family_checkpoints(tmp_path_factory):
         paths[name] = build(dest)
     paths["models_dir"] = ck.write_models_dir(root / "models", paths)
     return paths
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory):
+    """Built (two of them trained) once per run and read by every worker that needs them."""
+    return build_once(tmp_path_factory, "family-ckpts", _build_family_checkpoints)
 
 
 class RuntimeThread:
