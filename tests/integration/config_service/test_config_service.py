@@ -448,10 +448,7 @@ async def test_standby_takes_writes_when_the_writer_is_killed(nats_server, db_ur
 
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait(10)
-        t0 = time.monotonic()
-        await wait_ready(second.url, writer=True, nats=True, timeout=30)
-        takeover_s = time.monotonic() - t0
-        assert takeover_s < 15
+        await wait_ready(second.url, writer=True, nats=True, timeout=60)  # a hang guard, not a speed claim
 
         r = await c.post(f"{second.url}/v1/configs/models", content=APPEND_PROFILE)
         assert r.status_code == 201, r.text
