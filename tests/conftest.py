@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 
 from tests.support.nats_server import NatsServer
+from tests.support.sdk312 import sdk_unavailable
 
 # The files that take longest (seconds of one worker, measured on a 2-core machine under
 # `make test`), run first: with `pytest -n` they start at once on their own workers instead of
@@ -22,6 +26,12 @@ SLOW_FIRST = [
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    # The public SDK's venv takes minutes to build (pip downloads): one process starts it at once,
+    # in the background, so that the tests needing it build their models meanwhile instead of
+    # waiting for it first (sdk_unavailable() waits on the build's lock).
+    first = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
+    if first and any(item.get_closest_marker("sdk312") or "sdk" in item.fixturenames for item in items):
+        threading.Thread(target=sdk_unavailable, name="sdk312-venv", daemon=True).start()
 
 
 @pytest.fixture

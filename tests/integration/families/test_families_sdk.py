@@ -23,9 +23,6 @@ MODELS = "local/reranker,local/colbert,local/gliner,local/bge-m3,sie-fake"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
     root = tmp_path_factory.mktemp("families-serve")
     paths = {}
     for name, build in (
@@ -48,6 +45,10 @@ def server(tmp_path_factory):
     srv.paths = paths
     srv.start(timeout=240)
     try:
+        # asked last: the SDK's venv is built meanwhile (tests/conftest.py starts it)
+        reason = sdk_unavailable()
+        if reason:
+            pytest.skip(reason)
         yield srv
     finally:
         srv.stop()

@@ -40,13 +40,13 @@ SCRIPT = """
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
     root = tmp_path_factory.mktemp("images-sdk")
     ck = build_image_checkpoints(root)
     image = root / "noise.png"
     picture(7, (48, 36)).save(image)
+    reason = sdk_unavailable()  # asked last: the SDK's venv is built meanwhile (tests/conftest.py)
+    if reason:
+        pytest.skip(reason)
     return {**ck, "image": image}
 
 

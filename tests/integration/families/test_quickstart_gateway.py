@@ -90,9 +90,6 @@ def build_xlmr_cross_encoder(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
     root = tmp_path_factory.mktemp("quickstart")
     (root / "xlmr").mkdir()
     (root / "gliner").mkdir()
@@ -105,6 +102,9 @@ def models(tmp_path_factory):
     models_dir.mkdir()
     for name, text in yamls.items():
         (models_dir / name).write_text(text.lstrip())
+    reason = sdk_unavailable()  # asked last: the SDK's venv is built meanwhile (tests/conftest.py)
+    if reason:
+        pytest.skip(reason)
     return {"yamls": yamls, "dir": models_dir}
 
 
