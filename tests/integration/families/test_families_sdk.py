@@ -24,15 +24,9 @@ MODELS = "local/reranker,local/colbert,local/gliner,local/bge-m3,sie-fake"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("families-serve")
-    paths = {}
-    for name, build in (
-        ("colbert", ck.build_colbert),
-        ("cross_encoder", ck.build_cross_encoder),
-        ("bge_m3", ck.build_bge_m3),
-        ("gliner", ck.build_gliner),
-    ):
-        (root / name).mkdir()
-        paths[name] = build(root / name)
+    paths = {
+        name: ck.shared(tmp_path_factory, name) for name in ("colbert", "cross_encoder", "bge_m3", "gliner")
+    }
     models = ck.write_models_dir(root / "models", paths)
     shutil.copy(DEFAULT_MODELS_DIR / "sie-fake.yaml", models / "sie-fake.yaml")
     srv = ServeProcess(

@@ -5,37 +5,22 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from protocol.errors import ErrorCode, SIEError
-from tests.support.shared import build_once
 from tests.support.typed import runtime_args
 from tests.unit.families import checkpoints as ck
 from worker import DEFAULT_BUNDLES_DIR
 
 
-def _build_family_checkpoints(root: Path) -> dict[str, Path]:
-    paths = {}
-    for name, build in (
-        ("colbert", ck.build_colbert),
-        ("cross_encoder", ck.build_cross_encoder),
-        ("classifier", ck.build_classifier),
-        ("bge_m3", ck.build_bge_m3),
-        ("gliner", ck.build_gliner),
-    ):
-        dest = root / name
-        dest.mkdir()
-        paths[name] = build(dest)
-    paths["models_dir"] = ck.write_models_dir(root / "models", paths)
-    return paths
-
-
 @pytest.fixture(scope="session")
 def family_checkpoints(tmp_path_factory):
-    """Built (two of them trained) once per run and read by every worker that needs them."""
-    return build_once(tmp_path_factory, "family-ckpts", _build_family_checkpoints)
+    """Built (two of them trained) once per run and shared with every worker and module that needs
+    them (checkpoints.shared)."""
+    paths = {name: ck.shared(tmp_path_factory, name) for name in ck.BUILDERS}
+    paths["models_dir"] = ck.write_models_dir(tmp_path_factory.mktemp("family-models"), paths)
+    return paths
 
 
 class RuntimeThread:
