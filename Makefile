@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.dev-installed
 SIE_ARGS ?=
+# `make test` runs pytest in this many worker processes (pytest-xdist): the suite mostly waits on
+# servers and timeouts, so more workers than cores pay off; 0 runs it in this process.
+TEST_WORKERS ?= 4
 
 .PHONY: up install dev test test-fast typecheck lint bench bench-gpu clean k8s-up k8s-down e2e-k8s
 
@@ -36,7 +39,7 @@ test: $(DEVSTAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The quick loop: lint and the unit tests (pure logic, no servers); about a minute on 2 cores.
 test-fast: $(DEVSTAMP)

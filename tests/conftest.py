@@ -1,8 +1,47 @@
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 
 from tests.support.nats_server import NatsServer
+from tests.support.sdk312 import sdk_unavailable
+
+# The files that take longest, slowest first (seconds of one worker in a `make test` on 2 cores
+# shared with other work, 2026-11-26): with `pytest -n` they start at once on their own workers
+# instead of being handed out last and leaving the run waiting on one worker. Every other file
+# keeps its place after them.
+SLOW_FIRST = [
+    "tests/integration/families/test_families_sdk.py",  # 300 (the SDK venv, checkpoints)
+    "tests/integration/families/test_quickstart_gateway.py",  # 300
+    "tests/integration/cluster/test_long_inputs.py",  # 207
+    "tests/integration/families/test_images_public_sdk.py",  # 192
+    "tests/unit/families/test_decoder_families.py",  # 148
+    "tests/integration/cluster/test_sdk_contract_cluster.py",  # 137
+    "tests/integration/lifecycle/test_memory_runtime.py",  # 127
+    "tests/integration/worker/test_batching_runtime.py",  # 126
+    "tests/integration/cluster/test_result_cache.py",  # 123
+    "tests/integration/worker/test_errors.py",  # 105
+    "tests/integration/lifecycle/test_sdk_checks_16_18.py",  # 98
+    "tests/integration/cluster/test_live_model_add.py",  # 91
+    "tests/integration/cluster/test_sie_up.py",  # 88
+    "tests/integration/sidecar/test_failures.py",  # 88
+    "tests/unit/families/test_image_families.py",  # 70
+    "tests/integration/lifecycle/test_lora.py",  # 67
+    "tests/unit/families/test_families.py",  # 65
+]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    # The public SDK's venv takes minutes to build (pip downloads): one process starts it at once,
+    # in the background, so that the tests needing it build their models meanwhile instead of
+    # waiting for it first (sdk_unavailable() waits on the build's lock).
+    first = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
+    if first and any(item.get_closest_marker("sdk312") or "sdk" in item.fixturenames for item in items):
+        threading.Thread(target=sdk_unavailable, name="sdk312-venv", daemon=True).start()
 
 
 @pytest.fixture

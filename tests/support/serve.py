@@ -29,7 +29,7 @@ class ServeProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> ServeProcess:
+    def start(self, timeout: float = 180.0) -> ServeProcess:
         cmd = [sys.executable, "-m", "deploy.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until stop()
         self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)

@@ -32,13 +32,11 @@ JSON = {"Accept": "application/json"}
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("long-inputs")
-    paths = {}
-    for name, build in (
-        ("cross_encoder", lambda d: ck.build_cross_encoder(d, steps=2)),
-        ("classifier", ck.build_classifier),
-    ):
-        (root / name).mkdir()
-        paths[name] = build(root / name)
+    (root / "cross_encoder").mkdir()
+    paths = {
+        "cross_encoder": ck.build_cross_encoder(root / "cross_encoder", steps=2),
+        "classifier": ck.shared(tmp_path_factory, "classifier"),
+    }
     models = ck.write_models_dir(root / "models", paths)
     shutil.copy(DEFAULT_MODELS_DIR / "all-minilm-l6-v2.yaml", models / "all-minilm-l6-v2.yaml")
     return models

@@ -49,21 +49,23 @@ def test_check_19_scale_from_zero(cluster, sdk):
                 c.encode(__D__, {"text": "x"}, gpu="l4", wait_for_capacity=False)
                 res["nowait"] = "no error"
             except ProvisioningError as e:
-                res["nowait"] = [type(e).__name__, e.retry_after, time.monotonic() - t]
+                res["nowait"] = [type(e).__name__, e.retry_after, time.monotonic() - t, c.last_retry_count]
             t = time.monotonic()
             try:
                 c.encode(__D__, {"text": "x"}, gpu="l4", wait_for_capacity=True, provision_timeout_s=5)
                 res["wait"] = "no error"
             except ProvisioningError as e:
-                res["wait"] = [type(e).__name__, e.retry_after, time.monotonic() - t]
+                res["wait"] = [type(e).__name__, e.retry_after, time.monotonic() - t, c.last_retry_count]
         print(json.dumps(res))
         """,
         cluster.gateway_url,
     )
-    name, retry_after, elapsed = out["nowait"]
-    assert name == "ProvisioningError" and retry_after and elapsed < 2
-    name, retry_after, elapsed = out["wait"]
-    assert name == "ProvisioningError" and retry_after and 4 <= elapsed < 15
+    # without waiting: the first 503 is the answer (no retry); waiting: retried until the budget
+    # was spent (elapsed is a lower bound only: a busy machine makes it longer, never shorter)
+    name, retry_after, _, retries = out["nowait"]
+    assert name == "ProvisioningError" and retry_after and retries == 0, out["nowait"]
+    name, retry_after, elapsed, retries = out["wait"]
+    assert name == "ProvisioningError" and retry_after and elapsed >= 4 and retries >= 1, out["wait"]
 
     url = cluster.gateway_url + f"/v1/encode/{FAKE}"
     body = {"items": [{"text": "x"}]}
@@ -127,8 +129,8 @@ def test_check_20_gateway_deadline(cluster, sdk):
         """,
         url,
     )
-    name, status, elapsed, _ = out["nowait"]
-    assert name == "ServerError" and status == 504 and elapsed < 3
+    name, status, _, retries = out["nowait"]
+    assert name == "ServerError" and status == 504 and retries == 0, out["nowait"]
     # the default call retries the 504 until its budget is spent (then the SDK stops before a
     # retry it could not fit: ProvisioningError "timeout exceeded", or the last 504)
     name, status, elapsed, retries = out["wait"]

@@ -155,7 +155,7 @@ class Instance:
             self.task = None
 
 
-async def wait_ready(url: str, *, writer: bool, nats: bool, task=None, timeout: float = 20.0) -> dict:
+async def wait_ready(url: str, *, writer: bool, nats: bool, task=None, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     last = None
     async with httpx.AsyncClient(base_url=url, timeout=2) as client:

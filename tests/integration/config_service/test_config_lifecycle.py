@@ -9,7 +9,8 @@ from protocol.config_delta import decode_config_delta
 from protocol.model_config import parse_model_yaml
 from protocol.subjects import CONFIG_ALL, config_subject
 from tests.integration.config_service.conftest import READ, make_settings
-from tests.integration.config_service.test_config_service import NEW_MODEL, collect, wait_for
+from tests.integration.config_service.test_config_service import NEW_MODEL, collect
+from tests.support.polling import wait_until
 
 MODEL_ID = "acme/dense-small"
 REPLACED = NEW_MODEL.replace("max_batch_tokens: 4096", "max_batch_tokens: 1024")
@@ -76,7 +77,7 @@ async def test_put_replaces_with_a_new_epoch_and_a_delta_and_same_content_is_a_n
             # a replay of the replace changes nothing more
             r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=REPLACED)
             assert r.json()["unchanged"] is True and await _epoch(c) == e1 + 1
-        await wait_for(lambda: len(per_bundle) == 2, what="two deltas on the default bundle")
+        await wait_until(lambda: len(per_bundle) == 2, what="two deltas on the default bundle")
         delta = decode_config_delta(per_bundle[1].data)
         assert delta.epoch == e1 + 1 and not delta.deleted
         assert parse_model_yaml(delta.model_config_yaml).profiles["default"].max_batch_tokens == 1024
@@ -125,7 +126,7 @@ async def test_put_that_moves_a_model_off_a_bundle_tombstones_it_there(
             r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=MOVED_TO_RERANK)
             assert r.status_code == 200 and r.json()["affected_bundles"] == ["rerank"]
             export = (await c.get("/v1/configs/export")).json()
-        await wait_for(lambda: len(default) == 2 and len(rerank) == 2, what="deltas")
+        await wait_until(lambda: len(default) == 2 and len(rerank) == 2, what="deltas")
         gone = decode_config_delta(default[1].data)
         assert gone.is_tombstone and gone.model_id == MODEL_ID and not gone.model_config_yaml
         assert gone.bundle_config_hash == export["bundle_config_hashes"]["default"]
@@ -158,7 +159,7 @@ async def test_delete_tombstones_persists_and_is_idempotent(nats_server, db_url,
             assert await _epoch(c) == e1 + 1
             r = await c.delete("/v1/configs/models/never/existed")
             assert r.status_code == 200 and r.json()["deleted"] is False
-        await wait_for(lambda: len(all_msgs) == 4, what="2 adds + 2 tombstones on _all")
+        await wait_until(lambda: len(all_msgs) == 4, what="2 adds + 2 tombstones on _all")
         tombstones = [decode_config_delta(m.data) for m in all_msgs[2:]]
         assert {t.bundle_id for t in tombstones} == {"default", "rerank"}
         assert all(t.is_tombstone and t.epoch == e1 + 1 and t.model_id == MODEL_ID for t in tombstones)
@@ -215,7 +216,7 @@ async def test_delete_of_an_override_brings_the_filesystem_config_back(
                 "distribution": "epoch_export",
             }
             assert await _epoch(c) == e
-        await wait_for(lambda: len(default) == 2, what="replace + restore deltas")
+        await wait_until(lambda: len(default) == 2, what="replace + restore deltas")
         restore = decode_config_delta(default[1].data)
         assert not restore.deleted
         assert parse_model_yaml(restore.model_config_yaml).profiles["default"].max_batch_tokens == 8192

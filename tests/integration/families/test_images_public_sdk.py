@@ -19,7 +19,7 @@ from transformers import CLIPImageProcessor, CLIPModel
 from protocol.codec import packb
 from tests.integration.cluster.test_live_model_add import LiveCluster, admin
 from tests.support.cluster import running
-from tests.support.image_models import CLIP_LOADTIME, build_image_checkpoints, model_yaml, picture
+from tests.support.image_models import CLIP_LOADTIME, model_yaml, picture, shared_image_checkpoints
 from tests.support.nats_server import free_port
 from tests.support.sdk312 import run_sdk, sdk_unavailable
 from tests.support.serve import ServeProcess
@@ -42,13 +42,13 @@ SCRIPT = """
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
     root = tmp_path_factory.mktemp("images-sdk")
-    ck = build_image_checkpoints(root)
+    ck = shared_image_checkpoints(tmp_path_factory)
     image = root / "noise.png"
     picture(7, (48, 36)).save(image)
+    reason = sdk_unavailable()  # asked last: the SDK's venv is built meanwhile (tests/conftest.py)
+    if reason:
+        pytest.skip(reason)
     return {**ck, "image": image}
 
 

@@ -90,21 +90,20 @@ def build_xlmr_cross_encoder(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
     root = tmp_path_factory.mktemp("quickstart")
     (root / "xlmr").mkdir()
-    (root / "gliner").mkdir()
     yamls = {
         "stella.yaml": stella_yaml(ck.build_stella(root / "stella", MINILM_DIR)),
         "xlmr-reranker.yaml": XLMR_YAML.format(sie_id=RERANKER, path=build_xlmr_cross_encoder(root / "xlmr")),
-        "gliner.yaml": ck.model_yamls({"gliner": ck.build_gliner(root / "gliner")})["gliner.yaml"],
+        "gliner.yaml": ck.model_yamls({"gliner": ck.shared(tmp_path_factory, "gliner")})["gliner.yaml"],
     }
     models_dir = root / "models"
     models_dir.mkdir()
     for name, text in yamls.items():
         (models_dir / name).write_text(text.lstrip())
+    reason = sdk_unavailable()  # asked last: the SDK's venv is built meanwhile (tests/conftest.py)
+    if reason:
+        pytest.skip(reason)
     return {"yamls": yamls, "dir": models_dir}
 
 

@@ -26,6 +26,7 @@ from protocol.config_delta import ConfigDelta, encode_config_delta
 from protocol.model_config import parse_model_yaml
 from protocol.subjects import CONFIG_ALL
 from tests.support.nats_server import free_port
+from tests.support.polling import wait_until
 
 ADMIN = "admin-secret"
 READ = "read-secret"
@@ -234,15 +235,6 @@ async def start_gateway(nats_server, config_settings, tmp_path):
             await h.nc.close()
 
 
-async def eventually(pred, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_readyz_503_until_first_export_then_200(start_gateway, config_service):
     gw = await start_gateway()  # the config service is not running: start-up must not block
     status, body = await gw.get("/readyz")
@@ -255,15 +247,16 @@ async def test_readyz_503_until_first_export_then_200(start_gateway, config_serv
             and r.headers["X-SIE-Error-Code"] == "QUEUE_UNAVAILABLE"
             and "Retry-After" in r.headers
         )
-    await asyncio.sleep(1.0)
-    assert await gw.metric("sie_gateway_config_bootstrap_failures_total") >= 2
+    await wait_until(
+        lambda: _at_least(gw, "sie_gateway_config_bootstrap_failures_total", 2), what="retried bootstraps"
+    )
 
     await config_service()
 
     async def ready():
         return (await gw.get("/readyz"))[0] == 200
 
-    await eventually(ready, 10, "readyz 200 after the first export")
+    await wait_until(ready, what="readyz 200 after the first export")
     assert await gw.model_names() == ["baseline/minilm"]
     assert (await gw.get("/v1/configs/epoch"))[1]["epoch"] == 0
 
@@ -271,7 +264,7 @@ async def test_readyz_503_until_first_export_then_200(start_gateway, config_serv
 async def test_post_to_config_service_reaches_gateway_by_delta(start_gateway, config_service):
     cfg = await config_service()
     gw = await start_gateway(poll_s=600)  # the poll cannot help: only the delta can
-    await eventually(lambda: _ready(gw), 10, "bootstrap")
+    await wait_until(lambda: _ready(gw), what="bootstrap")
 
     r = await cfg.post_model(model_yaml("acme/new-dense"))
     assert r.status_code == 201, r.text
@@ -279,7 +272,7 @@ async def test_post_to_config_service_reaches_gateway_by_delta(start_gateway, co
     async def listed():
         return "acme/new-dense" in await gw.model_names()
 
-    await eventually(listed, 5, "the delta")
+    await wait_until(listed, what="the delta")
     assert gw.registry.exports == 1  # no re-export: the delta did it
     assert gw.registry.epoch == 1
     assert await gw.metric('sie_gateway_config_deltas_total{kind="model",result="applied"}') == 1
@@ -326,20 +319,20 @@ async def test_gateway_cut_from_nats_catches_up_through_epoch_poll(
     cfg = await config_service()
     proxy = await TcpProxy(nats_server.port).start()
     gw = await start_gateway(nats_url=f"nats://127.0.0.1:{proxy.port}", poll_s=0.5)
-    await eventually(lambda: _ready(gw), 10, "bootstrap")
+    await wait_until(lambda: _ready(gw), what="bootstrap")
     await proxy.cut()
 
     async def disconnected():
         return not gw.nc.is_connected
 
-    await eventually(disconnected, 5, "the gateway to lose NATS")
+    await wait_until(disconnected, what="the gateway to lose NATS")
     r = await cfg.post_model(model_yaml("acme/while-cut"))
     assert r.status_code == 201, r.text
 
     async def listed():
         return "acme/while-cut" in await gw.model_names()
 
-    await eventually(listed, 10, "the epoch poll to re-export")
+    await wait_until(listed, what="the epoch poll to re-export")
     assert not gw.nc.is_connected  # it was the poll, not a delta
     assert gw.registry.epoch == 1 and gw.registry.exports >= 2
     await proxy.restore()
@@ -351,7 +344,7 @@ async def test_untrusted_delta_dropped_and_forged_epoch_reset_by_poll(
 ):
     await config_service()
     gw = await start_gateway(poll_s=600)
-    await eventually(lambda: _ready(gw), 10, "bootstrap")
+    await wait_until(lambda: _ready(gw), what="bootstrap")
     nc = await nats.connect(nats_server.url)
     try:
 
@@ -368,7 +361,7 @@ async def test_untrusted_delta_dropped_and_forged_epoch_reset_by_poll(
         async def counted():
             return await gw.metric('sie_gateway_config_deltas_total{kind="model",result="untrusted"}') == 2
 
-        await eventually(counted, 5, "untrusted deltas to be counted")
+        await wait_until(counted, what="untrusted deltas to be counted")
         names = await gw.model_names()
         assert "evil/model" not in names and "evil/prefix" not in names
         assert gw.registry.epoch == 0
@@ -381,7 +374,7 @@ async def test_untrusted_delta_dropped_and_forged_epoch_reset_by_poll(
         async def ghost():
             return "ghost/model" in await gw.model_names()
 
-        await eventually(ghost, 5, "the trusted delta")
+        await wait_until(ghost, what="the trusted delta")
         assert gw.registry.epoch == 1
         assert await gw.registry.poll_once() is True
         assert gw.registry.epoch == 0
@@ -394,7 +387,7 @@ async def test_untrusted_delta_dropped_and_forged_epoch_reset_by_poll(
         async def invalid():
             return await gw.metric('sie_gateway_config_deltas_total{kind="unknown",result="invalid"}') == 1
 
-        await eventually(invalid, 5, "the malformed delta to be counted")
+        await wait_until(invalid, what="the malformed delta to be counted")
     finally:
         await nc.close()
 
@@ -404,7 +397,7 @@ async def test_replace_and_delete_reach_the_gateway_and_a_restarted_gateway_agre
 ):
     cfg = await config_service()
     gw = await start_gateway(poll_s=600)  # deltas only
-    await eventually(lambda: _ready(gw), 10, "bootstrap")
+    await wait_until(lambda: _ready(gw), what="bootstrap")
     assert (await cfg.post_model(model_yaml("acme/doomed"))).status_code == 201
     admin = {"Authorization": f"Bearer {ADMIN}"}
 
@@ -413,7 +406,7 @@ async def test_replace_and_delete_reach_the_gateway_and_a_restarted_gateway_agre
         return parse_model_yaml(text).profiles["default"].max_batch_tokens if status == 200 else None
 
     async with httpx.AsyncClient(timeout=10, headers=admin) as c:
-        await eventually(lambda: _has(gw, "acme/doomed"), 5, "the add")
+        await wait_until(lambda: _has(gw, "acme/doomed"), what="the add")
         r = await c.put(cfg.url + "/v1/configs/models/acme/doomed",
                         content=model_yaml("acme/doomed").replace("8192", "1024"))  # fmt: skip
         assert r.status_code == 200 and r.json()["replaced"] is True
@@ -421,14 +414,14 @@ async def test_replace_and_delete_reach_the_gateway_and_a_restarted_gateway_agre
         async def replaced():
             return await mirrored_batch_tokens() == 1024
 
-        await eventually(replaced, 5, "the replace")
+        await wait_until(replaced, what="the replace")
         r = await c.delete(cfg.url + "/v1/configs/models/acme/doomed")
         assert r.status_code == 200 and r.json()["deleted"] is True
 
     async def gone():
         return not await _has(gw, "acme/doomed")
 
-    await eventually(gone, 5, "the tombstone")
+    await wait_until(gone, what="the tombstone")
     assert gw.registry.exports == 1 and gw.registry.epoch == 3  # deltas did it all, no re-export
     assert await gw.metric('sie_gateway_config_deltas_total{kind="tombstone",result="applied"}') == 1
     async with gw.session.post(gw.url("/v1/encode/acme/doomed"), json={"items": [{"text": "x"}]}) as resp:
@@ -437,7 +430,7 @@ async def test_replace_and_delete_reach_the_gateway_and_a_restarted_gateway_agre
 
     # a gateway started afterwards bootstraps from the export: the model stays deleted
     gw2 = await start_gateway(poll_s=600)
-    await eventually(lambda: _ready(gw2), 10, "bootstrap of the second gateway")
+    await wait_until(lambda: _ready(gw2), what="bootstrap of the second gateway")
     assert gw2.registry.epoch == 3 and not await _has(gw2, "acme/doomed")
     async with gw2.session.post(gw2.url("/v1/encode/acme/doomed"), json={"items": [{"text": "x"}]}) as resp:
         assert resp.status == 404 and resp.headers["X-SIE-Error-Code"] == "MODEL_NOT_FOUND"
@@ -445,3 +438,7 @@ async def test_replace_and_delete_reach_the_gateway_and_a_restarted_gateway_agre
 
 async def _has(gw: Gw, model_id: str) -> bool:
     return model_id in await gw.model_names()
+
+
+async def _at_least(gw, metric: str, n: float) -> bool:
+    return await gw.metric(metric) >= n

@@ -82,7 +82,7 @@ async def test_encode_through_sidecar_and_worker(cluster, start_gateway):
         models_dir=str(MODELS), bundles_dir=str(BUNDLES), gateway_request_timeout_s=110.0,
         gateway_configured_gpus=["cpu"],
     )  # fmt: skip
-    await wait_workers(h, 1, timeout=60)
+    await wait_workers(h, 1)
     texts = ["hello world", "the gateway publishes to JetStream", "a third sentence"]
     body = {"items": [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]}
     status, headers, data = None, None, None

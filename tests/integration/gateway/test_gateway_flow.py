@@ -18,12 +18,8 @@ MSGPACK = {"Content-Type": "application/msgpack", "Accept": "application/msgpack
 SDK = {**MSGPACK, "X-SIE-SDK-Version": "0.10.1"}
 
 
-async def wait_workers(h, n: int = 1, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if len(h.gateway.workers.healthy()) >= n:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("workers did not register")
+async def wait_workers(h, n: int = 1) -> None:
+    await wait_until(lambda: len(h.gateway.workers.healthy()) >= n, what=f"{n} workers registered")
 
 
 async def post(h, path: str, body, headers=None):
@@ -187,7 +183,7 @@ async def test_scale_from_zero_answers_and_records_demand(start_gateway):
 
 
 async def test_profile_routing_and_capacity_arrival(nats_server, start_gateway):
-    h = await start_gateway()
+    h = await start_gateway(gateway_worker_stale_s=3600)  # only the tombstone can remove a worker
     cpu = await FakeWorker(nats_server.url, "cpu-1", profile="cpu").start()
     try:
         await wait_workers(h)
@@ -202,8 +198,8 @@ async def test_profile_routing_and_capacity_arrival(nats_server, start_gateway):
             assert l4.seen and l4.seen[-1].machine_profile == "l4" and not cpu.seen
         finally:
             await l4.stop()
-        # tombstone removes the worker at once
-        await asyncio.sleep(0.2)
+        # the tombstone removes the worker (it would be stale only in an hour)
+        await wait_until(lambda: len(h.gateway.workers.healthy()) == 1, what="the l4 worker removed")
         status, _, _ = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, hdr)
         assert status == 503
     finally:
@@ -217,7 +213,7 @@ async def test_stale_worker_is_not_routed(nats_server, start_gateway):
         await wait_workers(h)
         status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]})
         assert status == 200, body  # the lane chosen here is not kept past the worker's staleness
-        await asyncio.sleep(1.3)
+        await wait_until(lambda: not h.gateway.workers.healthy(), what="the silent worker stale")
         status, headers, _ = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]})
         assert status == 503 and headers["X-SIE-Error-Code"] == "PROVISIONING"
     finally:
@@ -243,9 +239,8 @@ async def test_deadline_gives_504_and_cancels_work(nats_server, start_gateway):
         assert (
             body["detail"]["code"] == "GATEWAY_TIMEOUT" and headers["X-SIE-Error-Code"] == "GATEWAY_TIMEOUT"
         )
-        await asyncio.sleep(0.2)
         rid = headers["X-SIE-Request-ID"]
-        assert f"work_cancel.{h.gateway.router_id}.{rid}" in cancels
+        await wait_until(lambda: f"work_cancel.{h.gateway.router_id}.{rid}" in cancels, what="the cancel")
     finally:
         await sub.unsubscribe()
         await w.stop()
@@ -266,18 +261,11 @@ async def test_client_disconnect_cancels_work(nats_server, start_gateway):
     try:
         await wait_workers(h)
         task = asyncio.create_task(post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}))
-        for _ in range(100):
-            if w.seen:
-                break
-            await asyncio.sleep(0.05)
-        assert w.seen
+        await wait_until(lambda: w.seen, what="the item at the worker")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(100):
-            if cancels:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: cancels, what="the cancel")
         assert cancels == [f"work_cancel.{h.gateway.router_id}.{w.seen[0].request_id}"]
         assert h.gateway.dispatcher.pending_requests == 0
     finally:

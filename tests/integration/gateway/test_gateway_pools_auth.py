@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from protocol.codec import packb, unpackb
 from tests.integration.gateway.conftest import DENSE
 from tests.integration.gateway.fake_worker import FakeWorker
 from tests.integration.gateway.test_gateway_flow import SDK, post, wait_workers
+from tests.support.polling import wait_until
 
 JSON = {"Accept": "application/json"}
 
@@ -78,9 +78,12 @@ async def test_pool_validation_and_expiry(start_gateway):
             assert isinstance((await r.json())["detail"], dict)
     async with g.session.post(g.url("/v1/pools"), json={"name": "short", "pinned_models": [DENSE]}) as r:
         assert r.status == 201
-    await asyncio.sleep(1.3)
-    async with g.session.get(g.url("/v1/pools/short")) as r:
-        assert r.status == 404
+
+    async def expired() -> bool:
+        async with g.session.get(g.url("/v1/pools/short")) as r:
+            return r.status == 404
+
+    await wait_until(expired, what="the pool's lease to expire")
     async with g.session.post(g.url("/v1/pools/short/renew")) as r:
         assert r.status == 404
 
@@ -89,9 +92,12 @@ async def test_readyz_waits_one_heartbeat_interval_for_the_worker_registry(nats_
     g = await start_gateway(gateway_worker_warmup_s=1.0)
     async with g.session.get(g.url("/readyz")) as r:
         assert r.status == 503 and (await r.json())["reason"] == "worker registry warming up"
-    await asyncio.sleep(1.1)
-    async with g.session.get(g.url("/readyz")) as r:
-        assert r.status == 200
+
+    async def ready() -> bool:
+        async with g.session.get(g.url("/readyz")) as r:
+            return r.status == 200
+
+    await wait_until(ready, what="readyz 200 after the warm-up")
 
 
 async def test_auth_tokens_admin_and_probes(nats_server, start_gateway):

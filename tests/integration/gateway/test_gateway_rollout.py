@@ -3,12 +3,11 @@ from real heartbeats on a real nats-server (fake workers publish them)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from protocol.catalog import Catalog
 from tests.integration.gateway.conftest import DENSE
 from tests.integration.gateway.fake_worker import FakeWorker
 from tests.integration.gateway.test_gateway_flow import wait_workers
+from tests.support.polling import wait_until
 
 
 async def test_rollout_status_and_per_profile_state(nats_server, start_gateway, catalog_dirs):
@@ -73,8 +72,4 @@ async def test_rollout_status_and_per_profile_state(nats_server, start_gateway, 
 
 
 async def wait_workers_exactly(h, n: int) -> None:
-    for _ in range(200):
-        if len(h.gateway.workers.healthy()) == n:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"expected {n} healthy workers")
+    await wait_until(lambda: len(h.gateway.workers.healthy()) == n, what=f"exactly {n} healthy workers")

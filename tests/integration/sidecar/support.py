@@ -107,7 +107,7 @@ class WorkerProcess:
         self.bundles_dir = bundles_dir
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> WorkerProcess:
+    def start(self, timeout: float = 180.0) -> WorkerProcess:
         env = dict(os.environ)
         env.update(
             SIE_IPC_SOCKET_PATH=self.sock,

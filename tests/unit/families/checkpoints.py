@@ -380,3 +380,21 @@ def write_models_dir(dest: Path, paths: dict[str, Path]) -> Path:
     for name, text in model_yamls(paths).items():
         (dest / name).write_text(text.lstrip())
     return dest
+
+
+BUILDERS = {
+    "colbert": build_colbert,
+    "cross_encoder": build_cross_encoder,
+    "classifier": build_classifier,
+    "bge_m3": build_bge_m3,
+    "gliner": build_gliner,
+}
+
+
+def shared(tmp_path_factory, name: str) -> Path:
+    """The checkpoint ``name`` (a key of BUILDERS, default arguments) built once per test run and
+    read by every module and pytest worker that asks: two of them are trained, the costliest setup
+    of the families' tests."""
+    from tests.support.shared import build_once
+
+    return build_once(tmp_path_factory, f"ckpt-{name}", BUILDERS[name])

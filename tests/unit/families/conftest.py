@@ -16,19 +16,10 @@ from worker import DEFAULT_BUNDLES_DIR
 
 @pytest.fixture(scope="session")
 def family_checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("family-ckpts")
-    paths = {}
-    for name, build in (
-        ("colbert", ck.build_colbert),
-        ("cross_encoder", ck.build_cross_encoder),
-        ("classifier", ck.build_classifier),
-        ("bge_m3", ck.build_bge_m3),
-        ("gliner", ck.build_gliner),
-    ):
-        dest = root / name
-        dest.mkdir()
-        paths[name] = build(dest)
-    paths["models_dir"] = ck.write_models_dir(root / "models", paths)
+    """Built (two of them trained) once per run and shared with every worker and module that needs
+    them (checkpoints.shared)."""
+    paths = {name: ck.shared(tmp_path_factory, name) for name in ck.BUILDERS}
+    paths["models_dir"] = ck.write_models_dir(tmp_path_factory.mktemp("family-models"), paths)
     return paths
 
 

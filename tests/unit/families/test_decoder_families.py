@@ -126,29 +126,38 @@ def test_llm_reranker_truncates_the_body_and_keeps_the_question(checkpoints):
         )
 
 
-def test_output_dim_truncates_and_renormalises_through_sie_serve(tmp_path):
-    d = "sentence-transformers/all-MiniLM-L6-v2"
-    with ServeProcess(env={"SIE_PRELOAD_MODELS": d}) as srv:
+MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"  # max_sequence_length 256
 
-        def encode(options):
-            r = httpx.post(
-                f"{srv.url}/v1/encode/{d}",
-                timeout=60,
-                headers={"Content-Type": "application/msgpack"},
-                content=packb({"items": [{"text": "matryoshka dolls"}], "params": {"options": options}}),
-            )
-            return r.status_code, unpackb(r.content) if r.status_code == 200 else r.json()
 
-        _, full = encode({})
-        status, cut = encode({"output_dim": 128})
-        assert status == 200
-        vec = cut["items"][0]["dense"]
-        assert vec["dims"] == 128 and vec["values"].shape == (128,)
-        ref = full["items"][0]["dense"]["values"][:128]
-        np.testing.assert_allclose(vec["values"], ref / np.linalg.norm(ref), atol=1e-6)
-        for bad in (0, 385, "64", True):
-            status, body = encode({"output_dim": bad})
-            assert status == 400, (bad, body)
+@pytest.fixture(scope="module")
+def minilm_serve():
+    """One ``sie serve`` with MiniLM loaded for the module's tests through HTTP (each read-only)."""
+    with ServeProcess(env={"SIE_PRELOAD_MODELS": MINILM_ID}) as srv:
+        yield srv
+
+
+def test_output_dim_truncates_and_renormalises_through_sie_serve(minilm_serve):
+    srv, d = minilm_serve, MINILM_ID
+
+    def encode(options):
+        r = httpx.post(
+            f"{srv.url}/v1/encode/{d}",
+            timeout=60,
+            headers={"Content-Type": "application/msgpack"},
+            content=packb({"items": [{"text": "matryoshka dolls"}], "params": {"options": options}}),
+        )
+        return r.status_code, unpackb(r.content) if r.status_code == 200 else r.json()
+
+    _, full = encode({})
+    status, cut = encode({"output_dim": 128})
+    assert status == 200
+    vec = cut["items"][0]["dense"]
+    assert vec["dims"] == 128 and vec["values"].shape == (128,)
+    ref = full["items"][0]["dense"]["values"][:128]
+    np.testing.assert_allclose(vec["values"], ref / np.linalg.norm(ref), atol=1e-6)
+    for bad in (0, 385, "64", True):
+        status, body = encode({"output_dim": bad})
+        assert status == 400, (bad, body)
 
 
 def test_llm_reranker_with_lora_equals_peft(checkpoints, tmp_path):
@@ -178,11 +187,11 @@ def test_llm_reranker_with_lora_equals_peft(checkpoints, tmp_path):
     assert max(abs(x - y) for x, y in zip(scores, base, strict=True)) > 1e-4
 
 
-def test_truncation_is_reported_per_item_through_sie_serve():
+def test_truncation_is_reported_per_item_through_sie_serve(minilm_serve):
     from sdk import SIEClient
 
-    d = "sentence-transformers/all-MiniLM-L6-v2"  # max_sequence_length 256
-    with ServeProcess(env={"SIE_PRELOAD_MODELS": d}) as srv, SIEClient(srv.url) as client:
+    srv, d = minilm_serve, MINILM_ID
+    with SIEClient(srv.url) as client:
         long_text = "word " * 300
         short, long = client.encode(d, [{"text": "short"}, {"text": long_text}])
         assert "truncated" not in short

@@ -23,7 +23,7 @@ from protocol.codec import packb, unpackb
 from protocol.model_config import ModelConfig
 from sdk import SIEClient
 from sdk.media import sniff_format, to_wire_image
-from tests.support.image_models import build_image_checkpoints, picture, png
+from tests.support.image_models import picture, png, shared_image_checkpoints
 from tests.support.serve import ServeProcess
 from tests.support.typed import inputs
 from worker.adapters.base import LoadSpec, RequestContext
@@ -32,7 +32,7 @@ from worker.adapters.clip import CLIPAdapter
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    return build_image_checkpoints(tmp_path_factory.mktemp("image-models"))
+    return shared_image_checkpoints(tmp_path_factory)
 
 
 def adapter(path: Path, maxlen: int, loadtime: dict) -> CLIPAdapter:

@@ -229,6 +229,15 @@ def test_get_capacity_against_a_worker(server, make_client):
 # --------------------------------------------------------------------------- pools
 
 
+def on_the_wire(make_client, pools: int) -> int:
+    """Renewals that may reach the server after the client stopped renewing: none from the sync
+    client (stopping joins the renewal thread, so a request it had sent got its answer first);
+    one per pool from the async one, whose stop cancels the renewal task, which does not unsend a
+    request it had written. The server thread records a request when it gets to read it, which on
+    a busy machine is after the test has counted."""
+    return 0 if make_client.kind == "sync" else pools
+
+
 def test_pool_lifecycle_and_lease_renewal(server, make_client):
     client = make_client(lease_renewal_interval_s=0.05)
     client.create_pool("Eval-1", {"l4": 1}, minimum_worker_count=0, pinned_models=["m"])
@@ -252,7 +261,8 @@ def test_pool_lifecycle_and_lease_renewal(server, make_client):
     assert client.delete_pool("Eval-1") is True
     count = len(server.calls("/v1/pools/Eval-1/renew"))
     client.sleep(0.3)
-    assert len(server.calls("/v1/pools/Eval-1/renew")) == count  # renewal stopped with the delete
+    # renewal stopped with the delete (a renewer left running would add about 6 here)
+    assert len(server.calls("/v1/pools/Eval-1/renew")) <= count + on_the_wire(make_client, pools=1)
     assert client.delete_pool("Eval-1") is False
     assert client.get_pool("eval-1") is None
 
@@ -266,7 +276,8 @@ def test_close_stops_lease_renewal(server, make_client):
     client.close()
     count = len(server.calls("/v1/pools/"))
     asyncio.run(asyncio.sleep(0.3))
-    assert len(server.calls("/v1/pools/")) == count
+    # renewing every 0.05 s, a renewer left running would add about 6 per pool here
+    assert len(server.calls("/v1/pools/")) <= count + on_the_wire(make_client, pools=2)
 
 
 def test_failed_renewal_is_retried_before_the_next_cycle(server, make_client):
@@ -332,7 +343,7 @@ async def test_async_context_manager_and_concurrency(server):
     assert server.calls("/v1/pools/a/renew")
     count = len(server.calls("/v1/pools/a/renew"))
     await asyncio.sleep(0.2)
-    assert len(server.calls("/v1/pools/a/renew")) == count
+    assert len(server.calls("/v1/pools/a/renew")) <= count + 1  # + the one close() may have cut off
     with pytest.raises(RuntimeError):
         await client.encode(MODEL, {"text": "x"})
 
