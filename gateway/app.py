@@ -30,6 +30,7 @@ from gateway.routes.pools import (
     handle_pool_list,
     handle_pool_renew,
 )
+from gateway.routes.rerank import handle_rerank
 from gateway.routes.rollout import handle_config_model_status
 from gateway.routes.status import (
     STATUS_SOCKETS,
@@ -43,6 +44,7 @@ from gateway.routes.status import (
     handle_ws_cluster_status,
 )
 from gateway.settings import GatewaySettings
+from protocol import rerank
 from protocol.http import close_status_sockets
 
 __all__ = ["GATEWAY_KEY", "create_app"]
@@ -65,6 +67,8 @@ def create_app(
     r.add_post("/v1/extract/{model:.+}", handle_extract)
     r.add_post("/v1/tokenize/{model:.+}", handle_tokenize)
     r.add_post("/v1/embeddings", handle_embeddings)
+    for path in rerank.ROUTES:
+        r.add_post(path, handle_rerank)
     r.add_get("/v1/models", handle_models)
     r.add_get("/v1/models/{model:.+}", handle_model)
     r.add_get("/", handle_index)

@@ -49,6 +49,9 @@ class GatewaySettings(BaseSettings):
     )  # the whole request body must arrive within this (408 after)
     gateway_max_items: int = Field(default=4096, gt=0)  # most items per encode/extract request (400 above)
     gateway_max_score_items: int = Field(default=1000, gt=0)  # most documents per score request (400 above)
+    gateway_rerank_default_model: str = (
+        ""  # the model of a TEI-style POST /rerank that names none (400 when unset)
+    )
     gateway_max_stream_pending: int = Field(
         default=50_000, gt=0
     )  # stream messages above which requests get 503 QUEUE_FULL

@@ -87,6 +87,9 @@ class WorkerSettings(BaseSettings):
         default=3600.0, gt=0
     )  # sie serve: a cached encode result expires this long after it was stored
     max_score_items: int = 1000  # most items in one score request (400 above)
+    rerank_default_model: str = (
+        ""  # sie serve: the model of a TEI-style POST /rerank that names none (400 when unset)
+    )
     max_item_text_bytes: int = 2 * 1024 * 1024  # largest UTF-8 text of one item (400 above)
     max_chunks_per_item: int = Field(
         default=64, ge=1

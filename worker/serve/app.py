@@ -13,12 +13,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from protocol import SERVER_VERSION, tracing
+from protocol import SERVER_VERSION, rerank, tracing
 from protocol.api import (
     EncodeParams,
     EncodeRequest,
     ExtractRequest,
     Item,
+    ScoreParams,
     ScoreRequest,
     TokenizeRequest,
     parse_request,
@@ -73,6 +74,9 @@ INDEX_ROUTES = [
     "/v1/extract/{model}",
     "/v1/tokenize/{model}",
     "/v1/embeddings",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/rerank",
     "/v1/models",
     "/health",
     "/ws/status",
@@ -346,6 +350,27 @@ async def openai_embeddings(request: web.Request) -> web.Response:
     return json_response(body, headers=base_headers(request[REQUEST_ID]))
 
 
+async def rerank_route(request: web.Request) -> web.Response:
+    """Cohere's ``/v1/rerank``, ``/v2/rerank`` and TEI's ``/rerank``, answered by ``score``."""
+    runtime, settings = request.app[RUNTIME], request.app[SETTINGS]
+    try:
+        call = rerank.parse(
+            request.path, await _decoded(request), default_model=settings.rerank_default_model
+        )
+        result = await runtime.score(
+            call.model,
+            Item.model_validate(call.query_item()),
+            [Item.model_validate(i) for i in call.score_items()],
+            ScoreParams(options=call.options),
+            priority=_priority(request),
+        )
+    except SIEError as exc:
+        return openai_error_response(exc)
+    ranked = rerank.ranking(result.items, len(call.texts))
+    body = rerank.answer(call, ranked, request[REQUEST_ID], result.input_tokens)
+    return json_response(body, headers=base_headers(request[REQUEST_ID]))
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[REQUEST_ID] = new_request_id()
@@ -397,6 +422,8 @@ def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.
     app.router.add_post("/v1/extract/{model:.+}", extract)
     app.router.add_post("/v1/tokenize/{model:.+}", tokenize)
     app.router.add_post("/v1/embeddings", openai_embeddings)
+    for path in rerank.ROUTES:
+        app.router.add_post(path, rerank_route)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/", index)
