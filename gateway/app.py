@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 from gateway.core import GATEWAY_KEY, Gateway
 from gateway.middleware import error_middleware
 from gateway.registry import ModelRegistry
+from gateway.routes import docs as api_docs
 from gateway.routes.config import (
     handle_config_bundle,
     handle_config_bundles,
@@ -44,7 +45,7 @@ from gateway.routes.status import (
     handle_ws_cluster_status,
 )
 from gateway.settings import GatewaySettings
-from protocol import rerank
+from protocol import openapi, rerank
 from protocol.http import close_status_sockets
 
 __all__ = ["GATEWAY_KEY", "create_app"]
@@ -92,6 +93,7 @@ def create_app(
     for method in ("POST", "PUT", "DELETE"):
         r.add_route(method, "/v1/configs/models/{model_id:.+}", handle_config_write)
     r.add_put("/v1/configs/models", handle_config_write)
+    openapi.add_routes(app, api_docs.TITLE, api_docs.build)
     r.add_delete("/v1/configs/models", handle_config_write)
 
     async def on_startup(app: web.Application) -> None:

@@ -6,7 +6,7 @@ are built as dicts by ``gateway/responses.py`` and ``worker/serve/app.py``."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -103,6 +103,68 @@ class TokenizeRequest(BaseModel):
     params: TokenizeParams | None = None
 
 
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ItemsResponse(_Answer):
+    """The answer of encode, extract and tokenize: one entry per request item, in order."""
+
+    model: str
+    items: list[dict[str, Any]]
+    timing: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+
+class ScoreEntry(_Answer):
+    item_id: str
+    score: float
+    rank: int
+
+
+class ScoreResponse(_Answer):
+    """The answer of score: one entry per item, by descending score."""
+
+    model: str
+    query_id: str | None = None
+    scores: list[ScoreEntry]
+    timing: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+
+class ModelEntry(_Answer):
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    dims: dict[str, Any]
+    loaded: bool
+
+
+class ModelsResponse(_Answer):
+    """``GET /v1/models``: SIE clients read ``models``, OpenAI clients ``data``."""
+
+    models: list[ModelEntry]
+    object: str
+    data: list[dict[str, Any]]
+
+
+class PoolBody(BaseModel):
+    """``POST /v1/pools``: the shape (types) of a pool request; names of profiles, bundles and
+    models are checked against the cluster after this (gateway/pools.py)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str = Field(min_length=1)
+    gpus: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    gpu_caps: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    queue_pool: str | None = None
+    bundle: str | None = None
+    minimum_worker_count: int = Field(default=0, ge=0)
+    pinned_models: list[str] | None = None
+    priority: str | None = None
+    ttl_seconds: float | None = Field(default=None, gt=0)
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -163,6 +225,12 @@ __all__ = [
     "ExtractParams",
     "ExtractRequest",
     "Item",
+    "ItemsResponse",
+    "ModelEntry",
+    "ModelsResponse",
+    "PoolBody",
+    "ScoreEntry",
+    "ScoreResponse",
     "ScoreParams",
     "ScoreRequest",
     "TokenizeParams",

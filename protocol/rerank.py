@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from protocol.api import parse_request
 from protocol.errors import invalid_input
@@ -90,6 +90,10 @@ class TeiRank(BaseModel):
     index: int
     score: float
     text: str | None = None
+
+
+class TeiRerankResponse(RootModel[list[TeiRank]]):
+    """TEI's answer: a bare list, by descending score."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from protocol import SERVER_VERSION, rerank, tracing
+from protocol import SERVER_VERSION, openapi, rerank, tracing
 from protocol.api import (
     EncodeParams,
     EncodeRequest,
@@ -56,6 +56,7 @@ from protocol.openai import (
 from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.weights import UNKNOWN
 from worker.runtime import Result, Runtime
+from worker.serve import docs as api_docs
 from worker.serve.metrics import ServeMetrics
 from worker.serve.result_cache import ResultLRU, encode_cached
 from worker.settings import WorkerSettings
@@ -433,6 +434,7 @@ def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.
     app.router.add_get("/livez", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    openapi.add_routes(app, api_docs.TITLE, api_docs.build)
 
     async def _start(app: web.Application) -> None:
         await runtime.start()
