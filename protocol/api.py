@@ -43,7 +43,12 @@ class EncodeParams(BaseModel):
 
 
 class EncodeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"items": [{"id": "a", "text": "hello"}], "params": {"output_types": ["dense"]}}]
+        },
+    )
 
     items: list[Item]
     params: EncodeParams | None = None
@@ -59,7 +64,12 @@ class ScoreParams(BaseModel):
 
 
 class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"query": {"text": "what is ML"}, "items": [{"text": "ML is a field of AI"}]}]
+        },
+    )
 
     query: Item
     items: list[Item]
@@ -81,7 +91,10 @@ class ExtractParams(BaseModel):
 
 
 class ExtractRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={"examples": [{"items": [{"text": "Apple was founded by Steve Jobs."}]}]},
+    )
 
     items: list[Item]
     params: ExtractParams | None = None
@@ -97,7 +110,7 @@ class TokenizeRequest(BaseModel):
     """``POST /v1/tokenize/{model}``: the model's own tokenizer over each item's text
     (``params.options.add_special_tokens``, default true; ``profile`` picks a profile)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"items": [{"text": "hello"}]}]})
 
     items: list[Item]
     params: TokenizeParams | None = None

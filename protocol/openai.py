@@ -36,7 +36,9 @@ class EmbeddingsRequest:
 class EmbeddingsBody(BaseModel):
     """The wire body of ``POST /v1/embeddings`` (unknown fields ignored)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra={"examples": [{"model": "sie-fake", "input": ["hello"]}]}
+    )
 
     model: str = Field(min_length=1)
     input: str | list[str] = Field(min_length=1)

@@ -45,7 +45,14 @@ class RelevantSpans(BaseModel):
 class CohereRerankRequest(BaseModel):
     """The body of Cohere's ``POST /v1/rerank`` and ``POST /v2/rerank``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "sie-fake", "query": "what is ML", "documents": ["ML is AI", "a cat"], "top_n": 1}
+            ]
+        },
+    )
 
     model: str = Field(min_length=1)
     query: str
@@ -63,7 +70,12 @@ class CohereRerankRequest(BaseModel):
 class TeiRerankRequest(BaseModel):
     """The body of Text Embeddings Inference's ``POST /rerank`` (plus ``model``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"model": "sie-fake", "query": "what is ML", "texts": ["ML is AI", "a cat"]}]
+        },
+    )
 
     query: str
     texts: list[str] = Field(min_length=1)

@@ -26,3 +26,21 @@ def config_url(nats_server, tmp_path, catalog_dirs):
 def test_document_and_docs_page(config_url):
     doc = check_document_and_docs(config_url)
     assert "/v1/configs/resolve" in doc["paths"]
+
+
+def _fuzz(url: str, examples: int) -> None:
+    from tests.integration.config_service.conftest import ADMIN
+    from tests.support.schema_fuzz import fuzz_service
+
+    statuses = fuzz_service(url, max_examples=examples, headers={"Authorization": f"Bearer {ADMIN}"})
+    print("config service schemathesis:", dict(statuses))
+    assert statuses["GET /v1/configs/epoch 200"] >= 1, statuses
+
+
+def test_schemathesis_bounded(config_url):
+    _fuzz(config_url, 8)
+
+
+@pytest.mark.slow
+def test_schemathesis_long(config_url):
+    _fuzz(config_url, 200)

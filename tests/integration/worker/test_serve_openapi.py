@@ -17,3 +17,19 @@ def server():
 def test_document_and_docs_page(server):
     doc = check_document_and_docs(server.url)
     assert {"/v1/rerank", "/v2/rerank", "/rerank", "/v1/embeddings"} <= set(doc["paths"])
+
+
+def test_schemathesis_bounded(server):
+    from tests.support.schema_fuzz import fuzz_service
+
+    statuses = fuzz_service(server.url, max_examples=8, path_values={"model": ["sie-fake"]})
+    print("sie serve schemathesis:", dict(statuses))
+    for route in ("/v1/encode/{model}", "/v1/score/{model}", "/v1/rerank", "/rerank", "/v1/embeddings"):
+        assert statuses[f"POST {route} 200"] >= 1, statuses  # the documented examples are answered
+
+
+@pytest.mark.slow
+def test_schemathesis_long(server):
+    from tests.support.schema_fuzz import fuzz_service
+
+    fuzz_service(server.url, max_examples=200, path_values={"model": ["sie-fake"]})
