@@ -252,6 +252,22 @@ class PoolStore:
                 out.append(self.view(name, record))
         return out
 
+    async def pins(self) -> dict[str, builtins.list[str]]:
+        """Worker id → the pinned models of every pool it is assigned to (sorted, no repeats):
+        what :meth:`gateway.core.Gateway.publish_pins` sends each worker's sidecar."""
+        out: dict[str, set[str]] = {}
+        for name in await self._names():
+            record = await self._load(name)
+            if record is None:
+                continue
+            spec = record["spec"]
+            models = spec.get("pinned_models") or []
+            if not models:
+                continue
+            for worker in self.assigned(spec):
+                out.setdefault(worker.worker_id, set()).update(models)
+        return {wid: sorted(models) for wid, models in out.items()}
+
     async def sweep(self) -> int:
         """Delete expired pools; returns how many."""
         removed = 0

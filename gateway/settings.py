@@ -126,6 +126,9 @@ class GatewaySettings(BaseSettings):
         "SIE_POOLS"  # JetStream key-value bucket holding the pools (shared by gateway replicas)
     )
     pool_sweep_interval_s: float = Field(default=30.0, gt=0)  # how often expired pools are removed
+    pool_pin_interval_s: float = Field(
+        default=5.0, gt=0
+    )  # how often each worker is told the pinned_models of the pools it is assigned to
 
     # Model registry source: the config service when its URL is set, else the catalog directories
     config_service_url: str | None = (

@@ -120,6 +120,7 @@ def health_body(gw: Gateway) -> dict[str, Any]:
                 "pending_cost": hb.pending_cost,
                 "inflight_batches": hb.inflight_batches,
                 "loaded_models": list(hb.loaded_models),
+                "pinned_models": list(hb.pinned_models),
                 "memory_used_bytes": hb.memory_used_bytes,
                 "memory_total_bytes": hb.memory_total_bytes,
                 "bundle": w.bundle,
