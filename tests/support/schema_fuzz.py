@@ -1,7 +1,8 @@
 """Schemathesis against a running service, from the service's own ``/openapi.json``: every
-documented operation gets generated requests (JSON, msgpack and YAML bodies as documented); no
-answer may be a 5xx, take longer than ``NO_HANG_S``, or differ from the document (status, content
-type, headers, body schema). Generation is derandomized, so a run is repeatable."""
+documented operation gets generated requests (JSON, msgpack and YAML bodies as documented, valid
+and invalid ones); no answer may be a 5xx, take longer than ``NO_HANG_S``, or differ from the
+document (status, content type, headers, body schema). Generation is derandomized, so a run is
+repeatable."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import msgpack
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from schemathesis import GenerationMode
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -88,7 +90,8 @@ def _fuzz_operation(
     raw: dict[str, Any],
 ) -> None:
     """The documented examples of one operation, then ``max_examples`` generated requests."""
-    strategy = op.as_strategy()
+    # schema-valid requests and invalid ones (each must be refused with a documented 4xx)
+    strategy = st.one_of(op.as_strategy(GenerationMode.POSITIVE), op.as_strategy(GenerationMode.NEGATIVE))
     # the documented examples first: each must be answered as the document says
     for example in _body_examples(raw, op.method, op.path):
         params = {name: values[0] for name, values in path_values.items() if "{" + name + "}" in op.path}
