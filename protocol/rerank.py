@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from protocol.api import parse_request
-from protocol.errors import invalid_input
+from protocol.errors import SIEError, invalid_input
 
 RerankKind = Literal["cohere-v1", "cohere-v2", "tei"]
 ROUTES: dict[str, RerankKind] = {"/v1/rerank": "cohere-v1", "/v2/rerank": "cohere-v2", "/rerank": "tei"}
@@ -206,6 +206,21 @@ def parse(path: str, data: Any, *, default_model: str) -> RerankCall:
     if kind == "tei":
         return parse_tei(data, default_model)
     return parse_cohere(data, kind)
+
+
+def in_request_terms(err: SIEError, kind: RerankKind) -> SIEError:
+    """A score-path error as the rerank request would name it: the score ``items`` are the
+    ``documents`` (Cohere) or ``texts`` (TEI), the score ``query`` item is ``query``."""
+    if err.param is None:
+        return err
+    head, _, rest = err.param.partition(".")
+    if head == "items":
+        name = "texts" if kind == "tei" else "documents"
+        err.param = f"{name}.{rest}" if rest else name
+        err.message = err.message.replace("items", name)
+    elif head == "query" and rest:
+        err.param = "query"
+    return err
 
 
 def ranking(entries: Any, count: int) -> list[tuple[int, float]]:

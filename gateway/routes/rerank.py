@@ -27,9 +27,17 @@ async def handle_rerank(request: web.Request) -> web.Response:
     try:
         data = await read_body(request, gw.settings)
         call = rerank.parse(request.path, data, default_model=gw.settings.gateway_rerank_default_model)
-        rid, results, wait_ms = await run_score(
-            gw, request, call.model, call.query_item(), call.score_items(), ScoreParams(options=call.options)
-        )
+        try:
+            rid, results, wait_ms = await run_score(
+                gw,
+                request,
+                call.model,
+                call.query_item(),
+                call.score_items(),
+                ScoreParams(options=call.options),
+            )
+        except SIEError as err:
+            raise rerank.in_request_terms(err, call.kind) from None
     except Provisioning as p:
         return provisioning_response(gw, request, p, force_503=True)
     except SIEError as err:

@@ -103,4 +103,5 @@ def check_limit(url: str, model: str, limit: int) -> None:
     ]:
         resp = httpx.post(url + path, json=body, timeout=60)
         assert resp.status_code == 400, (path, resp.text)
-        assert resp.json()["error"]["param"] == "items"
+        assert resp.json()["error"]["param"] == ("texts" if path == "/rerank" else "documents")
+        assert "documents" in resp.json()["error"]["message"] or "texts" in resp.json()["error"]["message"]

@@ -358,13 +358,16 @@ async def rerank_route(request: web.Request) -> web.Response:
         call = rerank.parse(
             request.path, await _decoded(request), default_model=settings.rerank_default_model
         )
-        result = await runtime.score(
-            call.model,
-            Item.model_validate(call.query_item()),
-            [Item.model_validate(i) for i in call.score_items()],
-            ScoreParams(options=call.options),
-            priority=_priority(request),
-        )
+        try:
+            result = await runtime.score(
+                call.model,
+                Item.model_validate(call.query_item()),
+                [Item.model_validate(i) for i in call.score_items()],
+                ScoreParams(options=call.options),
+                priority=_priority(request),
+            )
+        except SIEError as exc:
+            raise rerank.in_request_terms(exc, call.kind) from None
     except SIEError as exc:
         return openai_error_response(exc)
     ranked = rerank.ranking(result.items, len(call.texts))
