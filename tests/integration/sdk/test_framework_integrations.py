@@ -122,3 +122,12 @@ def test_haystack_embedders_and_ranker_in_a_pipeline():
     assert (restored.model, restored.base_url, restored.top_k) == (FAKE, SERVER["url"], 3)
     loaded = Pipeline.loads(pipe.dumps(), allowed_modules=["sdk.integrations.haystack"])
     assert loaded.get_component("ranker").top_k == 3
+
+
+def test_langchain_cohere_reranker_against_our_rerank_route():
+    """LangChain's own Cohere reranker (``langchain-cohere``), pointed at our URL, works unchanged."""
+    langchain_cohere = pytest.importorskip("langchain_cohere")
+    reranker = langchain_cohere.CohereRerank(model=FAKE, base_url=SERVER["url"], cohere_api_key="-", top_n=3)
+    docs = [Document(page_content=t, metadata={"n": i}) for i, t in enumerate(TEXTS)]
+    out = reranker.compress_documents(docs, QUERY)
+    assert [(d.metadata["n"], d.metadata["relevance_score"]) for d in out] == expected_ranking()[:3]
