@@ -11,11 +11,15 @@ from typing import Any
 import yaml
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 
+from config_service import docs as api_docs
 from config_service.registry import ConfigError
 from config_service.service import ConfigService
 from config_service.settings import BODY_TIMEOUT_S, MAX_BODY_BYTES
+from protocol import openapi
 from protocol.codec import CodecError
+from protocol.config_delta import ResolveBody
 from protocol.http import bearer_token, config_error_detail, loads_json, read_body, token_matches
 
 log = logging.getLogger(__name__)
@@ -267,10 +271,14 @@ async def resolve(request: web.Request) -> web.Response:
         raise ConfigError(400, "parse_error", f"Invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(400, "parse_error", "body must be a JSON object")
-    spec = data.get("model")
-    if not isinstance(spec, str) or not spec:
-        raise ConfigError(400, "missing_field", "'model' is required")
-    bundle = data.get("bundle")
+    try:
+        parsed = ResolveBody.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["loc"] and err["loc"][0] == "model":
+            raise ConfigError(400, "missing_field", "'model' is required (a non-empty string)") from None
+        raise ConfigError(400, "parse_error", f"Field '{err['loc'][0]}': {err['msg']}") from None
+    spec, bundle = parsed.model, parsed.bundle
     if ":/" in spec:
         prefix, spec = spec.split(":/", 1)
         if bundle and bundle != prefix:
@@ -331,4 +339,5 @@ def create_app(
     app.router.add_get("/v1/configs/bundles", list_bundles)
     app.router.add_get("/v1/configs/bundles/{bundle_id}", get_bundle)
     app.router.add_post("/v1/configs/resolve", resolve)
+    openapi.add_routes(app, api_docs.TITLE, api_docs.build)
     return app

@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 from gateway.core import GATEWAY_KEY, Gateway
 from gateway.middleware import error_middleware
 from gateway.registry import ModelRegistry
+from gateway.routes import docs as api_docs
 from gateway.routes.batches import (
     handle_batch_cancel,
     handle_batch_create,
@@ -41,6 +42,7 @@ from gateway.routes.pools import (
     handle_pool_list,
     handle_pool_renew,
 )
+from gateway.routes.rerank import handle_rerank
 from gateway.routes.rollout import handle_config_model_status
 from gateway.routes.status import (
     STATUS_SOCKETS,
@@ -54,6 +56,7 @@ from gateway.routes.status import (
     handle_ws_cluster_status,
 )
 from gateway.settings import GatewaySettings
+from protocol import openapi, rerank
 from protocol.http import close_status_sockets
 
 __all__ = ["GATEWAY_KEY", "create_app"]
@@ -76,6 +79,8 @@ def create_app(
     r.add_post("/v1/extract/{model:.+}", handle_extract)
     r.add_post("/v1/tokenize/{model:.+}", handle_tokenize)
     r.add_post("/v1/embeddings", handle_embeddings)
+    for path in rerank.ROUTES:
+        r.add_post(path, handle_rerank)
     r.add_get("/v1/models", handle_models)
     r.add_get("/v1/models/{model:.+}", handle_model)
     r.add_get("/", handle_index)
@@ -108,6 +113,7 @@ def create_app(
     for method in ("POST", "PUT", "DELETE"):
         r.add_route(method, "/v1/configs/models/{model_id:.+}", handle_config_write)
     r.add_put("/v1/configs/models", handle_config_write)
+    openapi.add_routes(app, api_docs.TITLE, api_docs.build)
     r.add_delete("/v1/configs/models", handle_config_write)
 
     async def on_startup(app: web.Application) -> None:

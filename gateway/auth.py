@@ -9,6 +9,7 @@ from protocol.errors import ErrorCode, SIEError
 
 PROBES = frozenset({"/healthz", "/readyz"})
 OPERATIONAL = frozenset({"/", "/health", "/metrics"})
+DOCS = frozenset({"/openapi.json", "/docs"})  # the API's description is open, like the probes
 ADMIN_PREFIXES = ("/v1/pools", "/v1/config", "/v1/admin")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -31,7 +32,9 @@ def check(
     if not enabled:
         return
     path = request.path
-    if path in PROBES or (exempt_operational and (path in OPERATIONAL or path.startswith("/ws/"))):
+    if path in PROBES or path in DOCS or path.startswith("/docs/assets/"):
+        return
+    if exempt_operational and (path in OPERATIONAL or path.startswith("/ws/")):
         return
     if not tokens and not admin_token:
         raise SIEError(ErrorCode.INTERNAL_ERROR, "Auth is enabled but no tokens are configured", status=500)

@@ -39,6 +39,7 @@ from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from protocol.api import BatchBody
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.subjects import BULK
 
@@ -50,7 +51,6 @@ LEASES_BUCKET = "SIE_BATCH_LEASES"
 ENDPOINTS = ("/v1/embeddings", "/v1/encode")  # a native encode line's url is /v1/encode/<model>
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 ENDED = ("completed", "failed", "expired", "cancelled")
-MAX_METADATA = 16
 # a line answered 429, 503 or PROVISIONING is sent again (after its Retry-After) until the batch
 # expires; other server errors at most this many times before the line counts as failed
 SERVER_ERROR_TRIES = 3
@@ -564,39 +564,24 @@ class BatchRunner:
         return b"".join(parts)
 
 
-def new_batch(body: Any, input_file: dict[str, Any], *, now: float | None = None) -> dict[str, Any]:
-    """The batch object ``POST /v1/batches`` creates from its body, checked."""
-    if not isinstance(body, dict):
-        raise invalid_input("The body must be a JSON object")
-    endpoint = body.get("endpoint")
-    if endpoint not in ENDPOINTS:
-        raise invalid_input(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
-    window = body.get("completion_window")
-    if window not in COMPLETION_WINDOWS:
-        raise invalid_input("completion_window must be '24h'", param="completion_window")
-    metadata = body.get("metadata")
-    if metadata is not None and (
-        not isinstance(metadata, dict)
-        or len(metadata) > MAX_METADATA
-        or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
-    ):
-        raise invalid_input(f"metadata must map at most {MAX_METADATA} strings to strings", param="metadata")
+def new_batch(body: BatchBody, input_file: dict[str, Any], *, now: float | None = None) -> dict[str, Any]:
+    """The batch object ``POST /v1/batches`` creates from its (parsed) body."""
     if input_file.get("purpose") != "batch":
         raise invalid_input("The input file's purpose must be 'batch'", param="input_file_id")
     created = int(now if now is not None else time.time())
     return {
         "id": new_id("batch_"),
         "object": "batch",
-        "endpoint": endpoint,
+        "endpoint": body.endpoint,
         "errors": None,
         "input_file_id": input_file["id"],
-        "completion_window": window,
+        "completion_window": body.completion_window,
         "status": "validating",
         "output_file_id": None,
         "error_file_id": None,
         "created_at": created,
         "in_progress_at": None,
-        "expires_at": created + COMPLETION_WINDOWS[window],
+        "expires_at": created + COMPLETION_WINDOWS[body.completion_window],
         "finalizing_at": None,
         "completed_at": None,
         "failed_at": None,
@@ -604,5 +589,5 @@ def new_batch(body: Any, input_file: dict[str, Any], *, now: float | None = None
         "cancelling_at": None,
         "cancelled_at": None,
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
-        "metadata": metadata,
+        "metadata": body.metadata,
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -38,7 +39,7 @@ from protocol.payloads import HEADER as PAYLOAD_HEADER
 from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
-from protocol.subjects import BULK, HEALTH_PREFIX
+from protocol.subjects import BULK, HEALTH_PREFIX, pin_subject
 from protocol.work import RoutingHeader, WorkItem, WorkResult
 
 log = logging.getLogger(__name__)
@@ -220,8 +221,22 @@ class Gateway:
     def on_reconnect(self) -> None:
         self.dispatcher.on_reconnect()
 
+    async def publish_pins(self) -> int:
+        """Tell every healthy worker's sidecar which models its pools pin (an empty list: none), so
+        that they are loaded there and never evicted; repeated each interval, so a restarted
+        sidecar or a newly assigned worker learns them. Returns how many workers were told."""
+        if self.pools is None:
+            return 0
+        pins = await self.pools.pins()
+        told = 0
+        for worker in self.workers.healthy():
+            models = pins.get(worker.worker_id, [])
+            await self.nc.publish(pin_subject(worker.worker_id), json.dumps({"models": models}).encode())
+            told += 1
+        return told
+
     async def _housekeeping(self) -> None:
-        last_sweep = 0.0
+        last_sweep = last_pins = 0.0
         while not self._stopping:
             await asyncio.sleep(1.0)
             try:
@@ -231,6 +246,9 @@ class Gateway:
                 if self.pools is not None and now - last_sweep >= self.settings.pool_sweep_interval_s:
                     last_sweep = now
                     await self.pools.sweep()
+                if now - last_pins >= self.settings.pool_pin_interval_s:
+                    last_pins = now
+                    await self.publish_pins()
             except Exception as exc:
                 log.warning("housekeeping failed: %s", exc)
 

@@ -19,7 +19,7 @@ from gateway.http_common import (
     provisioning_response,
 )
 from gateway.metrics import labelled
-from protocol import SERVER_VERSION, http
+from protocol import SERVER_VERSION, http, rerank
 from protocol.errors import ErrorCode, SIEError
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     resource = request.match_info.route.resource
     endpoint = resource.canonical if resource is not None else "unmatched"
     status = 500
-    openai_route = request.path == "/v1/embeddings"  # errors in the OpenAI envelope there
+    openai_route = request.path == "/v1/embeddings" or request.path in rerank.ROUTES  # OpenAI envelope there
     counted = request.path.startswith("/v1/")  # API requests: what a drain waits for
     if counted and gw.draining:
         draining = SIEError(

@@ -19,8 +19,10 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
+from pydantic import ValidationError
 
 from gateway.workers import WorkerRecord, WorkerRegistry
+from protocol.api import PoolBody
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.subjects import PRIORITIES
 
@@ -122,6 +124,12 @@ class PoolStore:
     def _validate_spec(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise invalid_input("Pool body must be a JSON object")
+        try:
+            PoolBody.model_validate(body)  # the types (what /openapi.json shows); names below
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise invalid_input(f"Field '{loc}': {err['msg']}", param=str(err["loc"][0])) from None
         name = normalize_pool_name(body.get("name"))
         if name == DEFAULT_POOL:
             raise SIEError(ErrorCode.FORBIDDEN, "The 'default' pool is built in and cannot be changed")
@@ -243,6 +251,22 @@ class PoolStore:
             if record is not None:
                 out.append(self.view(name, record))
         return out
+
+    async def pins(self) -> dict[str, builtins.list[str]]:
+        """Worker id → the pinned models of every pool it is assigned to (sorted, no repeats):
+        what :meth:`gateway.core.Gateway.publish_pins` sends each worker's sidecar."""
+        out: dict[str, set[str]] = {}
+        for name in await self._names():
+            record = await self._load(name)
+            if record is None:
+                continue
+            spec = record["spec"]
+            models = spec.get("pinned_models") or []
+            if not models:
+                continue
+            for worker in self.assigned(spec):
+                out.setdefault(worker.worker_id, set()).update(models)
+        return {wid: sorted(models) for wid, models in out.items()}
 
     async def sweep(self) -> int:
         """Delete expired pools; returns how many."""

@@ -49,6 +49,9 @@ class GatewaySettings(BaseSettings):
     )  # the whole request body must arrive within this (408 after)
     gateway_max_items: int = Field(default=4096, gt=0)  # most items per encode/extract request (400 above)
     gateway_max_score_items: int = Field(default=1000, gt=0)  # most documents per score request (400 above)
+    gateway_rerank_default_model: str = (
+        ""  # the model of a TEI-style POST /rerank that names none (400 when unset)
+    )
     gateway_max_stream_pending: int = Field(
         default=50_000, gt=0
     )  # stream messages above which requests get 503 QUEUE_FULL
@@ -139,6 +142,9 @@ class GatewaySettings(BaseSettings):
         "SIE_POOLS"  # JetStream key-value bucket holding the pools (shared by gateway replicas)
     )
     pool_sweep_interval_s: float = Field(default=30.0, gt=0)  # how often expired pools are removed
+    pool_pin_interval_s: float = Field(
+        default=5.0, gt=0
+    )  # how often each worker is told the pinned_models of the pools it is assigned to
 
     # Model registry source: the config service when its URL is set, else the catalog directories
     config_service_url: str | None = (

@@ -6,7 +6,7 @@ are built as dicts by ``gateway/responses.py`` and ``worker/serve/app.py``."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,7 +43,12 @@ class EncodeParams(BaseModel):
 
 
 class EncodeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"items": [{"id": "a", "text": "hello"}], "params": {"output_types": ["dense"]}}]
+        },
+    )
 
     items: list[Item]
     params: EncodeParams | None = None
@@ -59,7 +64,12 @@ class ScoreParams(BaseModel):
 
 
 class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"query": {"text": "what is ML"}, "items": [{"text": "ML is a field of AI"}]}]
+        },
+    )
 
     query: Item
     items: list[Item]
@@ -81,7 +91,10 @@ class ExtractParams(BaseModel):
 
 
 class ExtractRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={"examples": [{"items": [{"text": "Apple was founded by Steve Jobs."}]}]},
+    )
 
     items: list[Item]
     params: ExtractParams | None = None
@@ -97,10 +110,90 @@ class TokenizeRequest(BaseModel):
     """``POST /v1/tokenize/{model}``: the model's own tokenizer over each item's text
     (``params.options.add_special_tokens``, default true; ``profile`` picks a profile)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"items": [{"text": "hello"}]}]})
 
     items: list[Item]
     params: TokenizeParams | None = None
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ItemsResponse(_Answer):
+    """The answer of encode, extract and tokenize: one entry per request item, in order."""
+
+    model: str
+    items: list[dict[str, Any]]
+    timing: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+
+class ScoreEntry(_Answer):
+    item_id: str
+    score: float
+    rank: int
+
+
+class ScoreResponse(_Answer):
+    """The answer of score: one entry per item, by descending score."""
+
+    model: str
+    query_id: str | None = None
+    scores: list[ScoreEntry]
+    timing: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+
+class ModelEntry(_Answer):
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    dims: dict[str, Any]
+    loaded: bool
+
+
+class ModelsResponse(_Answer):
+    """``GET /v1/models``: SIE clients read ``models``, OpenAI clients ``data``."""
+
+    models: list[ModelEntry]
+    object: str
+    data: list[dict[str, Any]]
+
+
+class BatchBody(BaseModel):
+    """``POST /v1/batches`` (OpenAI's Batch API): which file, which endpoint each line calls."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input_file_id: str = Field(min_length=1, description="A file uploaded with purpose 'batch'")
+    endpoint: Literal["/v1/embeddings", "/v1/encode"]
+    completion_window: Literal["24h"]
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+
+
+class FileUpload(BaseModel):
+    """``POST /v1/files`` (multipart/form-data): a JSONL file of request lines."""
+
+    purpose: Literal["batch"]
+    file: bytes = Field(json_schema_extra={"format": "binary"})
+
+
+class PoolBody(BaseModel):
+    """``POST /v1/pools``: the shape (types) of a pool request; names of profiles, bundles and
+    models are checked against the cluster after this (gateway/pools.py)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str = Field(min_length=1)
+    gpus: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    gpu_caps: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    queue_pool: str | None = None
+    bundle: str | None = None
+    minimum_worker_count: int = Field(default=0, ge=0)
+    pinned_models: list[str] | None = None
+    priority: str | None = None
+    ttl_seconds: float | None = Field(default=None, gt=0)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -163,6 +256,12 @@ __all__ = [
     "ExtractParams",
     "ExtractRequest",
     "Item",
+    "ItemsResponse",
+    "ModelEntry",
+    "ModelsResponse",
+    "PoolBody",
+    "ScoreEntry",
+    "ScoreResponse",
     "ScoreParams",
     "ScoreRequest",
     "TokenizeParams",

@@ -185,6 +185,15 @@ class ConfigExport(BaseModel):
     models: list[ExportedModel] = Field(default_factory=list)
 
 
+class ResolveBody(BaseModel):
+    """``POST /v1/configs/resolve``: which bundle serves ``model`` (``bundle:/org/model`` allowed)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str = Field(min_length=1)
+    bundle: str | None = None
+
+
 def parse_epoch_info(data: bytes | str | dict[str, Any]) -> EpochInfo:
     try:
         return EpochInfo.model_validate(json.loads(data) if isinstance(data, bytes | str) else data)

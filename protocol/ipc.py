@@ -190,6 +190,9 @@ class PingResponse:
     failed_models: dict[str, str] = field(default_factory=dict)
     # model id → where its weights are (protocol.weights), for the gateway's /v1/models
     weights: dict[str, str] = field(default_factory=dict)
+    # models kept loaded (SIE_PINNED_MODELS and the pinned models of the pools the worker serves,
+    # which the sidecar sends in each Ping as ``pinned_models``)
+    pinned_models: list[str] = field(default_factory=list)
 
     def to_map(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.catalog import Resolved, model_dims, supported_outputs
 from protocol.errors import ErrorCode, SIEError, invalid_input
@@ -32,8 +33,36 @@ class EmbeddingsRequest:
     dimensions: Any = None  # as sent; see check_dimensions
 
 
+class EmbeddingsBody(BaseModel):
+    """The wire body of ``POST /v1/embeddings`` (unknown fields ignored)."""
+
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra={"examples": [{"model": "sie-fake", "input": ["hello"]}]}
+    )
+
+    model: str = Field(min_length=1)
+    input: str | list[str] = Field(min_length=1)
+    encoding_format: EncodingFormat | None = None
+    dimensions: Any = Field(default=None, json_schema_extra={"type": ["integer", "null"], "minimum": 1})
+    user: Any = None
+
+
+class EmbeddingRow(BaseModel):
+    object: str
+    embedding: list[float] | str
+    index: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: str
+    data: list[EmbeddingRow]
+    model: str
+    usage: dict[str, Any]
+
+
 def parse_embeddings_request(data: Any, *, max_inputs: int) -> EmbeddingsRequest:
-    """Validate a decoded body; raises INVALID_INPUT (with ``param``) on the first problem."""
+    """Validate a decoded body; raises INVALID_INPUT (with ``param``) on the first problem: the
+    contract's own messages first, then :class:`EmbeddingsBody` (what ``/openapi.json`` shows)."""
     if not isinstance(data, dict):
         raise invalid_input("Request body must be a JSON object")
     model = data.get("model")
@@ -58,7 +87,13 @@ def parse_embeddings_request(data: Any, *, max_inputs: int) -> EmbeddingsRequest
         fmt = "base64"
     else:
         raise invalid_input("encoding_format must be 'float' or 'base64'", param="encoding_format")
-    return EmbeddingsRequest(model, inputs, fmt, data.get("dimensions"))
+    try:
+        body = EmbeddingsBody.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = str(err["loc"][0]) if err["loc"] else None
+        raise invalid_input(f"Field '{param}': {err['msg']}", param=param) from None
+    return EmbeddingsRequest(body.model, inputs, fmt, body.dimensions)
 
 
 def dimension_options(requested: Any, native: int | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import re
 
 WORK_PREFIX = "sie.work"
 HEALTH_PREFIX = "sie.health"
+PIN_PREFIX = "sie.pin"  # gateway → sidecar: the pinned models of the pools a worker serves
 CONFIG_PREFIX = "sie.config.models"
 CONFIG_ALL = "sie.config.models._all"
 INBOX_PREFIX = "_INBOX"
@@ -121,6 +122,12 @@ def health_subject(worker_id: str) -> str:
     if not token:
         raise ValueError("worker id must not be empty")
     return f"{HEALTH_PREFIX}.{token}"
+
+
+def pin_subject(worker_id: str) -> str:
+    """Where a worker's sidecar hears its pinned models (``{"models": [...]}``, JSON), keyed like
+    its heartbeats."""
+    return PIN_PREFIX + health_subject(worker_id)[len(HEALTH_PREFIX) :]
 
 
 def config_subject(bundle: str) -> str:

@@ -399,10 +399,12 @@ class Heartbeat:
     failed_models: dict[str, str] = field(default_factory=dict)
     # model id → where its weights are for this worker (protocol.weights)
     weights: dict[str, str] = field(default_factory=dict)
+    # model ids kept loaded on this worker (SIE_PINNED_MODELS and its pools' pinned_models)
+    pinned_models: list[str] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         data = asdict(self)
-        for key in ("unsupported_models", "model_states", "failed_models", "weights"):
+        for key in ("unsupported_models", "model_states", "failed_models", "weights", "pinned_models"):
             if not data[key]:
                 del data[key]
         return json.dumps(data, separators=(",", ":")).encode()

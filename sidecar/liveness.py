@@ -125,6 +125,7 @@ class Liveness:
             model_states=dict(ping.model_states or {}),
             failed_models=dict(ping.failed_models or {}),
             weights=dict(ping.weights or {}),
+            pinned_models=list(ping.pinned_models or []),
             queue_depth=self.load.queue_depth(),
             pending_cost=self.load.pending_cost(),
             inflight_batches=self.load.inflight_batches,

@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 import nats
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
-from protocol.subjects import WORKER_INBOX_PREFIX
+from protocol.subjects import WORKER_INBOX_PREFIX, pin_subject
 from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
 from sidecar.ipc_client import IpcClient
@@ -65,9 +66,15 @@ async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, NatsCl
     )
     lane = LaneConsumer(nc, client, settings, barrier=barrier, worker=worker, config=config)
     on_reconnect.append(lane.on_reconnect)
+
+    async def on_pins(msg: Msg) -> None:
+        if not worker.take_pins(msg.data):
+            log.warning("ignoring a malformed pin message on %s", msg.subject)
+
     try:
         await lane.start()
         await config.start()
+        await nc.subscribe(pin_subject(settings.worker_id), cb=on_pins)
     except BaseException:
         with contextlib.suppress(Exception):
             await config.stop()

@@ -8,6 +8,7 @@ readiness changed through the ``announce`` callback given to :meth:`Readiness.pi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -29,9 +30,24 @@ class WorkerHealth:
     def __init__(self) -> None:
         self.last_ok: float | None = None  # the lane's clock (protocol.clock)
         self.ping: ipc.PingResponse = ipc.PingResponse()
+        # the pinned models of the pools this worker serves, as the gateways last said (sie.pin.<id>);
+        # None until one has: the worker keeps what it has
+        self.pinned: list[str] | None = None
 
     def fresh(self, now: float, stale_after_s: float) -> bool:
         return self.last_ok is not None and now - self.last_ok <= stale_after_s
+
+    def take_pins(self, data: bytes) -> bool:
+        """A gateway's ``{"models": [...]}`` on ``sie.pin.<worker id>``: the pinned models the next
+        Pings carry. False (and nothing changes) for anything else."""
+        try:
+            models = json.loads(data).get("models")
+        except (ValueError, AttributeError):
+            return False
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            return False
+        self.pinned = models
+        return True
 
     def forget(self) -> None:
         """The worker is gone: nothing it said holds any more."""
@@ -45,7 +61,7 @@ class ReadinessCalls(Protocol):
     @property
     def generation(self) -> int: ...
 
-    async def ping(self, timeout_s: float) -> ipc.PingResponse: ...
+    async def ping(self, timeout_s: float, pinned: list[str] | None = None) -> ipc.PingResponse: ...
 
     async def ensure_model_ready(self, spec: str, timeout_s: float) -> ipc.EnsureModelReadyResponse: ...
 
@@ -108,7 +124,9 @@ class Readiness:
         while not self.stopping.is_set():
             was_ready = self.ready
             try:
-                self.health.ping = await self.worker.ping(timeout_s=max(1.0, interval))
+                self.health.ping = await self.worker.ping(
+                    timeout_s=max(1.0, interval), pinned=self.health.pinned
+                )
                 self.health.last_ok = self.clock.now()
                 if failures:
                     log.info("worker answers Ping again after %d failed Ping(s)", failures)

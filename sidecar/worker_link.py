@@ -42,10 +42,12 @@ class WorkerLink:
     def generation(self) -> int:
         return self.client.generation
 
-    async def ping(self, timeout_s: float) -> ipc.PingResponse:
-        body = await self.client.call(
-            ipc.PING, {"timestamp_ms": int(time.time() * 1000)}, timeout_s=timeout_s
-        )
+    async def ping(self, timeout_s: float, pinned: list[str] | None = None) -> ipc.PingResponse:
+        """Ping the worker; ``pinned``: the models it is to keep loaded for its pools (None: unchanged)."""
+        request: dict[str, object] = {"timestamp_ms": int(time.time() * 1000)}
+        if pinned is not None:
+            request["pinned_models"] = list(pinned)
+        body = await self.client.call(ipc.PING, request, timeout_s=timeout_s)
         return ipc.PingResponse.from_map(body)
 
     async def ensure_model_ready(self, spec: str, timeout_s: float) -> ipc.EnsureModelReadyResponse:

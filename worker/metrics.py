@@ -134,6 +134,12 @@ class WorkerMetrics:
         self.model_load_failures = Counter(
             "sie_worker_model_load_failures", "Model loads that failed", ["model"], registry=r
         )
+        self.idle_unloads = Counter(
+            "sie_worker_idle_unloads",
+            "Models unloaded after SIE_MODEL_IDLE_TIMEOUT_S without a request",
+            ["model"],
+            registry=r,
+        )
         self.oom_recoveries = Counter(
             "sie_worker_oom_recoveries",
             "OOM recovery steps (oom, cache_clear, evict_sibling, split, exhausted)",

@@ -34,6 +34,12 @@ class WorkerSettings(BaseSettings):
     bundles_dir: str = str(DEFAULT_BUNDLES_DIR)  # directory of bundle YAML files
     bundle: str = "default"  # the bundle this worker serves (its adapters and models)
     preload_models: str = ""  # comma-separated model specs loaded at start-up
+    pinned_models: str = (
+        ""  # comma-separated model specs loaded at start-up and never evicted or unloaded when idle
+    )
+    model_idle_timeout_s: float = Field(
+        default=0.0, ge=0
+    )  # unload a model (not a pinned one) after this long without a request; 0 = never (off)
     machine_profile: str = ""  # when set, requests naming another profile are refused
     pool: str = "default"  # the pool this worker serves; scopes its bundle_config_hash (models of other pools do not count)
     # queue mode (python -m worker.ipc)
@@ -87,6 +93,9 @@ class WorkerSettings(BaseSettings):
         default=3600.0, gt=0
     )  # sie serve: a cached encode result expires this long after it was stored
     max_score_items: int = 1000  # most items in one score request (400 above)
+    rerank_default_model: str = (
+        ""  # sie serve: the model of a TEI-style POST /rerank that names none (400 when unset)
+    )
     max_item_text_bytes: int = 2 * 1024 * 1024  # largest UTF-8 text of one item (400 above)
     max_chunks_per_item: int = Field(
         default=64, ge=1
@@ -131,3 +140,6 @@ class WorkerSettings(BaseSettings):
 
     def preload_list(self) -> list[str]:
         return [m.strip() for m in self.preload_models.split(",") if m.strip()]
+
+    def pinned_list(self) -> list[str]:
+        return [m.strip() for m in self.pinned_models.split(",") if m.strip()]

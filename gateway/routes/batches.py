@@ -12,6 +12,7 @@ from aiohttp import BodyPartReader, web
 from gateway.batches import BatchStore, new_batch, public
 from gateway.http_common import error_response, gateway_of
 from protocol import http
+from protocol.api import BatchBody, parse_request
 from protocol.codec import CodecError
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
@@ -44,6 +45,24 @@ async def handle_file_upload(request: web.Request) -> web.Response:
     limit = gateway_of(request).settings.batch_max_file_bytes
     if not (request.content_type or "").startswith("multipart/"):
         raise invalid_input("Upload the file as multipart/form-data with fields 'purpose' and 'file'")
+    try:
+        purpose, filename, data = await _read_upload(request, limit)
+    except SIEError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any malformed multipart (bad names, encodings, framing)
+        raise invalid_input(
+            f"The upload is not readable multipart/form-data ({type(exc).__name__})"
+        ) from None
+    if purpose not in FILE_PURPOSES:
+        raise invalid_input(f"purpose must be one of {', '.join(FILE_PURPOSES)}", param="purpose")
+    if data is None:
+        raise invalid_input("The upload has no 'file' field", param="file")
+    meta = await _store(request).put_file(bytes(data), filename=filename, purpose=purpose)
+    return web.json_response(meta)
+
+
+async def _read_upload(request: web.Request, limit: int) -> tuple[str | None, str, bytearray | None]:
+    """``purpose``, the file's name and its bytes (None: no ``file`` field) from the multipart body."""
     purpose: str | None = None
     filename = "upload.jsonl"
     data: bytearray | None = None
@@ -65,12 +84,7 @@ async def handle_file_upload(request: web.Request) -> web.Response:
                         param="file",
                         status=413,
                     )
-    if purpose not in FILE_PURPOSES:
-        raise invalid_input(f"purpose must be one of {', '.join(FILE_PURPOSES)}", param="purpose")
-    if data is None:
-        raise invalid_input("The upload has no 'file' field", param="file")
-    meta = await _store(request).put_file(bytes(data), filename=filename, purpose=purpose)
-    return web.json_response(meta)
+    return purpose, filename, data
 
 
 @openai_errors
@@ -112,10 +126,8 @@ async def handle_batch_create(request: web.Request) -> web.Response:
     except CodecError:
         raise invalid_input("The body must be JSON") from None
     store = _store(request)
-    file_id = body.get("input_file_id") if isinstance(body, dict) else None
-    if not isinstance(file_id, str) or not file_id:
-        raise invalid_input("input_file_id is required", param="input_file_id")
-    batch = new_batch(body, await store.file(file_id))
+    parsed = parse_request(BatchBody, body)
+    batch = new_batch(parsed, await store.file(parsed.input_file_id))
     await store.create_batch(batch, request.headers.get("Authorization"))
     return web.json_response(batch)
 

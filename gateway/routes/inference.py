@@ -17,7 +17,14 @@ from gateway.http_common import (
 from gateway.registry import Route
 from gateway.routing import Lane
 from protocol import params as request_params
-from protocol.api import EncodeRequest, ExtractRequest, ScoreRequest, TokenizeRequest, parse_request
+from protocol.api import (
+    EncodeRequest,
+    ExtractRequest,
+    ScoreParams,
+    ScoreRequest,
+    TokenizeRequest,
+    parse_request,
+)
 from protocol.errors import invalid_input
 from protocol.work import WorkItem, WorkResult
 
@@ -81,31 +88,45 @@ async def handle_encode(request: web.Request) -> web.Response:
     return _items_answer(request, model, rid, results, wait_ms)
 
 
-async def handle_score(request: web.Request) -> web.Response:
-    gw = gateway_of(request)
-    model = request.match_info["model"]
-    data = await read_body(request, gw.settings)
-    req = parse_request(ScoreRequest, data)
-    if len(req.items) > gw.settings.gateway_max_score_items:
+async def run_score(
+    gw: Gateway,
+    request: web.Request,
+    model: str,
+    query_item: Any,
+    score_items: list[Any],
+    params: ScoreParams,
+) -> tuple[str, list[WorkResult], float]:
+    """One score call through the queue (the native route and the rerank routes): the item limit,
+    the route, one work item; returns (request id, results, queue wait ms), failures raised."""
+    if len(score_items) > gw.settings.gateway_max_score_items:
         raise invalid_input(
             f"At most {gw.settings.gateway_max_score_items} items per score request", param="items"
         )
-    options = request_params.request_options(req.options)
+    options = request_params.request_options(params.options)
     route = gw.registry.resolve(model, options)
     options.pop("profile", None)
-    instruction = request_params.score_options(route.resolved, req.params).instruction
+    instruction = request_params.score_options(route.resolved, params).instruction
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
         return [
             gw.work_item(
                 lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=0, total=1,
-                operation="score", query_item=data["query"], score_items=data["items"], instruction=instruction,
+                operation="score", query_item=query_item, score_items=score_items, instruction=instruction,
                 options=options, is_query=False,
             )
         ]  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "score", build)
     responses.check_failures(results)
+    return rid, results, wait_ms
+
+
+async def handle_score(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    model = request.match_info["model"]
+    data = await read_body(request, gw.settings)
+    req = parse_request(ScoreRequest, data)
+    rid, results, wait_ms = await run_score(gw, request, model, data["query"], data["items"], req.params)
     t = responses.timing(results, wait_ms)
     return respond(
         request,

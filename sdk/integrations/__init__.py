@@ -1,1 +1,2 @@
-"""Framework adapters over the SDK; each needs its optional extra (``langchain``, ``llamaindex``)."""
+"""Framework adapters over the SDK; each needs its optional extra (``langchain``, ``llamaindex``,
+``haystack``)."""

@@ -114,10 +114,11 @@ def test_integration_extras_are_installable_as_said():
 
     extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     named = set(re.findall(r"-e '\.\[([a-z-]+)\]'", README.read_text()))
-    assert {"langchain", "llamaindex"} <= named and named <= set(extras)
+    assert {"langchain", "llamaindex", "haystack"} <= named and named <= set(extras)
     for module, blocked, extra in [
         ("langchain", "langchain_core", "langchain"),
         ("llamaindex", "llama_index", "llamaindex"),
+        ("haystack", "haystack", "haystack"),
     ]:
         code = f"import sys; sys.modules[{blocked!r}] = None\nimport sdk.integrations.{module}"
         out = subprocess.run(

@@ -185,6 +185,11 @@ class BatchFormer:
         self._task = asyncio.create_task(self._loop(), name=f"batchformer:{name}")
 
     @property
+    def busy(self) -> bool:
+        """Requests queued or batches running: not idle."""
+        return self.depth > 0 or bool(self._running) or self._handed > 0
+
+    @property
     def depth(self) -> int:
         return sum(len(q.items) for q in self._queues.values())
 

@@ -55,6 +55,10 @@ class WorkerRuntime(ConfigRuntime, Protocol):
 
     def weights_status(self) -> dict[str, str]: ...
 
+    def set_pool_pins(self, specs: list[str]) -> None: ...
+
+    def pinned_models(self) -> list[str]: ...
+
     async def ensure_ready(self, spec: str) -> EnsureResult: ...
 
     async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]: ...
@@ -110,6 +114,9 @@ class IpcHandler:
     # ---- methods ---------------------------------------------------------------------------
     def ping(self, body: dict[str, Any]) -> dict[str, Any]:
         self.last_ping_monotonic = time.monotonic()
+        pins = body.get("pinned_models")
+        if isinstance(pins, list) and all(isinstance(p, str) for p in pins):
+            self.runtime.set_pool_pins(pins)
         states = self.runtime.profile_states()
         return ipc.PingResponse(
             timestamp_ms=int(body.get("timestamp_ms") or time.time() * 1000),
@@ -121,6 +128,7 @@ class IpcHandler:
             model_states={spec: state for spec, (state, _) in states.items()},
             failed_models={spec: err for spec, (state, err) in states.items() if state == "failed" and err},
             weights=self.runtime.weights_status(),
+            pinned_models=self.runtime.pinned_models(),
         ).to_map()
 
     async def ensure_model_ready(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -71,6 +71,8 @@ class LoadedModel:
         self.max_requests = s.max_batch_requests
         self.stats = BatchStats()
         self.last_used = next(_use_clock)
+        self.last_used_at = time.monotonic()  # for the idle unload (SIE_MODEL_IDLE_TIMEOUT_S)
+        self.used = False  # a request has reached it since it loaded
         self.closed = False
         self._forward_fn = env.forward
         self._metrics = env.metrics
@@ -163,6 +165,8 @@ class LoadedModel:
 
     def touch(self) -> None:
         self.last_used = next(_use_clock)
+        self.last_used_at = time.monotonic()
+        self.used = True
 
     def memory_bytes(self) -> int:
         return self.adapter.memory_bytes()

@@ -9,6 +9,7 @@ model is in, and hands the runtime a loaded model or the error a request gets me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,9 @@ class ModelRegistry:
         self._lora_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lora-load")
         self.env = ModelEnv(settings, placement, metrics, forward, self.resolve_lora, self._lora_pool)
         self.monitor: asyncio.Task[None] | None = None  # the memory manager's pressure checks
+        self.idle_task: asyncio.Task[None] | None = None  # the idle unload (SIE_MODEL_IDLE_TIMEOUT_S)
+        self.static_pins = list(settings.pinned_list())  # SIE_PINNED_MODELS
+        self.pool_pins: list[str] = []  # the pinned models of the pools this worker serves (sidecar)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -91,7 +95,12 @@ class ModelRegistry:
             self.monitor = asyncio.get_running_loop().create_task(
                 self.memory.monitor(self.settings.memory_monitor_interval_s), name="memory-monitor"
             )
-        for spec in self.settings.preload_list():
+        if self.settings.model_idle_timeout_s > 0:
+            self.idle_task = asyncio.get_running_loop().create_task(
+                self._unload_idle_forever(), name="idle-unload"
+            )
+        self.set_pins(self.static_pins, [])
+        for spec in [*self.settings.preload_list(), *self.static_pins]:
             resolved = self.catalog.resolve(spec)
             entry = self.table.entry(resolved)
             self._start_load(entry, resolved)
@@ -101,8 +110,9 @@ class ModelRegistry:
                 log.error("preloading %s failed: %s", spec, entry.error.message if entry.error else "?")
 
     async def close(self) -> None:
-        if self.monitor is not None:
-            self.monitor.cancel()
+        for task in (self.monitor, self.idle_task):
+            if task is not None:
+                task.cancel()
         for entry in self.table.entries():
             if entry.task and not entry.task.done():
                 entry.task.cancel()
@@ -111,6 +121,68 @@ class ModelRegistry:
         self._load_pool.shutdown(wait=False, cancel_futures=True)
         self._lora_pool.shutdown(wait=False, cancel_futures=True)
         self.weights.close()
+
+    # ---- pinned models and the idle unload --------------------------------------------------
+    def set_pins(self, static: list[str], pools: list[str]) -> list[str]:
+        """Pin ``static`` (SIE_PINNED_MODELS) and ``pools`` (the pools' ``pinned_models``, from the
+        sidecar): each is kept loaded — loads start now — and is never evicted or idle-unloaded.
+        Specs that do not resolve here are skipped. Returns the pinned routable names."""
+        self.pool_pins = list(pools)
+        keys = set()
+        names = []
+        for spec in dict.fromkeys([*static, *pools]):
+            try:
+                resolved = self.catalog.resolve(spec)
+            except SIEError:
+                log.warning("pinned model %s is not in this worker's catalog; not pinned", spec)
+                continue
+            entry = self.table.entry(resolved)
+            keys.add(entry.key)
+            names.append(spec)
+            if entry.state == "absent" or (entry.state == "failed" and not self._failure_stands(entry)):
+                with contextlib.suppress(RuntimeError):  # no running loop: start() loads them
+                    self._start_load(entry, resolved)
+        if keys != self.table.pinned:
+            log.info("pinned models: %s", ", ".join(names) or "none")
+        self.table.pinned = keys
+        return names
+
+    def pinned_models(self) -> list[str]:
+        return sorted({e.model_id for e in self.table.entries() if e.key in self.table.pinned})
+
+    def _failure_stands(self, entry: ModelEntry) -> bool:
+        cooling = time.monotonic() - entry.failed_at < self.settings.load_failure_cooldown_s
+        return bool(entry.error is not None and (entry.error.extra.get("permanent", True) or cooling))
+
+    async def unload_idle(self) -> list[str]:
+        """Unload every loaded model that is not pinned, has nothing queued or running, and has had
+        no request for ``SIE_MODEL_IDLE_TIMEOUT_S``; returns their model ids. A model loaded on
+        demand that has not served yet gets two Retry-After periods more: the request that started
+        its load comes back after one."""
+        timeout = self.settings.model_idle_timeout_s
+        grace = 2 * self.settings.model_loading_retry_after_s
+        now = time.monotonic()
+        unloaded = []
+        for entry in self.table.entries():
+            lm = entry.loaded
+            if lm is None or entry.key in self.table.pinned or lm.former.busy:
+                continue
+            if now - lm.last_used_at >= timeout + (0 if lm.used else grace):
+                log.info("unloading %s: idle for %.0f s", lm.model_id, now - lm.last_used_at)
+                async with self.memory.lock:
+                    await self.table.unload(entry)
+                self.metrics.idle_unloads.labels(lm.model_id).inc()
+                unloaded.append(lm.model_id)
+        return unloaded
+
+    async def _unload_idle_forever(self) -> None:
+        interval = min(max(self.settings.model_idle_timeout_s / 4, 0.1), 10.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.unload_idle()
+            except Exception:
+                log.exception("idle unload pass failed")
 
     # ---- states ----------------------------------------------------------------------------
     def entry(self, resolved: Resolved) -> ModelEntry:

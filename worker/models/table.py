@@ -26,6 +26,7 @@ class ModelTable:
         self.retry_after_s = retry_after_s
         self.clear_cache = clear_cache
         self._entries: dict[ModelKey, ModelEntry] = {}
+        self.pinned: set[ModelKey] = set()  # loaded and kept: never evicted, never unloaded when idle
 
     def entry(self, resolved: Resolved) -> ModelEntry:
         """The entry of ``resolved``'s load signature, created absent on first sight."""
@@ -44,6 +45,10 @@ class ModelTable:
 
     def loaded(self) -> list[LoadedModel]:
         return [e.loaded for e in self.entries() if e.loaded is not None]
+
+    def evictable(self) -> list[LoadedModel]:
+        """The loaded models the memory manager may evict: all but the pinned ones."""
+        return [lm for lm in self.loaded() if lm.key not in self.pinned]
 
     def forget(self, key: ModelKey) -> None:
         self._entries.pop(key, None)

@@ -69,7 +69,7 @@ class Runtime:
         )
         self.memory = MemoryManager(
             MemoryUsage(self.placement.device, s.memory_budget_bytes, table.loaded),
-            table.loaded,
+            table.evictable,
             table.evict,
             threshold_percent=s.memory_pressure_threshold_percent,
         )
@@ -142,6 +142,13 @@ class Runtime:
 
     def loaded(self) -> list[LoadedModel]:
         return self.models.loaded()
+
+    def set_pool_pins(self, specs: list[str]) -> None:
+        """The pinned models of the pools this worker serves (sent by the sidecar in each Ping)."""
+        self.models.set_pins(self.models.static_pins, specs)
+
+    def pinned_models(self) -> list[str]:
+        return self.models.pinned_models()
 
     def loaded_models(self) -> list[str]:
         return self.models.loaded_models()

@@ -13,12 +13,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from protocol import SERVER_VERSION, tracing
+from protocol import SERVER_VERSION, openapi, rerank, tracing
 from protocol.api import (
     EncodeParams,
     EncodeRequest,
     ExtractRequest,
     Item,
+    ScoreParams,
     ScoreRequest,
     TokenizeRequest,
     parse_request,
@@ -55,6 +56,7 @@ from protocol.openai import (
 from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.weights import UNKNOWN
 from worker.runtime import Result, Runtime
+from worker.serve import docs as api_docs
 from worker.serve.metrics import ServeMetrics
 from worker.serve.result_cache import ResultLRU, encode_cached
 from worker.settings import WorkerSettings
@@ -73,6 +75,9 @@ INDEX_ROUTES = [
     "/v1/extract/{model}",
     "/v1/tokenize/{model}",
     "/v1/embeddings",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/rerank",
     "/v1/models",
     "/health",
     "/ws/status",
@@ -346,6 +351,30 @@ async def openai_embeddings(request: web.Request) -> web.Response:
     return json_response(body, headers=base_headers(request[REQUEST_ID]))
 
 
+async def rerank_route(request: web.Request) -> web.Response:
+    """Cohere's ``/v1/rerank``, ``/v2/rerank`` and TEI's ``/rerank``, answered by ``score``."""
+    runtime, settings = request.app[RUNTIME], request.app[SETTINGS]
+    try:
+        call = rerank.parse(
+            request.path, await _decoded(request), default_model=settings.rerank_default_model
+        )
+        try:
+            result = await runtime.score(
+                call.model,
+                Item.model_validate(call.query_item()),
+                [Item.model_validate(i) for i in call.score_items()],
+                ScoreParams(options=call.options),
+                priority=_priority(request),
+            )
+        except SIEError as exc:
+            raise rerank.in_request_terms(exc, call.kind) from None
+    except SIEError as exc:
+        return openai_error_response(exc)
+    ranked = rerank.ranking(result.items, len(call.texts))
+    body = rerank.answer(call, ranked, request[REQUEST_ID], result.input_tokens)
+    return json_response(body, headers=base_headers(request[REQUEST_ID]))
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[REQUEST_ID] = new_request_id()
@@ -397,6 +426,8 @@ def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.
     app.router.add_post("/v1/extract/{model:.+}", extract)
     app.router.add_post("/v1/tokenize/{model:.+}", tokenize)
     app.router.add_post("/v1/embeddings", openai_embeddings)
+    for path in rerank.ROUTES:
+        app.router.add_post(path, rerank_route)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/", index)
@@ -406,6 +437,7 @@ def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.
     app.router.add_get("/livez", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    openapi.add_routes(app, api_docs.TITLE, api_docs.build)
 
     async def _start(app: web.Application) -> None:
         await runtime.start()

@@ -34,7 +34,8 @@ class ScriptedWorker:
         self.answers = list(answers)
         self.ping_answer: ipc.PingResponse | Exception = ipc.PingResponse(ready=True)
 
-    async def ping(self, timeout_s: float) -> ipc.PingResponse:
+    async def ping(self, timeout_s: float, pinned: list[str] | None = None) -> ipc.PingResponse:
+        self.pinned_sent = pinned
         if isinstance(self.ping_answer, Exception):
             raise self.ping_answer
         return self.ping_answer
@@ -292,3 +293,17 @@ def test_bulk_and_interactive_share_the_held_budget():
     for _ in range(50):
         held.add(delivery(0.0))
     assert intake.free(BULK) == 0 and intake.free(INTERACTIVE) == 0
+
+
+def test_pins_from_a_gateway_are_taken_only_when_well_formed():
+    from sidecar.readiness import WorkerHealth
+
+    health = WorkerHealth()
+    assert health.pinned is None  # until a gateway says: the worker keeps what it has
+    assert health.take_pins(b'{"models": ["sie-fake:slow-batch"]}') and health.pinned == [
+        "sie-fake:slow-batch"
+    ]
+    for bad in (b"not json", b"[1]", b'{"models": "x"}', b'{"models": [1]}'):
+        assert not health.take_pins(bad)
+    assert health.pinned == ["sie-fake:slow-batch"]
+    assert health.take_pins(b'{"models": []}') and health.pinned == []

@@ -1,0 +1,48 @@
+"""The rerank routes in other servers' shapes (``POST /v1/rerank``, ``/v2/rerank``: Cohere;
+``POST /rerank``: TEI), answered by the score path; shapes in ``protocol/rerank.py``."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway import responses
+from gateway.core import Provisioning
+from gateway.http_common import (
+    error_response,
+    gateway_of,
+    provisioning_response,
+    read_body,
+    success_headers,
+)
+from gateway.routes.inference import run_score
+from protocol import rerank
+from protocol.api import ScoreParams
+from protocol.codec import unpackb
+from protocol.errors import SIEError
+
+
+async def handle_rerank(request: web.Request) -> web.Response:
+    """One handler for the three rerank routes: JSON in, JSON out, OpenAI-style errors."""
+    gw = gateway_of(request)
+    try:
+        data = await read_body(request, gw.settings)
+        call = rerank.parse(request.path, data, default_model=gw.settings.gateway_rerank_default_model)
+        try:
+            rid, results, wait_ms = await run_score(
+                gw,
+                request,
+                call.model,
+                call.query_item(),
+                call.score_items(),
+                ScoreParams(options=call.options),
+            )
+        except SIEError as err:
+            raise rerank.in_request_terms(err, call.kind) from None
+    except Provisioning as p:
+        return provisioning_response(gw, request, p, force_503=True)
+    except SIEError as err:
+        return error_response(err, openai=True)
+    blob = results[0].result_msgpack
+    ranked = rerank.ranking(unpackb(blob) if blob else [], len(call.texts))
+    body = rerank.answer(call, ranked, rid, responses.input_tokens(results))
+    return web.json_response(body, headers=success_headers(rid, results, wait_ms))

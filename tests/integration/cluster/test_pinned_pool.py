@@ -1,0 +1,97 @@
+"""A pool's ``pinned_models`` through a real cluster: the gateway tells the workers assigned to the
+pool (``sie.pin.<worker>``), the sidecar passes it on in its Pings, the worker loads the models and
+keeps them — the idle unload (``SIE_MODEL_IDLE_TIMEOUT_S``) takes the unpinned model and leaves the
+pinned one; once the pool is deleted, the formerly pinned model goes idle like any other."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.cluster.conftest import FAKE, TestCluster
+from tests.support.cluster import wait_for_worker
+from tests.support.nats_server import free_port
+from tests.support.polling import wait_until
+
+PINNED = "sie-fake:slow-batch"
+
+
+class IdleCluster(TestCluster):
+    __test__ = False
+
+    def env(self) -> dict[str, str]:
+        return {
+            **super().env(),
+            "SIE_MODEL_IDLE_TIMEOUT_S": "2",
+            "SIE_MODEL_LOADING_RETRY_AFTER_S": "1",
+            "SIE_POOL_PIN_INTERVAL_S": "0.5",
+        }
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = IdleCluster(
+        state_dir=Path(tmp_path_factory.mktemp("pinned")),
+        gateway_port=free_port(),
+        config_port=free_port(),
+        nats_port=free_port(),
+        preload=FAKE,
+    )
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SIE_")}
+    try:
+        c.start(say=lambda *_: None)
+        wait_for_worker(c.gateway_url)
+        yield c
+    except Exception:
+        for name, _ in c.procs:
+            print(f"---- {name} ----\n{c.log(name)}")
+        raise
+    finally:
+        c.stop()
+        for _, proc in c.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        os.environ.update(saved)
+
+
+def _loaded(url: str, spec: str) -> bool:
+    return bool(httpx.get(f"{url}/v1/models/{spec}", timeout=10).json().get("loaded"))
+
+
+def _pinned_on_workers(url: str) -> list[list[str]]:
+    return [w.get("pinned_models", []) for w in httpx.get(url + "/health", timeout=10).json()["workers"]]
+
+
+def _wait(predicate, what: str) -> None:
+    asyncio.run(wait_until(predicate, 90, interval_s=0.2, what=what))
+
+
+def test_pool_pinned_model_is_loaded_and_never_idle_unloaded(cluster):
+    url = cluster.gateway_url
+    resp = httpx.post(
+        url + "/v1/pools", json={"name": "keep", "gpus": {"cpu": 1}, "pinned_models": [PINNED]}, timeout=10
+    )
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["spec"]["pinned_models"] == [PINNED]
+    _wait(lambda: _loaded(url, PINNED), "the pool's pinned model loaded on its worker")
+    assert [FAKE] in _pinned_on_workers(url)
+
+    # the unpinned default profile serves a request, then goes idle and is unloaded ...
+    resp = httpx.post(url + f"/v1/encode/{FAKE}", json={"items": [{"text": "hi"}]}, timeout=60)
+    while resp.status_code == 503:  # loading after an earlier idle unload
+        _wait(lambda: _loaded(url, FAKE), "sie-fake loaded again")
+        resp = httpx.post(url + f"/v1/encode/{FAKE}", json={"items": [{"text": "hi"}]}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    _wait(lambda: not _loaded(url, FAKE), "the unpinned model unloaded when idle")
+    # ... while the pinned one, idle just as long, stays
+    assert _loaded(url, PINNED)
+
+    # without the pool nothing pins it: it goes the way of any idle model
+    assert httpx.delete(url + "/v1/pools/keep", timeout=10).status_code == 200
+    _wait(lambda: [] in _pinned_on_workers(url) and [FAKE] not in _pinned_on_workers(url), "pin lifted")
+    _wait(lambda: not _loaded(url, PINNED), "the formerly pinned model unloaded when idle")
