@@ -10,6 +10,8 @@ from collections.abc import Callable
 import nats
 from nats.aio.client import Client
 
+from protocol.nats_url import nats_servers
+
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +61,7 @@ class DeltaPublisher:
 
     async def connect_once(self) -> None:
         self.nc = await nats.connect(
-            self.url,
+            servers=nats_servers(self.url),
             name=self.name,
             allow_reconnect=True,
             max_reconnect_attempts=-1,

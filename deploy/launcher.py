@@ -153,6 +153,9 @@ class Cluster:
     gateway_port: int = 8080
     config_port: int = 8090
     nats_port: int = 4250
+    # JetStream cluster members: 1 (one nats-server), or 3 (a cluster on loopback, every stream and
+    # bucket replicated three times, every client given all three URLs)
+    nats_replicas: int = 1
     models_dir: str = str(DEFAULT_MODELS_DIR)
     bundles_dir: str = str(DEFAULT_BUNDLES_DIR)
     preload: str = ""
@@ -180,7 +183,54 @@ class Cluster:
 
     @property
     def nats_url(self) -> str:
-        return f"nats://127.0.0.1:{self.nats_port}"
+        """What the clients get (SIE_NATS_URL): every member of the cluster, comma-separated."""
+        return ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_client_ports)
+
+    @property
+    def nats_client_ports(self) -> list[int]:
+        return [self.nats_port + i for i in range(self.nats_replicas)]
+
+    @property
+    def nats_route_ports(self) -> list[int]:
+        """Cluster (route) ports of the members; none for a single server."""
+        if self.nats_replicas == 1:
+            return []
+        return [self.nats_port + self.nats_replicas + i for i in range(self.nats_replicas)]
+
+    @property
+    def nats_monitor_ports(self) -> list[int]:
+        """HTTP monitoring ports of the members (``/healthz``, ``/jsz``); none for a single server."""
+        if self.nats_replicas == 1:
+            return []
+        return [self.nats_port + 2 * self.nats_replicas + i for i in range(self.nats_replicas)]
+
+    @property
+    def nats_names(self) -> list[str]:
+        """The supervisor's names of the members: ``nats``, ``nats-2``, ``nats-3``."""
+        return [replica_name("nats", i) for i in range(1, self.nats_replicas + 1)]
+
+    def nats_command(self, index: int) -> list[str]:
+        """The command line of member ``index`` (0-based): a single JetStream server, or one member of
+        the cluster ``sie`` with routes to every member and its own store directory."""
+        cmd = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.nats_client_ports[index]), "-js"]
+        if self.nats_replicas == 1:
+            return [*cmd, "-sd", str(self.state_dir / "jetstream")]
+        routes = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_route_ports)
+        return [
+            *cmd,
+            "-sd",
+            str(self.state_dir / "jetstream" / self.nats_names[index]),
+            "-n",
+            self.nats_names[index],
+            "--cluster_name",
+            "sie",
+            "--cluster",
+            f"nats://127.0.0.1:{self.nats_route_ports[index]}",
+            "--routes",
+            routes,
+            "-m",
+            str(self.nats_monitor_ports[index]),
+        ]
 
     @property
     def config_url(self) -> str:
@@ -194,6 +244,7 @@ class Cluster:
         return {
             **os.environ,
             "SIE_NATS_URL": self.nats_url,
+            **({"SIE_STREAM_REPLICAS": str(self.nats_replicas)} if self.nats_replicas > 1 else {}),
             "SIE_MODELS_DIR": self.models_dir,
             "SIE_BUNDLES_DIR": self.bundles_dir,
             "SIE_ADMIN_TOKEN": admin_token(self.state_dir),
@@ -250,12 +301,15 @@ class Cluster:
             self.receiver.start()
             say(f"OTLP receiver   {self.receiver.endpoint}/v1/traces (spans are printed below)")
         js = self.state_dir / "jetstream"
-        self._spawn(
-            "nats",
-            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.nats_port), "-js", "-sd", str(js)],
-        )
-        self._wait("nats", lambda: _port_open(self.nats_port), 20)
-        say(f"nats-server     {self.nats_url} (JetStream in {js})")
+        for i, name in enumerate(self.nats_names):
+            self._spawn(name, self.nats_command(i))
+        for name, port in zip(self.nats_names, self.nats_client_ports, strict=True):
+            self._wait(name, lambda port=port: _port_open(port), 20)
+        for name, port in zip(self.nats_names, self.nats_monitor_ports, strict=True):
+            # healthy once JetStream has a meta leader and this member is current with it
+            self._wait(name, lambda port=port: _http_ok(f"http://127.0.0.1:{port}/healthz"), 60)
+        members = f" ({self.nats_replicas} members, streams replicated {self.nats_replicas}×)"
+        say(f"nats-server     {self.nats_url} (JetStream in {js}){members if self.nats_replicas > 1 else ''}")
         self._spawn(
             "config",
             [py, "-m", "config_service"],
@@ -443,12 +497,15 @@ def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
         "gateway": "--port",
         "config service": "--config-port",
         "nats-server": "--nats-port",
+        "nats-server member": "--nats-port (members use the ports after it)",
         "OTLP receiver": "--otlp-port",
         "pod metrics": "--metrics-port",
     }
     for name, port in ports.items():
         if port_in_use(port):
-            flag = flags.get(name, "--metrics-port")  # "pod N metrics": the ports after --metrics-port
+            flag = flags.get(
+                name, flags["nats-server member"] if name.startswith("nats") else "--metrics-port"
+            )  # "pod N metrics": the ports after --metrics-port
             return f"port {port} is in use (another sie up?): the {name} needs it; pick another with {flag}"
     return None
 
@@ -466,9 +523,15 @@ def up(
     otlp_port: int = 4318,
     metrics_port: int = 0,
     workers: int = 1,
+    nats_replicas: int = 1,
 ) -> int:
     state = Path(state_dir).resolve()
     ports = {"gateway": gateway_port, "config service": config_port, "nats-server": nats_port}
+    probe = Cluster(state, nats_port=nats_port, nats_replicas=nats_replicas)
+    for i, port in enumerate(
+        [*probe.nats_client_ports[1:], *probe.nats_route_ports, *probe.nats_monitor_ports]
+    ):
+        ports[f"nats-server member port {i + 2}"] = port
     if observe:
         ports["OTLP receiver"] = otlp_port
     for i in range(workers if metrics_port else 0):
@@ -490,6 +553,7 @@ def up(
             str(state),
         ]
         argv += ["--gateways", str(gateways), "--workers", str(workers), "--metrics-port", str(metrics_port)]
+        argv += ["--nats-replicas", str(nats_replicas)]
         argv += ["--observe", "--otlp-port", str(otlp_port)] if observe else []
         return _detach(state, argv + (["--preload", preload] if preload else []))
     lock = take_lock(state)
@@ -510,6 +574,7 @@ def up(
         observe=observe,
         otlp_port=otlp_port,
         metrics_port=metrics_port,
+        nats_replicas=nats_replicas,
     )
     cluster.supervisor.info = {
         "gateway_url": cluster.gateway_url,

@@ -19,6 +19,7 @@ from gateway.registry import CatalogRegistry, ModelRegistry
 from gateway.settings import GatewaySettings
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
+from protocol.nats_url import nats_servers
 
 log = logging.getLogger("gateway")
 
@@ -62,7 +63,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         log.warning("NATS error: %s", exc)
 
     nc = await nats.connect(
-        settings.nats_url,
+        servers=nats_servers(settings.nats_url),
         name="sie-gateway",
         max_reconnect_attempts=-1,
         reconnect_time_wait=2,

@@ -12,6 +12,7 @@ from nats.aio.client import Client as NatsClient
 
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
+from protocol.nats_url import nats_servers
 from protocol.subjects import WORKER_INBOX_PREFIX
 from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
@@ -42,7 +43,7 @@ async def connect_nats(
         log.warning("NATS error: %s", exc)
 
     return await nats.connect(
-        settings.nats_url,
+        servers=nats_servers(settings.nats_url),
         name=f"sie-sidecar-{settings.worker_id}",
         inbox_prefix=WORKER_INBOX_PREFIX,
         max_reconnect_attempts=-1,
