@@ -51,7 +51,7 @@ class _Pending:
 
 
 class AckedPublisher:
-    def __init__(self, nc: NATS, *, resend_after_s: float = 1.0, no_stream_grace_s: float = 3.0) -> None:
+    def __init__(self, nc: NATS, *, resend_after_s: float = 1.0, no_stream_grace_s: float = 5.0) -> None:
         self.nc = nc
         self.resend_after_s = resend_after_s
         self.no_stream_grace_s = no_stream_grace_s

@@ -114,9 +114,9 @@ def test_a_member_killed_under_load_loses_nothing(tmp_path, sdk):
 
 
 def test_the_work_stream_leader_killed_under_load_loses_nothing(tmp_path, sdk):
-    report = run_case(tmp_path, "leader")
-    check(report)
-    assert report["stream_leader_after"] != report["stream_leader_before"], report
+    # the supervisor restarts the member at once, so it may be elected again: what the case shows is
+    # that the stream had no leader for the election's seconds and nothing was lost
+    check(run_case(tmp_path, "leader"))
 
 
 @pytest.mark.timeout(600)
