@@ -25,6 +25,9 @@ class ConfigServiceSettings(BaseSettings):
     # HTTP listener.
     config_host: str = "127.0.0.1"  # HTTP bind address
     config_port: int = Field(default=8090, ge=0, le=65535)  # HTTP port
+    config_advertise_url: str | None = (
+        None  # where other replicas reach this one (standbys forward writes to the writer's); default from POD_IP or the host
+    )
     # NATS for deltas; empty disables publishing (writes are then accepted without deltas).
     nats_url: str | None = (
         "nats://127.0.0.1:4222"  # NATS for config deltas; empty turns publishing off (dev only)
@@ -66,6 +69,16 @@ class ConfigServiceSettings(BaseSettings):
         if self.config_db_url:
             return self.config_db_url
         return f"sqlite:///{(self.config_state_dir / 'config.db').resolve()}"
+
+    def advertise_url(self) -> str:
+        """The URL other replicas forward writes to: SIE_CONFIG_ADVERTISE_URL, else this replica's
+        address (POD_IP in Kubernetes, the bind address unless it is a wildcard, else the host name)."""
+        if self.config_advertise_url:
+            return self.config_advertise_url.rstrip("/")
+        host = os.environ.get("POD_IP") or (
+            self.config_host if self.config_host not in ("", "0.0.0.0", "::") else socket.gethostname()
+        )
+        return f"http://{host}:{self.config_port}"
 
     def router_id(self) -> str:
         return self.pod_name or f"sie-config-{socket.gethostname()}-{os.getpid()}"
