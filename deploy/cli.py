@@ -52,7 +52,11 @@ def _up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    for flag, value in (("--gateways", args.gateways), ("--workers", args.workers)):
+    for flag, value in (
+        ("--gateways", args.gateways),
+        ("--workers", args.workers),
+        ("--config-replicas", args.config_replicas),
+    ):
         if value < 1:
             print(f"sie up: {flag} needs at least 1", file=sys.stderr)
             return 2
@@ -70,6 +74,8 @@ def _up(args: argparse.Namespace) -> int:
         metrics_port=metrics_port,
         workers=args.workers,
         nats_replicas=args.nats_replicas,
+        config_replicas=args.config_replicas,
+        config_db=args.config_db or "",
     )
 
 
@@ -146,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="NATS members: 1, or 3 (a JetStream cluster on the ports after --nats-port: clients, "
         "routes, monitoring; streams and buckets replicated 3 times) (default 1)",
+    )
+    up.add_argument(
+        "--config-replicas",
+        type=int,
+        default=1,
+        help="config service replicas on --config-port and the ports after it: one writer, the "
+        "others standbys that forward writes and take over when it dies (default 1)",
+    )
+    up.add_argument(
+        "--config-db",
+        help="SQLAlchemy URL of the config store, e.g. postgresql://user@127.0.0.1:5432/sie "
+        "(default: SQLite under the state directory)",
     )
     up.add_argument("--preload", help="comma-separated models the worker loads at start")
     up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, admin token")

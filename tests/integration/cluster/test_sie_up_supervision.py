@@ -34,7 +34,11 @@ class SieUp:
         metrics_port: int = 0,
         nats_replicas: int = 1,
         extra_env: dict[str, str] | None = None,
+        config_replicas: int = 1,
+        config_db: str = "",
     ) -> None:
+        self.config_replicas = config_replicas
+        self.config_db = config_db
         self.state = state
         self.nats_replicas = nats_replicas
         self.preload = preload
@@ -43,7 +47,8 @@ class SieUp:
         self.metrics_port = metrics_port
         # a cluster's members take the 3 × replicas ports from --nats-port on (clients, routes, monitoring)
         nats = free_port() if nats_replicas == 1 else free_port_run(3 * nats_replicas)
-        self.ports = {"gw": free_port(), "cfg": free_port(), "nats": nats}
+        cfg = free_port() if config_replicas == 1 else free_port_run(config_replicas)
+        self.ports = {"gw": free_port(), "cfg": cfg, "nats": nats}
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
         self.env.update(
             {
@@ -84,6 +89,9 @@ class SieUp:
             str(self.metrics_port),
             "--nats-replicas",
             str(self.nats_replicas),
+            "--config-replicas",
+            str(self.config_replicas),
+            *(["--config-db", self.config_db] if self.config_db else []),
         ]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
