@@ -7,8 +7,10 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from protocol.nats_url import nats_servers
 
 MAX_BODY_BYTES = 1024 * 1024
 BODY_TIMEOUT_S = 30.0
@@ -69,6 +71,13 @@ class ConfigServiceSettings(BaseSettings):
         if self.config_db_url:
             return self.config_db_url
         return f"sqlite:///{(self.config_state_dir / 'config.db').resolve()}"
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, value: str | None) -> str | None:
+        if not value or not value.strip():
+            return value  # publishing off (dev only)
+        return ",".join(nats_servers(value))  # one server, or every member of a cluster
 
     def advertise_url(self) -> str:
         """The URL other replicas forward writes to: SIE_CONFIG_ADVERTISE_URL, else this replica's

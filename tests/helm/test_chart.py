@@ -485,6 +485,9 @@ def test_config_with_postgres_runs_a_standby(render):
     assert not by_kind(docs, "PersistentVolumeClaim")
     env = env_of(pod_spec(cfg)["containers"][0])
     assert "SIE_CONFIG_DB_URL" in env and "SIE_CONFIG_STATE_DIR" not in env
+    # the writer records where it is reached; a standby forwards writes there (issue 35)
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["SIE_CONFIG_ADVERTISE_URL"]["value"] == "http://$(POD_IP):8090"
 
 
 def test_external_nats(render):

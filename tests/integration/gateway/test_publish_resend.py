@@ -15,6 +15,7 @@ from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode, SIEError
 from protocol.subjects import pool_stream_name, work_subject
+from tests.support.polling import wait_until
 
 
 async def test_a_publish_lost_with_the_server_is_sent_again_at_the_reconnect(nats_server):
@@ -97,5 +98,28 @@ async def test_acks_that_do_not_come_in_time_fail_the_publish_and_leave_nothing_
             assert d.publisher.in_flight == 0  # nothing left for a resend after a reconnect
         finally:
             nats_server.resume()
+    finally:
+        await nc.close()
+
+
+async def test_a_publish_nobody_answers_yet_is_sent_again_until_its_stream_takes_it(nats_server):
+    """On a JetStream cluster a stream whose leader died takes nothing until one is elected: the
+    publish is sent again every ``resend_after_s``, a "no responders" answer is final only after the
+    grace, and once the stream answers the publish is acknowledged, stored once."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory", publish_timeout_s=20.0)
+        d.publisher.resend_after_s = 0.2
+        subject = work_subject("default", "cpu", "default", "m")
+        publish = asyncio.ensure_future(
+            d.publisher.publish_all(subject, [b"x"], [{"Nats-Msg-Id": "later-0"}], window=4, timeout_s=20.0)
+        )
+        # no stream yet: answered "no responders", and sent again
+        await wait_until(lambda: d.publisher.resent >= 3, 20, what="re-sends while no stream answers")
+        assert not publish.done()
+        await d.ensure_stream("default")  # the stream appears (a leader elected)
+        await asyncio.wait_for(publish, 20)
+        js = nc.jetstream()
+        assert (await js.stream_info(pool_stream_name("default"))).state.messages == 1
     finally:
         await nc.close()
