@@ -257,7 +257,7 @@ class Cluster:
         return {
             **os.environ,
             "SIE_NATS_URL": self.nats_url,
-            **({"SIE_STREAM_REPLICAS": str(self.nats_replicas)} if self.nats_replicas > 1 else {}),
+            **(self._cluster_nats_env() if self.nats_replicas > 1 else {}),
             "SIE_MODELS_DIR": self.models_dir,
             "SIE_BUNDLES_DIR": self.bundles_dir,
             "SIE_ADMIN_TOKEN": admin_token(self.state_dir),
@@ -269,6 +269,15 @@ class Cluster:
             "SIE_GATEWAY_CONFIGURED_GPUS": self.machine_profile,
             "PYTHONUNBUFFERED": "1",
             **self._observe_env(),
+        }
+
+    def _cluster_nats_env(self) -> dict[str, str]:
+        """With several NATS members: streams and buckets replicated on all of them, and a gateway
+        that waits out a leader election (NATS 2.15 calls one 4-9 s after a leader went silent) for
+        its publishes' acks instead of answering 503 after 6 s (an operator's own value wins)."""
+        return {
+            "SIE_STREAM_REPLICAS": str(self.nats_replicas),
+            "SIE_GATEWAY_PUBLISH_TIMEOUT_S": os.environ.get("SIE_GATEWAY_PUBLISH_TIMEOUT_S", "12"),
         }
 
     def _observe_env(self) -> dict[str, str]:
