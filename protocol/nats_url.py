@@ -21,3 +21,11 @@ def nats_servers(url: str) -> list[str]:
                 f"SIE_NATS_URL member {server!r} is not a NATS URL (it must start with one of {', '.join(SCHEMES)})"
             )
     return servers
+
+
+# A member that stops answering (SIGSTOP, a hung VM, a partition) keeps its TCP connections open, so
+# a client learns it is gone only when its pings go unanswered: every client pings every
+# PING_INTERVAL_S and reconnects to another member after MAX_OUTSTANDING_PINGS unanswered ones
+# (nats-py's defaults, 120 s and 2, left a gateway on a stopped member for minutes).
+PING_INTERVAL_S = 2
+MAX_OUTSTANDING_PINGS = 2

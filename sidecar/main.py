@@ -12,7 +12,7 @@ from nats.aio.client import Client as NatsClient
 
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
-from protocol.nats_url import nats_servers
+from protocol.nats_url import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S, nats_servers
 from protocol.subjects import WORKER_INBOX_PREFIX
 from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
@@ -44,6 +44,8 @@ async def connect_nats(
 
     return await nats.connect(
         servers=nats_servers(settings.nats_url),
+        ping_interval=PING_INTERVAL_S,
+        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
         name=f"sie-sidecar-{settings.worker_id}",
         inbox_prefix=WORKER_INBOX_PREFIX,
         max_reconnect_attempts=-1,
