@@ -11,10 +11,11 @@ import time
 import nats
 import pytest
 
-from gateway.dispatch import Dispatcher
+from gateway.dispatch import Collector, Dispatcher
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode, SIEError
 from protocol.subjects import pool_stream_name, work_subject
+from protocol.work import ItemRef, WorkResult
 from tests.support.polling import wait_until
 
 
@@ -121,5 +122,34 @@ async def test_a_publish_nobody_answers_yet_is_sent_again_until_its_stream_takes
         await asyncio.wait_for(publish, 20)
         js = nc.jetstream()
         assert (await js.stream_info(pool_stream_name("default"))).state.messages == 1
+    finally:
+        await nc.close()
+
+
+async def test_after_a_reconnect_items_still_unanswered_are_dispatched_again(nats_server):
+    """A result published while the gateway was cut off is lost (core NATS keeps nothing): after the
+    reconnect each stored item of a request still waiting goes out again under a new message id,
+    and an item already answered does not."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
+        await d.ensure_stream("default")
+        subject = work_subject("default", "cpu", "default", "m")
+        loop = asyncio.get_running_loop()
+        answered = WorkResult.failure(ItemRef("w-1", "r", 1), "X", "answered before the cut")
+        col = Collector(2, [None, answered], loop.create_future(), subject=subject)
+        col.sent = [(0, b"item-0", {"Nats-Msg-Id": "w-0"}), (1, b"item-1", {"Nats-Msg-Id": "w-1"})]
+        d._collectors["r"] = col
+        assert await d.redispatch() == 0  # not yet acknowledged: the publisher's own resend covers it
+        col.published = True
+        assert await d.redispatch() == 1
+        assert await d.redispatch() == 1
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(subject, durable="check", stream=pool_stream_name("default"))
+        msgs = await sub.fetch(10, timeout=2)
+        assert [(m.data, m.headers["Nats-Msg-Id"]) for m in msgs] == [
+            (b"item-0", "w-0.r1"),
+            (b"item-0", "w-0.r2"),
+        ]
     finally:
         await nc.close()
