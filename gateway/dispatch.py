@@ -37,7 +37,7 @@ from protocol.subjects import (
     work_cancel_subject,
     work_subject,
 )
-from protocol.work import MSG_ID, ItemRef, WorkItem, WorkResult, unpack_results
+from protocol.work import MSG_ID, ItemRef, WorkItem, WorkResult, redispatch_msg_id, unpack_results
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,9 @@ class Dispatcher:
                 continue
             col.redispatches += 1
             count += len(missing)
-            headers = [{**h, MSG_ID: f"{h.get(MSG_ID, '')}.r{col.redispatches}"} for _, h in missing]
+            headers = [
+                {**h, MSG_ID: redispatch_msg_id(h.get(MSG_ID, ""), col.redispatches)} for _, h in missing
+            ]
             sends.append(
                 self.publisher.publish_all(
                     col.subject,

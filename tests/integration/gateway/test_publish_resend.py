@@ -15,7 +15,7 @@ from gateway.dispatch import Collector, Dispatcher
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode, SIEError
 from protocol.subjects import pool_stream_name, work_subject
-from protocol.work import ItemRef, WorkResult
+from protocol.work import ItemRef, RoutingHeader, WorkResult
 from tests.support.polling import wait_until
 
 
@@ -148,8 +148,12 @@ async def test_after_a_reconnect_items_still_unanswered_are_dispatched_again(nat
         sub = await js.pull_subscribe(subject, durable="check", stream=pool_stream_name("default"))
         msgs = await sub.fetch(10, timeout=2)
         assert [(m.data, m.headers["Nats-Msg-Id"]) for m in msgs] == [
-            (b"item-0", "w-0.r1"),
-            (b"item-0", "w-0.r2"),
+            (b"item-0", "w-0~1"),
+            (b"item-0", "w-0~2"),
         ]
+        # the sidecar reads the work item id without the mark
+        route = RoutingHeader("w-0", "r", 0, "_INBOX.g.r", "m", "encode", "g", 1)
+        headers = {**route.headers(), "Nats-Msg-Id": msgs[1].headers["Nats-Msg-Id"]}
+        assert RoutingHeader.from_headers(headers).work_item_id == "w-0"
     finally:
         await nc.close()
