@@ -25,6 +25,7 @@ import contextlib
 import os
 import random
 import signal
+import statistics
 import threading
 import time
 import urllib.request
@@ -48,6 +49,7 @@ VICTIMS = ("gateway-2", "worker-2", "sidecar-2", "config", "nats-2", "nats-3")
 NATS_RESTARTS = ("nats-2", "nats-3")
 WITNESSES = ("gateway", "worker", "sidecar", "nats")
 GROWTH_LIMIT = 0.10  # RSS and descriptor count may grow at most this much from the baseline minute
+GROWTH_WINDOW = 5  # minutes whose median stands for each end of the comparison
 
 
 @dataclass
@@ -336,25 +338,37 @@ class Soak:
         return r
 
     def _growth(self) -> None:
-        """Per process: RSS and descriptors at the last minute against the baseline minute, for the
-        process that lived through both (a killed process's successor: from its second minute on,
-        when that is at or after the baseline)."""
+        """Per process: RSS and descriptors over the last minutes against the minutes from the
+        baseline minute on, for the process that lived through both (a killed process's successor:
+        from its second minute on, when that is at or after the baseline). Each side is the median of
+        up to GROWTH_WINDOW one-minute samples: a garbage-collected heap swings within a minute (the
+        first hour run saw nats-server's RSS go 32-40 MB minute to minute, no trend), so one sample
+        against one sample would judge the phase of its collector, not a leak."""
         if not self.samples:
             return
         last = self.samples[-1]
-        for name, (pid, rss, fds) in last.procs.items():
+        for name, (pid, _, _) in last.procs.items():
             alive = [s for s in self.samples if s.procs.get(name, (0,))[0] == pid]
             first = alive[0].minute
             base_minute = max(self.plan.baseline_minute, first + 1)
-            base = next((s for s in alive if s.minute == base_minute), None)
-            if base is None or base_minute >= last.minute:
+            span = last.minute - base_minute
+            if span < 1:
                 self.report.growth[name] = f"not compared (this process started at minute {first})"
                 continue
-            _, rss0, fds0 = base.procs[name]
-            g_rss, g_fds = (rss - rss0) / max(rss0, 1), (fds - fds0) / max(fds0, 1)
+            window = max(1, min(GROWTH_WINDOW, span // 4))
+            head = [s.procs[name] for s in alive if base_minute <= s.minute < base_minute + window]
+            tail = [s.procs[name] for s in alive if s.minute > last.minute - window]
+            rss0, fds0 = median(p[1] for p in head), median(p[2] for p in head)
+            rss1, fds1 = median(p[1] for p in tail), median(p[2] for p in tail)
+            g_rss, g_fds = (rss1 - rss0) / max(rss0, 1), (fds1 - fds0) / max(fds0, 1)
             self.report.growth[name] = (
-                f"min {base_minute}→{last.minute}: rss {rss0 // 1024}→{rss // 1024} MB ({g_rss:+.1%}), "
-                f"fds {fds0}→{fds} ({g_fds:+.1%})"
+                f"min {base_minute}-{base_minute + window - 1} → {last.minute - window + 1}-{last.minute} "
+                f"(medians): rss {rss0 / 1024:.0f}→{rss1 / 1024:.0f} MB ({g_rss:+.1%}), "
+                f"fds {fds0:g}→{fds1:g} ({g_fds:+.1%})"
             )
             if g_rss > GROWTH_LIMIT or g_fds > GROWTH_LIMIT:
                 self.report.grew.append(name)
+
+
+def median(values: Any) -> float:
+    return float(statistics.median(list(values)))
