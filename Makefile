@@ -9,7 +9,7 @@ SIE_ARGS ?=
 # servers and timeouts, so more workers than cores pay off; 0 runs it in this process.
 TEST_WORKERS ?= 4
 
-.PHONY: up install dev test test-fast typecheck lint bench bench-gpu clean k8s-up k8s-down e2e-k8s
+.PHONY: up install dev test test-fast typecheck lint bench bench-gpu soak clean k8s-up k8s-down e2e-k8s
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -56,6 +56,11 @@ lint: $(DEVSTAMP)
 
 bench: $(DEVSTAMP)
 	$(BIN)/python -m tests.benchmarks.run $(BENCH_ARGS)
+
+# An hour of mixed traffic against sie up with 3 NATS members while processes are killed (marker
+# slow); a line per minute and a verdict (docs/ha.md). SIE_SOAK_MINUTES=N runs N minutes instead.
+soak: $(DEVSTAMP)
+	$(BIN)/python -m pytest -m slow -s -q tests/integration/cluster/test_soak.py::test_soak_hour
 
 # needs a CUDA build of torch and a GPU; prints why it skipped elsewhere
 bench-gpu: $(DEVSTAMP)

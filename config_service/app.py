@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from config_service import docs as api_docs
+from config_service.forward import RETRY_AFTER_S, WriteForwarder
 from config_service.registry import ConfigError
 from config_service.service import ConfigService
 from config_service.settings import BODY_TIMEOUT_S, MAX_BODY_BYTES
@@ -29,6 +30,7 @@ SERVICE_KEY = web.AppKey("config_service", ConfigService)
 AUTH_KEY: web.AppKey[Auth] = web.AppKey("config_auth")
 LIMIT_KEY = web.AppKey("config_body_limit", int)
 BODY_TIMEOUT_KEY = web.AppKey("config_body_timeout", float)
+FORWARDER_KEY = web.AppKey("config_forwarder", WriteForwarder)
 
 PUBLIC, READ, EXPORT, WRITE = "public", "read", "export", "write"
 
@@ -103,9 +105,14 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
             resp: web.StreamResponse = denied
         else:
             try:
-                resp = await handler(request)
+                forwarder = request.app.get(FORWARDER_KEY)
+                if kind == WRITE and forwarder is not None and forwarder.should_forward(request):
+                    resp = await forwarder.forward(request, await read_body_limited(request))
+                else:
+                    resp = await handler(request)
             except ConfigError as exc:
-                resp = json_error(exc.status, exc.detail())
+                retry = {"Retry-After": str(RETRY_AFTER_S)} if exc.code == "not_writer" else None
+                resp = json_error(exc.status, exc.detail(), headers=retry)
             except web.HTTPException as exc:
                 if exc.status == 405:
                     resp = json_error(
@@ -319,6 +326,7 @@ def create_app(
     *,
     max_body_bytes: int = MAX_BODY_BYTES,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    forwarder: WriteForwarder | None = None,
 ) -> web.Application:
     # aiohttp's own limit sits above ours so that our 413 (with a JSON body) is what clients see.
     app = web.Application(middlewares=[middleware], client_max_size=max_body_bytes + 1024)
@@ -326,6 +334,8 @@ def create_app(
     app[AUTH_KEY] = auth
     app[LIMIT_KEY] = max_body_bytes
     app[BODY_TIMEOUT_KEY] = body_timeout_s
+    if forwarder is not None:
+        app[FORWARDER_KEY] = forwarder
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -12,6 +12,7 @@ import logging
 from aiohttp import web
 
 from config_service.app import Auth, create_app
+from config_service.forward import WriteForwarder
 from config_service.lock import make_writer_lock
 from config_service.metrics import ConfigMetrics
 from config_service.publisher import DeltaPublisher
@@ -71,11 +72,13 @@ async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = No
         inference_token=settings.auth_token or None,
         production=settings.is_production(),
     )
+    forwarder = WriteForwarder(service, settings.advertise_url())
     app = create_app(
         service,
         auth,
         max_body_bytes=settings.config_max_body_bytes,
         body_timeout_s=settings.config_body_timeout_s,
+        forwarder=forwarder,
     )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -84,7 +87,13 @@ async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = No
     heap.freeze()  # what start-up built lives as long as the process (protocol/heap.py)
     log.info("config service %s listening on %s:%s", router_id, settings.config_host, settings.config_port)
 
-    tasks = [asyncio.create_task(lock.maintain(), name="config-writer-lock")]
+    tasks = [
+        asyncio.create_task(lock.maintain(), name="config-writer-lock"),
+        asyncio.create_task(
+            announce_while_writer(service, settings.advertise_url(), settings.config_lock_poll_s),
+            name="config-writer-announce",
+        ),
+    ]
     if publisher is not None:
         tasks.append(publisher.start())
     try:
@@ -95,10 +104,25 @@ async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = No
             with contextlib.suppress(BaseException):
                 await task
         await runner.cleanup()
+        await forwarder.close()
         if publisher is not None:
             await publisher.close()
         await asyncio.to_thread(lock.close)
         engine.dispose()
+
+
+async def announce_while_writer(service: ConfigService, url: str, poll_s: float) -> None:
+    """Each time this replica takes the writer lock, record its address for the standbys."""
+    while True:
+        await service.lock.acquired.wait()
+        try:
+            await service.announce_writer(url)
+        except Exception as exc:  # noqa: BLE001 - the lock went again, or the store is down: retry
+            log.warning("could not record this writer's address: %s", exc)
+            await asyncio.sleep(poll_s)
+            continue
+        while service.lock.held:
+            await asyncio.sleep(poll_s)
 
 
 def main() -> None:

@@ -360,6 +360,16 @@ class ConfigService:
             log.info("model %s deleted, epoch %d (fallback: %s)", model_id, epoch, fallback)
             return response
 
+    async def writer_address(self) -> tuple[str, str] | None:
+        """(URL, router id) of the replica holding the writer lock, as it recorded them."""
+        address: tuple[str, str] | None = await self._run(self.store.writer)
+        return address
+
+    async def announce_writer(self, url: str) -> None:
+        """Record, as the writer, where this replica takes writes (standbys forward there)."""
+        await self._write("writer", lambda conn: self.store.put_writer(conn, url, self.router_id))
+        log.info("writer %s announced at %s", self.router_id, url)
+
     async def _write(self, op: str, fn: Any) -> Any:
         try:
             result = await asyncio.to_thread(self.lock.write, fn)

@@ -7,8 +7,10 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from protocol.nats_url import nats_servers
 
 MAX_BODY_BYTES = 1024 * 1024
 BODY_TIMEOUT_S = 30.0
@@ -25,6 +27,9 @@ class ConfigServiceSettings(BaseSettings):
     # HTTP listener.
     config_host: str = "127.0.0.1"  # HTTP bind address
     config_port: int = Field(default=8090, ge=0, le=65535)  # HTTP port
+    config_advertise_url: str | None = (
+        None  # where other replicas reach this one (standbys forward writes to the writer's); default from POD_IP or the host
+    )
     # NATS for deltas; empty disables publishing (writes are then accepted without deltas).
     nats_url: str | None = (
         "nats://127.0.0.1:4222"  # NATS for config deltas; empty turns publishing off (dev only)
@@ -66,6 +71,23 @@ class ConfigServiceSettings(BaseSettings):
         if self.config_db_url:
             return self.config_db_url
         return f"sqlite:///{(self.config_state_dir / 'config.db').resolve()}"
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, value: str | None) -> str | None:
+        if not value or not value.strip():
+            return value  # publishing off (dev only)
+        return ",".join(nats_servers(value))  # one server, or every member of a cluster
+
+    def advertise_url(self) -> str:
+        """The URL other replicas forward writes to: SIE_CONFIG_ADVERTISE_URL, else this replica's
+        address (POD_IP in Kubernetes, the bind address unless it is a wildcard, else the host name)."""
+        if self.config_advertise_url:
+            return self.config_advertise_url.rstrip("/")
+        host = os.environ.get("POD_IP") or (
+            self.config_host if self.config_host not in ("", "0.0.0.0", "::") else socket.gethostname()
+        )
+        return f"http://{host}:{self.config_port}"
 
     def router_id(self) -> str:
         return self.pod_name or f"sie-config-{socket.gethostname()}-{os.getpid()}"

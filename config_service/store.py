@@ -57,6 +57,15 @@ idempotency_table = sa.Table(
     sa.Index("ix_idempotency_keys_created_at", "created_at"),
 )
 
+writer_table = sa.Table(
+    "config_writer",
+    metadata,
+    sa.Column("id", sa.Integer(), primary_key=True),
+    sa.Column("url", sa.String(1024), nullable=False),
+    sa.Column("router_id", sa.String(256), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # pg_advisory_lock keys (64-bit); advisory locks are scoped to one database.
 PG_WRITER_LOCK_KEY = 0x51E_C0F1_6001
@@ -242,6 +251,12 @@ class Store:
             return None
         return IdempotencyRecord(row.key, row.body_sha256, int(row.status), json.loads(row.response_json))
 
+    def writer(self) -> tuple[str, str] | None:
+        """(URL, router id) the writer recorded when it took the lock; None before any did."""
+        with self._read() as conn:
+            row = conn.execute(sa.select(writer_table).where(writer_table.c.id == 1)).first()
+        return (str(row.url), str(row.router_id)) if row else None
+
     def ping(self) -> None:
         with self._read() as conn:
             conn.execute(sa.text("SELECT 1"))
@@ -275,6 +290,14 @@ class Store:
                     updated_at=now,
                 )
             )
+
+    @staticmethod
+    def put_writer(conn: Connection, url: str, router_id: str) -> None:
+        """Record where this writer takes writes (in the writer's own transaction: only the lock's
+        holder can)."""
+        values = {"url": url, "router_id": router_id, "updated_at": _now()}
+        if not conn.execute(sa.update(writer_table).where(writer_table.c.id == 1).values(**values)).rowcount:
+            conn.execute(sa.insert(writer_table).values(id=1, **values))
 
     @staticmethod
     def delete_model(conn: Connection, model_id: str) -> bool:

@@ -46,7 +46,17 @@ def _up(args: argparse.Namespace) -> int:
         args.workers = default_workers(dict(os.environ))
     if args.gateways is None:
         args.gateways = default_gateways(dict(os.environ))
-    for flag, value in (("--gateways", args.gateways), ("--workers", args.workers)):
+    if args.nats_replicas not in (1, 3, 5):
+        print(
+            "sie up: --nats-replicas must be 1, 3 or 5 (a JetStream cluster needs a majority)",
+            file=sys.stderr,
+        )
+        return 2
+    for flag, value in (
+        ("--gateways", args.gateways),
+        ("--workers", args.workers),
+        ("--config-replicas", args.config_replicas),
+    ):
         if value < 1:
             print(f"sie up: {flag} needs at least 1", file=sys.stderr)
             return 2
@@ -63,6 +73,9 @@ def _up(args: argparse.Namespace) -> int:
         otlp_port=args.otlp_port,
         metrics_port=metrics_port,
         workers=args.workers,
+        nats_replicas=args.nats_replicas,
+        config_replicas=args.config_replicas,
+        config_db=args.config_db or "",
     )
 
 
@@ -145,6 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, help="gateway port (default 8080)")
     up.add_argument("--config-port", type=int, default=8090, help="config service port (default 8090)")
     up.add_argument("--nats-port", type=int, default=4250, help="nats-server port (default 4250)")
+    up.add_argument(
+        "--nats-replicas",
+        type=int,
+        default=1,
+        help="NATS members: 1, or 3 (a JetStream cluster on the ports after --nats-port: clients, "
+        "routes, monitoring; streams and buckets replicated 3 times) (default 1)",
+    )
+    up.add_argument(
+        "--config-replicas",
+        type=int,
+        default=1,
+        help="config service replicas on --config-port and the ports after it: one writer, the "
+        "others standbys that forward writes and take over when it dies (default 1)",
+    )
+    up.add_argument(
+        "--config-db",
+        help="SQLAlchemy URL of the config store, e.g. postgresql://user@127.0.0.1:5432/sie "
+        "(default: SQLite under the state directory)",
+    )
     up.add_argument("--preload", help="comma-separated models the worker loads at start")
     up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, admin token")
     up.add_argument("--detach", action="store_true", help="run in the background; `sie down` stops it")

@@ -85,6 +85,15 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def _is_writer(url: str) -> bool:
+    """Whether the config service whose ``/readyz`` is ``url`` is ready and holds the writer lock."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return resp.status == 200 and bool(json.loads(resp.read()).get("writer"))
+    except (OSError, ValueError):
+        return False
+
+
 def _ready_pid(url: str) -> int | None:
     """The process id a ready gateway's ``/readyz`` at ``url`` names (None: not ready). Each call is a
     new connection, so replicas sharing the port answer in turn."""
@@ -153,6 +162,13 @@ class Cluster:
     gateway_port: int = 8080
     config_port: int = 8090
     nats_port: int = 4250
+    # JetStream cluster members: 1 (one nats-server), or 3 (a cluster on loopback, every stream and
+    # bucket replicated three times, every client given all three URLs)
+    nats_replicas: int = 1
+    # config service replicas: the first to take the writer lock writes, the others are standbys that
+    # forward writes to it and take over when it dies (on config_port, config_port + 1, ...)
+    config_replicas: int = 1
+    config_db: str = ""  # SQLAlchemy URL of the config store; empty: SQLite under the state directory
     models_dir: str = str(DEFAULT_MODELS_DIR)
     bundles_dir: str = str(DEFAULT_BUNDLES_DIR)
     preload: str = ""
@@ -180,7 +196,54 @@ class Cluster:
 
     @property
     def nats_url(self) -> str:
-        return f"nats://127.0.0.1:{self.nats_port}"
+        """What the clients get (SIE_NATS_URL): every member of the cluster, comma-separated."""
+        return ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_client_ports)
+
+    @property
+    def nats_client_ports(self) -> list[int]:
+        return [self.nats_port + i for i in range(self.nats_replicas)]
+
+    @property
+    def nats_route_ports(self) -> list[int]:
+        """Cluster (route) ports of the members; none for a single server."""
+        if self.nats_replicas == 1:
+            return []
+        return [self.nats_port + self.nats_replicas + i for i in range(self.nats_replicas)]
+
+    @property
+    def nats_monitor_ports(self) -> list[int]:
+        """HTTP monitoring ports of the members (``/healthz``, ``/jsz``); none for a single server."""
+        if self.nats_replicas == 1:
+            return []
+        return [self.nats_port + 2 * self.nats_replicas + i for i in range(self.nats_replicas)]
+
+    @property
+    def nats_names(self) -> list[str]:
+        """The supervisor's names of the members: ``nats``, ``nats-2``, ``nats-3``."""
+        return [replica_name("nats", i) for i in range(1, self.nats_replicas + 1)]
+
+    def nats_command(self, index: int) -> list[str]:
+        """The command line of member ``index`` (0-based): a single JetStream server, or one member of
+        the cluster ``sie`` with routes to every member and its own store directory."""
+        cmd = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.nats_client_ports[index]), "-js"]
+        if self.nats_replicas == 1:
+            return [*cmd, "-sd", str(self.state_dir / "jetstream")]
+        routes = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_route_ports)
+        return [
+            *cmd,
+            "-sd",
+            str(self.state_dir / "jetstream" / self.nats_names[index]),
+            "-n",
+            self.nats_names[index],
+            "--cluster_name",
+            "sie",
+            "--cluster",
+            f"nats://127.0.0.1:{self.nats_route_ports[index]}",
+            "--routes",
+            routes,
+            "-m",
+            str(self.nats_monitor_ports[index]),
+        ]
 
     @property
     def config_url(self) -> str:
@@ -194,6 +257,7 @@ class Cluster:
         return {
             **os.environ,
             "SIE_NATS_URL": self.nats_url,
+            **(self._cluster_nats_env() if self.nats_replicas > 1 else {}),
             "SIE_MODELS_DIR": self.models_dir,
             "SIE_BUNDLES_DIR": self.bundles_dir,
             "SIE_ADMIN_TOKEN": admin_token(self.state_dir),
@@ -205,6 +269,15 @@ class Cluster:
             "SIE_GATEWAY_CONFIGURED_GPUS": self.machine_profile,
             "PYTHONUNBUFFERED": "1",
             **self._observe_env(),
+        }
+
+    def _cluster_nats_env(self) -> dict[str, str]:
+        """With several NATS members: streams and buckets replicated on all of them, and a gateway
+        that waits out a leader election (NATS 2.15 calls one 4-9 s after a leader went silent) for
+        its publishes' acks instead of answering 503 after 6 s (an operator's own value wins)."""
+        return {
+            "SIE_STREAM_REPLICAS": str(self.nats_replicas),
+            "SIE_GATEWAY_PUBLISH_TIMEOUT_S": os.environ.get("SIE_GATEWAY_PUBLISH_TIMEOUT_S", "12"),
         }
 
     def _observe_env(self) -> dict[str, str]:
@@ -250,24 +323,36 @@ class Cluster:
             self.receiver.start()
             say(f"OTLP receiver   {self.receiver.endpoint}/v1/traces (spans are printed below)")
         js = self.state_dir / "jetstream"
-        self._spawn(
-            "nats",
-            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.nats_port), "-js", "-sd", str(js)],
+        for i, name in enumerate(self.nats_names):
+            self._spawn(name, self.nats_command(i))
+        for name, port in zip(self.nats_names, self.nats_client_ports, strict=True):
+            self._wait(name, lambda port=port: _port_open(port), 20)
+        for name, port in zip(self.nats_names, self.nats_monitor_ports, strict=False):  # none for one
+            # healthy once JetStream has a meta leader and this member is current with it
+            self._wait(name, lambda port=port: _http_ok(f"http://127.0.0.1:{port}/healthz"), 60)
+        members = f" ({self.nats_replicas} members, streams replicated {self.nats_replicas}×)"
+        say(f"nats-server     {self.nats_url} (JetStream in {js}){members if self.nats_replicas > 1 else ''}")
+        for i, name in enumerate(self.config_names):
+            port = self.config_port + i
+            self._spawn(
+                name,
+                [py, "-m", "config_service"],
+                {
+                    "SIE_CONFIG_HOST": "127.0.0.1",
+                    "SIE_CONFIG_PORT": str(port),
+                    "SIE_CONFIG_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+                    "SIE_CONFIG_STATE_DIR": str(self.state_dir / "config"),  # shared: one SQLite file
+                    **({"SIE_CONFIG_DB_URL": self.config_db} if self.config_db else {}),
+                    "POD_NAME": "sie-config" if i == 0 else f"sie-config-{i + 1}",
+                },
+            )
+            # the first becomes the writer before the next starts, so that it is the one that writes
+            check = _is_writer if i == 0 else _http_ok
+            self._wait(name, lambda port=port, check=check: check(f"http://127.0.0.1:{port}/readyz"), 60)
+        standbys = (
+            f" (+{self.config_replicas - 1} standby on the next port)" if self.config_replicas > 1 else ""
         )
-        self._wait("nats", lambda: _port_open(self.nats_port), 20)
-        say(f"nats-server     {self.nats_url} (JetStream in {js})")
-        self._spawn(
-            "config",
-            [py, "-m", "config_service"],
-            {
-                "SIE_CONFIG_HOST": "127.0.0.1",
-                "SIE_CONFIG_PORT": str(self.config_port),
-                "SIE_CONFIG_STATE_DIR": str(self.state_dir / "config"),
-                "POD_NAME": "sie-config",
-            },
-        )
-        self._wait("config", lambda: _http_ok(self.config_url + "/readyz"), 60)
-        say(f"config service  {self.config_url}")
+        say(f"config service  {self.config_url}{standbys}")
         omp = self.worker_omp_env()
         for pod in self.pods:  # the workers load their models side by side
             self._spawn(
@@ -328,6 +413,10 @@ class Cluster:
         elif self.workers == 1 and one_thread and parallel and worker_runs_on_cpu(env):
             out["OMP_PROC_BIND"] = POD_OMP_PROC_BIND
         return out
+
+    @property
+    def config_names(self) -> list[str]:
+        return [replica_name("config", i) for i in range(1, self.config_replicas + 1)]
 
     @property
     def gateway_names(self) -> list[str]:
@@ -443,12 +532,17 @@ def preflight(state_dir: Path, ports: dict[str, int]) -> str | None:
         "gateway": "--port",
         "config service": "--config-port",
         "nats-server": "--nats-port",
+        "nats-server member": "--nats-port (members use the ports after it)",
         "OTLP receiver": "--otlp-port",
         "pod metrics": "--metrics-port",
     }
     for name, port in ports.items():
         if port_in_use(port):
-            flag = flags.get(name, "--metrics-port")  # "pod N metrics": the ports after --metrics-port
+            flag = flags.get(
+                name, flags["nats-server member"] if name.startswith("nats") else "--metrics-port"
+            )  # "pod N metrics": the ports after --metrics-port
+            if name.startswith("config service replica"):
+                flag = "--config-port (replicas use the ports after it)"
             return f"port {port} is in use (another sie up?): the {name} needs it; pick another with {flag}"
     return None
 
@@ -466,9 +560,19 @@ def up(
     otlp_port: int = 4318,
     metrics_port: int = 0,
     workers: int = 1,
+    nats_replicas: int = 1,
+    config_replicas: int = 1,
+    config_db: str = "",
 ) -> int:
     state = Path(state_dir).resolve()
     ports = {"gateway": gateway_port, "config service": config_port, "nats-server": nats_port}
+    for i in range(1, config_replicas):
+        ports[f"config service replica {i + 1}"] = config_port + i
+    probe = Cluster(state, nats_port=nats_port, nats_replicas=nats_replicas)
+    for i, port in enumerate(
+        [*probe.nats_client_ports[1:], *probe.nats_route_ports, *probe.nats_monitor_ports]
+    ):
+        ports[f"nats-server member port {i + 2}"] = port
     if observe:
         ports["OTLP receiver"] = otlp_port
     for i in range(workers if metrics_port else 0):
@@ -490,6 +594,8 @@ def up(
             str(state),
         ]
         argv += ["--gateways", str(gateways), "--workers", str(workers), "--metrics-port", str(metrics_port)]
+        argv += ["--nats-replicas", str(nats_replicas), "--config-replicas", str(config_replicas)]
+        argv += ["--config-db", config_db] if config_db else []
         argv += ["--observe", "--otlp-port", str(otlp_port)] if observe else []
         return _detach(state, argv + (["--preload", preload] if preload else []))
     lock = take_lock(state)
@@ -510,6 +616,9 @@ def up(
         observe=observe,
         otlp_port=otlp_port,
         metrics_port=metrics_port,
+        nats_replicas=nats_replicas,
+        config_replicas=config_replicas,
+        config_db=config_db,
     )
     cluster.supervisor.info = {
         "gateway_url": cluster.gateway_url,

@@ -145,7 +145,13 @@ class Gateway:
         self._subs.append(await self.nc.subscribe(HEALTH_PREFIX + ".>", cb=self._on_heartbeat))
         self.heartbeats_since = time.monotonic()
         try:
-            await js.add_stream(StreamConfig(**dlq_stream_config(storage=self.settings.stream_storage)))
+            await js.add_stream(
+                StreamConfig(
+                    **dlq_stream_config(
+                        storage=self.settings.stream_storage, replicas=self.settings.stream_replicas
+                    )
+                )
+            )
         except Exception as exc:  # exists with other settings, or JetStream busy: forwarding still works
             log.info("DEAD_LETTERS stream not (re)created: %s", exc)
         await self.dlq.start()
@@ -154,6 +160,7 @@ class Gateway:
             self.settings.pool_bucket,
             self.workers,
             storage=self.settings.stream_storage,
+            replicas=self.settings.stream_replicas,
             default_ttl_s=self.settings.pool_ttl_s,
             max_ttl_s=self.settings.pool_max_ttl_s,
             max_pools=self.settings.pool_max_count,

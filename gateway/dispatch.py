@@ -39,7 +39,7 @@ from protocol.subjects import (
     work_cancel_subject,
     work_subject,
 )
-from protocol.work import ItemRef, WorkItem, WorkResult, unpack_results
+from protocol.work import MSG_ID, ItemRef, WorkItem, WorkResult, redispatch_msg_id, unpack_results
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,12 @@ class Collector:
     results: list[WorkResult | None]
     future: asyncio.Future[list[WorkResult]]
     remaining: int = field(init=False)
+    # what was published, kept (by reference: the caller holds it anyway) until the request ends, so
+    # that items whose results were lost while this gateway was cut off can be sent again
+    subject: str = ""
+    sent: list[tuple[int, bytes, dict[str, str]]] = field(default_factory=list)  # (slot, payload, headers)
+    published: bool = False  # every item acknowledged by the stream
+    redispatches: int = 0
 
     def __post_init__(self) -> None:
         self.remaining = sum(1 for r in self.results if r is None)
@@ -136,9 +142,51 @@ class Dispatcher:
         are sent again at once rather than after their timeout."""
         self._ensured.clear()
         self._pending_cache.clear()
-        task = asyncio.get_running_loop().create_task(self.publisher.resend(), name="resend-publishes")
-        self._resends.add(task)
-        task.add_done_callback(self._resends.discard)
+        loop = asyncio.get_running_loop()
+        for task in (
+            loop.create_task(self.publisher.resend(), name="resend-publishes"),
+            loop.create_task(self.redispatch(), name="redispatch-unanswered"),
+        ):
+            self._resends.add(task)
+            task.add_done_callback(self._resends.discard)
+
+    async def redispatch(self) -> int:
+        """After a reconnect: publish again each stored item of a request in flight whose result has
+        not come, under a new ``Nats-Msg-Id``; returns how many. A result the sidecar published while
+        this gateway was cut off (its member stopped or partitioned away, unnoticed until its pings
+        went unanswered) went to a connection that no longer reads: core NATS keeps nothing. An item
+        still being worked on runs twice; the first result fills its slot."""
+        sends = []
+        count = 0
+        for col in list(self._collectors.values()):
+            if not col.published or col.future.done():
+                continue
+            missing = [(p, h) for slot, p, h in col.sent if col.results[slot] is None]
+            if not missing:
+                continue
+            col.redispatches += 1
+            count += len(missing)
+            headers = [
+                {**h, MSG_ID: redispatch_msg_id(h.get(MSG_ID, ""), col.redispatches)} for _, h in missing
+            ]
+            sends.append(
+                self.publisher.publish_all(
+                    col.subject,
+                    [p for p, _ in missing],
+                    headers,
+                    window=self.publish_window,
+                    timeout_s=self.publish_timeout_s,
+                )
+            )
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                log.warning("re-dispatching unanswered items after a reconnect failed: %s", outcome)
+        if count:
+            log.info(
+                "re-dispatched %d unanswered item(s) of %d request(s) after a reconnect", count, len(sends)
+            )
+        return count
 
     @property
     def pending_requests(self) -> int:
@@ -268,7 +316,8 @@ class Dispatcher:
         subject = work_subject(lane.pool, lane.machine_profile, lane.bundle, model_id, lane.priority)
         loop = asyncio.get_running_loop()
         slots: list[WorkResult | None] = list(known) if known is not None else [None] * len(items)
-        col = Collector(len(slots), slots, loop.create_future())
+        col = Collector(len(slots), slots, loop.create_future(), subject=subject)
+        col.sent = [(item.item_index, p, h) for item, p, h in zip(items, payloads, headers, strict=True)]
         self._collectors[request_id] = col
         finished = False
         try:
@@ -276,6 +325,7 @@ class Dispatcher:
             with tracing.span("gateway.publish", attributes={"items": len(items), "subject": subject}):
                 timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
                 await self._publish(subject, lane.pool, payloads, headers, timeout)
+            col.published = True
             labelled(self.metrics.items_published, operation).inc(len(items))
             labelled(self.metrics.priority_items, lane.priority).inc(len(items))
             labelled(self.metrics.publish_seconds, operation).observe(time.monotonic() - t0)

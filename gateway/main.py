@@ -19,6 +19,7 @@ from gateway.registry import CatalogRegistry, ModelRegistry
 from gateway.settings import GatewaySettings
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
+from protocol.nats_url import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S, nats_servers
 
 log = logging.getLogger("gateway")
 
@@ -62,11 +63,13 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         log.warning("NATS error: %s", exc)
 
     nc = await nats.connect(
-        settings.nats_url,
+        servers=nats_servers(settings.nats_url),
+        ping_interval=PING_INTERVAL_S,
+        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
         name="sie-gateway",
         max_reconnect_attempts=-1,
         reconnect_time_wait=2,
-        connect_timeout=5,
+        connect_timeout=2,  # a stopped member must not hold a reconnect for long (protocol/nats_url.py)
         reconnected_cb=reconnected,
         disconnected_cb=disconnected,
         error_cb=error_cb,

@@ -76,6 +76,7 @@ class PoolStore:
         workers: WorkerRegistry,
         *,
         storage: str = "file",
+        replicas: int = 1,
         **kwargs: Any,
     ) -> PoolStore:
         try:
@@ -83,7 +84,9 @@ class PoolStore:
         except nats.js.errors.BucketNotFoundError:
             st = StorageType.FILE if storage == "file" else StorageType.MEMORY
             try:
-                kv = await js.create_key_value(KeyValueConfig(bucket=bucket, history=1, storage=st))
+                kv = await js.create_key_value(
+                    KeyValueConfig(bucket=bucket, history=1, storage=st, replicas=replicas)
+                )
             except nats.js.errors.BadRequestError:
                 kv = await js.key_value(bucket)
         return cls(kv, workers, **kwargs)

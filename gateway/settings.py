@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from protocol.nats_url import nats_servers
 from protocol.priority import priority_setting
 
 
@@ -193,6 +194,11 @@ class GatewaySettings(BaseSettings):
     @classmethod
     def _priority(cls, value: str) -> str:
         return priority_setting(value, "SIE_GATEWAY_DEFAULT_PRIORITY")
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, value: str) -> str:
+        return ",".join(nats_servers(value))  # one server, or every member of a cluster
 
     @field_validator("stream_storage")
     @classmethod

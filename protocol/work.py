@@ -188,6 +188,16 @@ def item_cost(
 # gateway's publish and the sidecar's every delivery.
 MSG_ID = "Nats-Msg-Id"
 H_ROUTE = "Sie-Route"
+# A gateway that sends an item again after a reconnect (its result may have been lost) must get it
+# past the stream's duplicate window, so the message id then carries ``~<n>`` after the work item id;
+# the work item id is what comes before it (work item ids never contain ``~``).
+REDISPATCH_MARK = "~"
+
+
+def redispatch_msg_id(work_item_id: str, attempt: int) -> str:
+    """The ``Nats-Msg-Id`` of an item's ``attempt``-th re-dispatch."""
+    return f"{work_item_id}{REDISPATCH_MARK}{attempt}"
+
 
 _NUM = (int, float, type(None))
 # (field, its JSON types; exact types, so that true and false are not taken for integers)
@@ -268,7 +278,7 @@ class RoutingHeader:
         for (name, types), value in zip(_ROUTE_FIELDS, values, strict=True):
             if type(value) not in types:
                 raise ValueError(f"{H_ROUTE} field {name} is {value!r}")
-        route = cls(headers[MSG_ID], *values)
+        route = cls(headers[MSG_ID].split(REDISPATCH_MARK, 1)[0], *values)
         if not (route.work_item_id and route.request_id and route.reply_subject and route.model_spec):
             raise ValueError("empty routing header")
         if route.cost < 1 or route.request_items < 1:

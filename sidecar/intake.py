@@ -115,6 +115,7 @@ class Intake:
         self._wakes: dict[str, asyncio.Event] = {INTERACTIVE: asyncio.Event(), BULK: asyncio.Event()}
         self._pullers: dict[str, Puller] = {}
         self._cancel_sub: Subscription | None = None
+        self._reensure: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ start and stop
     async def ensure_jetstream(self) -> None:
@@ -152,6 +153,15 @@ class Intake:
             with contextlib.suppress(Exception):
                 await self._cancel_sub.unsubscribe()
 
+    async def _ensure_again(self) -> None:
+        try:
+            await self.ensure_jetstream()
+            self.stats["reensured"] = self.stats.get("reensured", 0) + 1
+        except Exception as exc:  # noqa: BLE001
+            log.warning("re-ensuring stream/consumer failed: %s", exc)
+        finally:
+            self._reensure = None
+
     # ------------------------------------------------------------------ pulling
     def free(self, priority: str) -> int:
         """How many more deliveries of ``priority`` may be pulled now."""
@@ -178,14 +188,14 @@ class Intake:
             if puller.failures > reported:
                 reported = puller.failures
                 log.warning("pull request failed: %s", puller.last_failure)
-                await asyncio.sleep(min(5.0, 0.2 * puller.failures))
-                if puller.failures % 5 == 0:
-                    # the stream or durable may be gone (memory storage after a NATS restart)
-                    try:
-                        await self.ensure_jetstream()
-                        self.stats["reensured"] = self.stats.get("reensured", 0) + 1
-                    except Exception as ens:  # noqa: BLE001
-                        log.warning("re-ensuring stream/consumer failed: %s", ens)
+                # short and capped: on a JetStream cluster a durable without a leader (its leader died,
+                # an election takes some seconds) answers 503 until one is elected, and the pulls
+                # should resume the moment it is
+                await asyncio.sleep(min(1.0, 0.1 * puller.failures))
+                if puller.failures % 5 == 0 and self._reensure is None:
+                    # the stream or durable may be gone (memory storage after a NATS restart): ensure
+                    # them beside the pulls, which go on (an ensure waits out an election too)
+                    self._reensure = asyncio.create_task(self._ensure_again(), name="sidecar-reensure")
             elif puller.failures == 0:
                 reported = 0
             wake.clear()  # before looking: a change from here on wakes the wait below

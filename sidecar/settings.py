@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.nats_url import nats_servers
 from protocol.streams import (
     DEFAULT_ACK_WAIT_S,
     DEFAULT_MAX_ACK_PENDING,
@@ -135,6 +136,11 @@ class SidecarSettings(BaseSettings):
         if not normalize_id(v.strip()):
             raise ValueError("SIE_WORKER_ID must not be empty")
         return v.strip()
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, value: str) -> str:
+        return ",".join(nats_servers(value))  # one server, or every member of a cluster
 
     @field_validator("stream_storage")
     @classmethod

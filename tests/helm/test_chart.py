@@ -130,7 +130,16 @@ def resolved_env(container: dict, docs: list[dict]) -> dict[str, str]:
             out[name] = secrets.get((ref["name"], ref["key"]), "from-existing-secret")
         elif "fieldRef" in e.get("valueFrom", {}):
             path = e["valueFrom"]["fieldRef"]["fieldPath"]
-            out[name] = {"metadata.name": "sie-w-default-cpu-0", "metadata.namespace": "sie"}[path]
+            out[name] = {
+                "metadata.name": "sie-w-default-cpu-0",
+                "metadata.namespace": "sie",
+                "status.podIP": "10.244.0.9",
+            }[path]
+    # dependent variables, as the kubelet expands them: $(NAME) of a variable defined before
+    for name, value in out.items():
+        for ref, ref_value in out.items():
+            value = value.replace(f"$({ref})", ref_value)
+        out[name] = value
     return out
 
 
@@ -292,7 +301,10 @@ def test_every_env_var_is_one_the_code_reads(variant):
         assert c["name"] in CONTAINER_ENV, f"unexpected container {c['name']}"
         known = CONTAINER_ENV[c["name"]]()
         seen.add(c["name"])
+        values = " ".join(str(e.get("value", "")) for e in env_of(c).values())
         for env in env_of(c):
+            if f"$({env})" in values:
+                continue  # read by the kubelet, in another variable's value ($(POD_IP))
             if env.startswith("SIE_") or env == "POD_NAME":
                 assert env in known, (
                     f"{name}: {workload['metadata']['name']}/{c['name']} sets {env}, which no code reads"
@@ -485,6 +497,9 @@ def test_config_with_postgres_runs_a_standby(render):
     assert not by_kind(docs, "PersistentVolumeClaim")
     env = env_of(pod_spec(cfg)["containers"][0])
     assert "SIE_CONFIG_DB_URL" in env and "SIE_CONFIG_STATE_DIR" not in env
+    # the writer records where it is reached; a standby forwards writes there (issue 35)
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["SIE_CONFIG_ADVERTISE_URL"]["value"] == "http://$(POD_IP):8090"
 
 
 def test_external_nats(render):

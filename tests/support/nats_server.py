@@ -24,6 +24,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(count: int, attempts: int = 200) -> int:
+    """The first of ``count`` consecutive free loopback ports (a NATS cluster's client, route and
+    monitoring ports follow ``sie up --nats-port``)."""
+    for _ in range(attempts):
+        base = free_port()
+        if base + count >= 65536:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 class NatsServer:
     def __init__(self, store_dir: str | None = None, port: int | None = None) -> None:
         self.port = port or free_port()
@@ -114,4 +136,4 @@ def _all_threads_stopped(pid: int) -> bool:
     return True
 
 
-__all__ = ["NatsServer", "free_port", "nats_server_binary", "os"]
+__all__ = ["NatsServer", "free_port", "free_port_run", "nats_server_binary", "os"]

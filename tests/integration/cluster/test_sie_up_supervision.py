@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.support.cluster import wait_for_worker
-from tests.support.nats_server import free_port
+from tests.support.nats_server import free_port, free_port_run
 
 REPO = Path(__file__).resolve().parents[3]
 SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
@@ -32,13 +32,23 @@ class SieUp:
         gateways: int = 1,
         workers: int = 1,
         metrics_port: int = 0,
+        nats_replicas: int = 1,
+        extra_env: dict[str, str] | None = None,
+        config_replicas: int = 1,
+        config_db: str = "",
     ) -> None:
+        self.config_replicas = config_replicas
+        self.config_db = config_db
         self.state = state
+        self.nats_replicas = nats_replicas
         self.preload = preload
         self.gateways = gateways
         self.workers = workers
         self.metrics_port = metrics_port
-        self.ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
+        # a cluster's members take the 3 × replicas ports from --nats-port on (clients, routes, monitoring)
+        nats = free_port() if nats_replicas == 1 else free_port_run(3 * nats_replicas)
+        cfg = free_port() if config_replicas == 1 else free_port_run(config_replicas)
+        self.ports = {"gw": free_port(), "cfg": cfg, "nats": nats}
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
         self.env.update(
             {
@@ -48,6 +58,7 @@ class SieUp:
                 "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
                 "SIE_GATEWAY_WORKER_WARMUP_S": "1",
                 "XDG_STATE_HOME": str(state.parent / "xdg"),  # sie up records its state dir there
+                **(extra_env or {}),
             }
         )
         self.gateway = f"http://127.0.0.1:{self.ports['gw']}"
@@ -76,6 +87,11 @@ class SieUp:
             str(self.workers),
             "--metrics-port",
             str(self.metrics_port),
+            "--nats-replicas",
+            str(self.nats_replicas),
+            "--config-replicas",
+            str(self.config_replicas),
+            *(["--config-db", self.config_db] if self.config_db else []),
         ]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

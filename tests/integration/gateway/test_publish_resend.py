@@ -11,10 +11,12 @@ import time
 import nats
 import pytest
 
-from gateway.dispatch import Dispatcher
+from gateway.dispatch import Collector, Dispatcher
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode, SIEError
 from protocol.subjects import pool_stream_name, work_subject
+from protocol.work import ItemRef, RoutingHeader, WorkResult
+from tests.support.polling import wait_until
 
 
 async def test_a_publish_lost_with_the_server_is_sent_again_at_the_reconnect(nats_server):
@@ -97,5 +99,61 @@ async def test_acks_that_do_not_come_in_time_fail_the_publish_and_leave_nothing_
             assert d.publisher.in_flight == 0  # nothing left for a resend after a reconnect
         finally:
             nats_server.resume()
+    finally:
+        await nc.close()
+
+
+async def test_a_publish_nobody_answers_yet_is_sent_again_until_its_stream_takes_it(nats_server):
+    """On a JetStream cluster a stream whose leader died takes nothing until one is elected: the
+    publish is sent again every ``resend_after_s``, a "no responders" answer is final only after the
+    grace, and once the stream answers the publish is acknowledged, stored once."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory", publish_timeout_s=20.0)
+        d.publisher.resend_after_s = 0.2
+        subject = work_subject("default", "cpu", "default", "m")
+        publish = asyncio.ensure_future(
+            d.publisher.publish_all(subject, [b"x"], [{"Nats-Msg-Id": "later-0"}], window=4, timeout_s=20.0)
+        )
+        # no stream yet: answered "no responders", and sent again
+        await wait_until(lambda: d.publisher.resent >= 3, 20, what="re-sends while no stream answers")
+        assert not publish.done()
+        await d.ensure_stream("default")  # the stream appears (a leader elected)
+        await asyncio.wait_for(publish, 20)
+        js = nc.jetstream()
+        assert (await js.stream_info(pool_stream_name("default"))).state.messages == 1
+    finally:
+        await nc.close()
+
+
+async def test_after_a_reconnect_items_still_unanswered_are_dispatched_again(nats_server):
+    """A result published while the gateway was cut off is lost (core NATS keeps nothing): after the
+    reconnect each stored item of a request still waiting goes out again under a new message id,
+    and an item already answered does not."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
+        await d.ensure_stream("default")
+        subject = work_subject("default", "cpu", "default", "m")
+        loop = asyncio.get_running_loop()
+        answered = WorkResult.failure(ItemRef("w-1", "r", 1), "X", "answered before the cut")
+        col = Collector(2, [None, answered], loop.create_future(), subject=subject)
+        col.sent = [(0, b"item-0", {"Nats-Msg-Id": "w-0"}), (1, b"item-1", {"Nats-Msg-Id": "w-1"})]
+        d._collectors["r"] = col
+        assert await d.redispatch() == 0  # not yet acknowledged: the publisher's own resend covers it
+        col.published = True
+        assert await d.redispatch() == 1
+        assert await d.redispatch() == 1
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(subject, durable="check", stream=pool_stream_name("default"))
+        msgs = await sub.fetch(10, timeout=2)
+        assert [(m.data, m.headers["Nats-Msg-Id"]) for m in msgs] == [
+            (b"item-0", "w-0~1"),
+            (b"item-0", "w-0~2"),
+        ]
+        # the sidecar reads the work item id without the mark
+        route = RoutingHeader("w-0", "r", 0, "_INBOX.g.r", "m", "encode", "g", 1)
+        headers = {**route.headers(), "Nats-Msg-Id": msgs[1].headers["Nats-Msg-Id"]}
+        assert RoutingHeader.from_headers(headers).work_item_id == "w-0"
     finally:
         await nc.close()

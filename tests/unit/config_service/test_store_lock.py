@@ -23,8 +23,8 @@ def test_in_memory_sqlite_is_refused():
 
 def test_migrate_is_idempotent_and_epoch_starts_at_zero(tmp_path):
     engine = make_engine(f"sqlite:///{tmp_path / 'a' / 'c.db'}")
-    assert migrate(engine) == "0001"
-    assert migrate(engine) == "0001"
+    assert migrate(engine) == "0002"
+    assert migrate(engine) == "0002"
     store = Store(engine)
     assert store.epoch() == 0 and store.snapshot() == (0, [])
 

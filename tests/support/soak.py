@@ -1,0 +1,374 @@
+"""The soak (issue 35): a ``sie up`` cluster as production runs it (three NATS members, two gateways,
+two worker pods, the result cache on) under mixed traffic for many minutes, with a random kill -9
+of one of its processes every few minutes and now and then a NATS member restarted.
+
+Traffic goes through our SDK from a few threads at a steady rate: encode, score and extract, both
+priority classes, with the result cache used and skipped (``X-SIE-Cache: off``). Every answer is
+checked against a reference taken before the first fault. Once a minute a line says how many
+requests completed and failed in that minute, their p99, and each process's RSS and open file
+descriptors; the end prints a verdict.
+
+Which processes die: ``VICTIMS`` (the second gateway, the second worker pod's worker and sidecar,
+the config service, two of the three NATS members), a NATS member only while all three are healthy
+(one member down at a time is what a three-member cluster tolerates). The first of each kind (``gateway``,
+``worker``, ``sidecar``, ``nats``) is never killed, so that a leak shows as growth of one process
+over the whole run; the sie up supervisor and this driver live through the run as well. A killed
+process's restarted successor is compared only over the minutes it lived through.
+
+    .venv/bin/python -m pytest -m slow -s tests/integration/cluster/test_soak.py   # make soak
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+import urllib.request
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sdk.client import SIEClient
+
+MODEL = "sie-fake"
+TEXTS = [f"soak text {i}: the quick brown fox {i * 7} jumps" for i in range(24)]
+SCORES = [(f"soak query {i}", [f"soak doc {i}-{j}" for j in range(3)]) for i in range(8)]
+EXTRACTS = [f"Alice {i} met Bob in Paris on day {i}" for i in range(8)]
+LABELS = ["person", "location"]
+
+VICTIMS = ("gateway-2", "worker-2", "sidecar-2", "config", "nats-2", "nats-3")
+NATS_RESTARTS = ("nats-2", "nats-3")
+WITNESSES = ("gateway", "worker", "sidecar", "nats")
+GROWTH_LIMIT = 0.10  # RSS and descriptor count may grow at most this much from the baseline minute
+GROWTH_WINDOW = 5  # minutes whose median stands for each end of the comparison
+
+
+@dataclass
+class Plan:
+    minutes: float
+    kill_every_s: tuple[float, float] = (120.0, 300.0)  # a kill -9 after a random wait in this range
+    nats_restart_every_s: tuple[float, float] = (600.0, 900.0)  # a NATS member restarted (SIGTERM)
+    baseline_minute: int = 10  # growth is measured from this minute to the last
+    rate_per_s: float = 30.0  # requests per second, all threads together
+    threads: int = 3
+    seed: int = 35
+    sample_every_s: float = 60.0  # one line per this many seconds
+
+
+OK, WRONG, ERROR = 0, 1, 2
+
+
+class Outcomes:
+    """Every request's end, latency and status in flat arrays (an hour at 20 requests/s is 72,000 of
+    them: as objects they grew the driver's own RSS steadily, which the verdict would have counted)."""
+
+    def __init__(self) -> None:
+        self.end = array("d")
+        self.latency = array("d")
+        self.status = array("b")
+        self.errors: set[str] = set()  # distinct error messages, at most MAX_ERRORS
+
+    def add(self, end: float, latency: float, status: str) -> None:
+        self.end.append(end)
+        self.latency.append(latency)
+        code = OK if status == "ok" else WRONG if status == "wrong" else ERROR
+        self.status.append(code)
+        if code == ERROR and len(self.errors) < MAX_ERRORS:
+            self.errors.add(status)
+
+    def window(self, since: float, until: float) -> tuple[list[float], int, int]:
+        """(latencies, failed, wrong) of the requests that ended in [since, until)."""
+        lo = bisect.bisect_left(self.end, since)  # ends are appended in (almost) time order
+        lat, failed, wrong = [], 0, 0
+        for i in range(max(0, lo - 100), len(self.end)):  # threads append out of order by a little
+            if since <= self.end[i] < until:
+                lat.append(self.latency[i])
+                failed += self.status[i] == ERROR
+                wrong += self.status[i] == WRONG
+        return lat, failed, wrong
+
+
+MAX_ERRORS = 10
+
+
+@dataclass
+class Sample:
+    minute: int
+    procs: dict[str, tuple[int, int, int]]  # name → (pid, RSS kB, open fds)
+
+
+@dataclass
+class Report:
+    requests: int = 0
+    failed: int = 0
+    wrong: int = 0
+    longest_s: float = 0.0
+    p99_s: float = 0.0
+    events: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    growth: dict[str, str] = field(default_factory=dict)  # name → "rss +x% fds +y%" or why not compared
+    grew: list[str] = field(default_factory=list)  # names over GROWTH_LIMIT
+
+    @property
+    def passed(self) -> bool:
+        return self.requests > 0 and self.failed == 0 and self.wrong == 0 and not self.grew
+
+
+def proc_stats(pid: int) -> tuple[int, int] | None:
+    """(RSS kB, open file descriptors) of ``pid``; None when it is gone."""
+    try:
+        rss = 0
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+        return rss, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, ValueError):
+        return None
+
+
+class Soak:
+    """Drives ``up`` (a started tests' ``SieUp`` with 3 NATS members, 2 gateways, 2 worker pods)."""
+
+    def __init__(self, up: Any, plan: Plan, say: Callable[[str], None] = print) -> None:
+        self.up, self.plan, self.say = up, plan, say
+        self.rng = random.Random(plan.seed)
+        self.outcomes = Outcomes()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.report = Report()
+        self.samples: list[Sample] = []
+        self.refs: dict[tuple[str, str], Any] = {}
+
+    # ---- references and checks -------------------------------------------------------------
+    def take_references(self) -> None:
+        with SIEClient(self.up.gateway, base_url_headers={"X-SIE-Cache": "off"}) as c:
+            for text in TEXTS:
+                r = c.encode(MODEL, {"text": text}, provision_timeout_s=120)
+                self.refs[("encode", text)] = np.asarray(r["dense"])
+            for query, docs in SCORES:
+                r = c.score(MODEL, {"text": query}, [{"text": d} for d in docs], provision_timeout_s=120)
+                self.refs[("score", query)] = self._scores(r)
+            for text in EXTRACTS:
+                r = c.extract(MODEL, [{"text": text}], labels=LABELS, provision_timeout_s=120)
+                self.refs[("extract", text)] = r[0]["entities"]
+
+    @staticmethod
+    def _scores(r: dict[str, Any]) -> list[tuple[str, float]]:
+        return sorted((s["item_id"], round(float(s["score"]), 5)) for s in r["scores"])
+
+    def one_request(self, client: SIEClient, rng: random.Random) -> bool:
+        """One request of a random operation and priority; True when its answer is the reference's."""
+        priority = rng.choice(("interactive", "bulk"))
+        op = rng.choices(("encode", "score", "extract"), weights=(2, 1, 1))[0]
+        if op == "encode":
+            text = rng.choice(TEXTS)
+            r = client.encode(MODEL, {"text": text}, priority=priority, provision_timeout_s=120)
+            return bool(np.allclose(np.asarray(r["dense"]), self.refs[("encode", text)], atol=1e-5))
+        if op == "score":
+            query, docs = rng.choice(SCORES)
+            r = client.score(
+                MODEL,
+                {"text": query},
+                [{"text": d} for d in docs],
+                priority=priority,
+                provision_timeout_s=120,
+            )
+            return self._scores(r) == self.refs[("score", query)]
+        text = rng.choice(EXTRACTS)
+        out = client.extract(
+            MODEL, [{"text": text}], labels=LABELS, priority=priority, provision_timeout_s=120
+        )
+        return bool(out[0]["entities"] == self.refs[("extract", text)])
+
+    # ---- threads ---------------------------------------------------------------------------
+    def traffic(self, k: int) -> None:
+        rng = random.Random(self.plan.seed * 1000 + k)
+        interval = self.plan.threads / self.plan.rate_per_s
+        with (
+            SIEClient(self.up.gateway, timeout_s=180) as cached,
+            SIEClient(self.up.gateway, timeout_s=180, base_url_headers={"X-SIE-Cache": "off"}) as uncached,
+        ):
+            while not self.stop.is_set():
+                start = time.monotonic()
+                client = cached if rng.random() < 0.5 else uncached
+                try:
+                    status = "ok" if self.one_request(client, rng) else "wrong"
+                except Exception as exc:
+                    status = f"error: {type(exc).__name__}: {exc}"[:300]
+                end = time.monotonic()
+                with self.lock:
+                    self.outcomes.add(end, end - start, status)
+                self.stop.wait(max(0.0, interval - (end - start)))
+
+    def chaos(self) -> None:
+        t0 = time.monotonic()
+        next_kill = t0 + self.rng.uniform(*self.plan.kill_every_s)
+        next_restart = t0 + self.rng.uniform(*self.plan.nats_restart_every_s)
+        while not self.stop.wait(0.5):
+            now = time.monotonic()
+            if now >= next_kill:
+                victim = self.rng.choice(VICTIMS)
+                if victim.startswith("nats") and not self.nats_healthy():
+                    next_kill = now + 5  # one member down at a time: a three-member cluster's tolerance
+                    continue
+                self._signal(victim, signal.SIGKILL, "kill -9", t0)
+                next_kill = now + self.rng.uniform(*self.plan.kill_every_s)
+            if now >= next_restart:
+                if not self.nats_healthy():
+                    next_restart = now + 5
+                    continue
+                self._signal(self.rng.choice(NATS_RESTARTS), signal.SIGTERM, "restart (SIGTERM)", t0)
+                next_restart = now + self.rng.uniform(*self.plan.nats_restart_every_s)
+
+    def nats_healthy(self) -> bool:
+        """Every NATS member up and current with the JetStream meta leader (its ``/healthz``)."""
+        base = self.up.ports["nats"]
+        for i in range(3):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{base + 6 + i}/healthz", timeout=2) as resp:
+                    if resp.status != 200:
+                        return False
+            except OSError:
+                return False
+        return True
+
+    def _signal(self, name: str, sig: signal.Signals, what: str, t0: float) -> None:
+        child = self.up.children().get(name) or {}
+        pid = child.get("pid")
+        if not pid or child.get("state") != "running":
+            self.report.events.append(
+                f"{(time.monotonic() - t0) / 60:5.1f} min {what} {name}: not running, skipped"
+            )
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        event = f"{(time.monotonic() - t0) / 60:5.1f} min {what} {name} (pid {pid})"
+        self.report.events.append(event)
+        self.say(f"[soak] event: {event}")
+
+    # ---- sampling --------------------------------------------------------------------------
+    def sample(self, minute: int) -> Sample:
+        procs: dict[str, tuple[int, int, int]] = {}
+        pids = {name: row["pid"] for name, row in self.up.children().items() if row.get("pid")}
+        pids["sie-up"] = self.up.proc.pid
+        pids["driver"] = os.getpid()
+        for name, pid in sorted(pids.items()):
+            stats = proc_stats(pid)
+            if stats is not None:
+                procs[name] = (pid, *stats)
+        return Sample(minute, procs)
+
+    def minute_line(self, minute: int, since: float, until: float, sample: Sample) -> str:
+        with self.lock:
+            lat, failed, wrong = self.outcomes.window(since, until)
+        lat.sort()
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000 if lat else 0.0
+        procs = " ".join(f"{n}={rss // 1024}M/{fds}" for n, (_, rss, fds) in sample.procs.items())
+        return (
+            f"[soak] min {minute:3d}  req {len(lat):5d}  fail {failed}  wrong {wrong}  "
+            f"p99 {p99:6.0f} ms  | rss/fds {procs}"
+        )
+
+    # ---- the run ---------------------------------------------------------------------------
+    def run(self) -> Report:
+        self.take_references()
+        self.say(
+            f"[soak] {self.plan.minutes:g} min, {self.plan.rate_per_s:g} req/s from {self.plan.threads} threads, "
+            f"kill -9 every {self.plan.kill_every_s[0]:g}-{self.plan.kill_every_s[1]:g} s of one of {', '.join(VICTIMS)}; "
+            f"a NATS member restarted every {self.plan.nats_restart_every_s[0]:g}-{self.plan.nats_restart_every_s[1]:g} s"
+        )
+        workers = [
+            threading.Thread(target=self.traffic, args=(k,), daemon=True) for k in range(self.plan.threads)
+        ]
+        chaos = threading.Thread(target=self.chaos, daemon=True)
+        t0 = time.monotonic()
+        for t in workers:
+            t.start()
+        chaos.start()
+        end = t0 + self.plan.minutes * 60
+        minute = 0
+        try:
+            while time.monotonic() < end:
+                minute += 1
+                tick = min(end, t0 + minute * self.plan.sample_every_s)
+                time.sleep(max(0.0, tick - time.monotonic()))
+                sample = self.sample(minute)
+                self.samples.append(sample)
+                self.say(self.minute_line(minute, tick - self.plan.sample_every_s, tick, sample))
+        finally:
+            self.stop.set()
+            chaos.join(5)
+            for t in workers:
+                t.join(200)  # a request in flight finishes (its own timeout bounds it)
+        return self.verdict()
+
+    def verdict(self) -> Report:
+        r = self.report
+        with self.lock:
+            o = self.outcomes
+            r.requests = len(o.status)
+            r.failed = o.status.count(ERROR)
+            r.wrong = o.status.count(WRONG)
+            lat = sorted(o.latency)
+            r.errors = sorted(o.errors)
+        r.longest_s = round(lat[-1], 2) if lat else 0.0
+        r.p99_s = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3) if lat else 0.0
+        self._growth()
+        self.say(f"[soak] events: {len(r.events)}")
+        for event in r.events:
+            self.say(f"[soak]   {event}")
+        for name, text in sorted(r.growth.items()):
+            self.say(f"[soak] growth {name:<10} {text}")
+        self.say(
+            f"[soak] VERDICT {'PASS' if r.passed else 'FAIL'}: {r.requests} requests, {r.failed} lost, "
+            f"{r.wrong} wrong, p99 {r.p99_s * 1000:.0f} ms, longest {r.longest_s} s, "
+            f"{len(r.events)} faults; over {GROWTH_LIMIT:.0%} growth: {', '.join(r.grew) or 'none'}"
+        )
+        for error in r.errors:
+            self.say(f"[soak] error: {error}")
+        return r
+
+    def _growth(self) -> None:
+        """Per process: RSS and descriptors over the last minutes against the minutes from the
+        baseline minute on, for the process that lived through both (a killed process's successor:
+        from its second minute on, when that is at or after the baseline). Each side is the median of
+        up to GROWTH_WINDOW one-minute samples: a garbage-collected heap swings within a minute (the
+        first hour run saw nats-server's RSS go 32-40 MB minute to minute, no trend), so one sample
+        against one sample would judge the phase of its collector, not a leak."""
+        if not self.samples:
+            return
+        last = self.samples[-1]
+        for name, (pid, _, _) in last.procs.items():
+            alive = [s for s in self.samples if s.procs.get(name, (0,))[0] == pid]
+            first = alive[0].minute
+            base_minute = max(self.plan.baseline_minute, first + 1)
+            span = last.minute - base_minute
+            if span < 1:
+                self.report.growth[name] = f"not compared (this process started at minute {first})"
+                continue
+            window = max(1, min(GROWTH_WINDOW, span // 4))
+            head = [s.procs[name] for s in alive if base_minute <= s.minute < base_minute + window]
+            tail = [s.procs[name] for s in alive if s.minute > last.minute - window]
+            rss0, fds0 = median(p[1] for p in head), median(p[2] for p in head)
+            rss1, fds1 = median(p[1] for p in tail), median(p[2] for p in tail)
+            g_rss, g_fds = (rss1 - rss0) / max(rss0, 1), (fds1 - fds0) / max(fds0, 1)
+            self.report.growth[name] = (
+                f"min {base_minute}-{base_minute + window - 1} → {last.minute - window + 1}-{last.minute} "
+                f"(medians): rss {rss0 / 1024:.0f}→{rss1 / 1024:.0f} MB ({g_rss:+.1%}), "
+                f"fds {fds0:g}→{fds1:g} ({g_fds:+.1%})"
+            )
+            if g_rss > GROWTH_LIMIT or g_fds > GROWTH_LIMIT:
+                self.report.grew.append(name)
+
+
+def median(values: Any) -> float:
+    return float(statistics.median(list(values)))

@@ -1,0 +1,45 @@
+"""SIE_NATS_URL as a list of a JetStream cluster's members (issue 35)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from config_service.settings import ConfigServiceSettings
+from gateway.settings import GatewaySettings
+from protocol.nats_url import nats_servers
+from sidecar.settings import SidecarSettings
+
+
+def test_one_server_and_a_cluster_list():
+    assert nats_servers("nats://127.0.0.1:4222") == ["nats://127.0.0.1:4222"]
+    assert nats_servers(" nats://a:4222, nats://b:4222,,tls://c:4222 ") == [
+        "nats://a:4222",
+        "nats://b:4222",
+        "tls://c:4222",
+    ]
+
+
+@pytest.mark.parametrize("bad", ["", " , ", "http://a:4222", "a:4222", "nats://a:4222,localhost:4222"])
+def test_a_list_without_servers_or_with_a_non_nats_member_is_refused(bad):
+    with pytest.raises(ValueError, match="SIE_NATS_URL"):
+        nats_servers(bad)
+
+
+@pytest.mark.parametrize("settings", [GatewaySettings, SidecarSettings])
+def test_the_clients_settings_check_the_list(settings, monkeypatch):
+    monkeypatch.setenv("SIE_NATS_URL", "nats://a:1, nats://b:2")
+    assert settings().nats_url == "nats://a:1,nats://b:2"
+    monkeypatch.setenv("SIE_NATS_URL", "http://a:1")
+    with pytest.raises(ValidationError, match="is not a NATS URL"):
+        settings()
+
+
+def test_the_config_service_may_run_without_nats_but_not_with_a_bad_list(monkeypatch):
+    monkeypatch.setenv("SIE_NATS_URL", "")
+    assert not ConfigServiceSettings().nats_url
+    monkeypatch.setenv("SIE_NATS_URL", "nats://a:1,nats://b:2")
+    assert ConfigServiceSettings().nats_url == "nats://a:1,nats://b:2"
+    monkeypatch.setenv("SIE_NATS_URL", "nats://a:1,b:2")
+    with pytest.raises(ValidationError, match="is not a NATS URL"):
+        ConfigServiceSettings()
