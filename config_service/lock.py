@@ -17,6 +17,7 @@ import fcntl
 import logging
 import os
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -179,14 +180,20 @@ class SqliteLock:
         pass  # the engine is the store's
 
 
+def database_lock_key(database: str) -> int:
+    """The writer lock's key for ``database``: advisory locks are the whole server's, so two
+    clusters whose config databases share one PostgreSQL server must not take the same key."""
+    return (PG_WRITER_LOCK_KEY ^ (zlib.crc32(database.encode()) << 8)) & 0x7FFF_FFFF_FFFF_FFFF
+
+
 class PostgresLock:
     """A session-level ``pg_advisory_lock`` on a connection of its own, on which the writer's
     transactions run too."""
 
-    def __init__(self, url: str, key: int = PG_WRITER_LOCK_KEY) -> None:
+    def __init__(self, url: str, key: int | None = None) -> None:
         # A connection of its own (no pool): the lock lives exactly as long as it does.
         self.engine = sa.create_engine(url, poolclass=NullPool)
-        self.key = key
+        self.key = key if key is not None else database_lock_key(self.engine.url.database or "")
         self._conn: Connection | None = None
 
     def try_acquire(self) -> bool:

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import time
+import uuid
 
 import httpx
 import nats
@@ -518,3 +520,33 @@ async def test_export_and_epoch_parse_with_the_protocol_models(nats_server, db_u
         assert export.bundle_config_hashes_hash == second.bundle_config_hashes_hash
         model = next(m for m in export.models if m.model_id == "acme/dense-small")
         assert parse_model_yaml(model.raw_yaml).sie_id == model.config["sie_id"] == "acme/dense-small"
+
+
+def test_writer_locks_of_two_databases_on_one_postgres_server_do_not_collide():
+    """Advisory locks are the server's: the key is per database, so two clusters whose config
+    databases share a PostgreSQL server each have their writer (and one database, one writer)."""
+    from config_service.lock import PostgresLock
+    from tests.integration.config_service.conftest import _pg_admin_conn, _pg_answers
+
+    if not _pg_answers():
+        pytest.skip("PostgreSQL does not answer on 127.0.0.1:5432")
+    conn, user = _pg_admin_conn()
+    names = [f"sie_cfg_{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    for name in names:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    locks: list[PostgresLock] = []
+    try:
+        first, second = (PostgresLock(f"postgresql+psycopg://{user}@127.0.0.1:5432/{n}") for n in names)
+        again = PostgresLock(f"postgresql+psycopg://{user}@127.0.0.1:5432/{names[0]}")
+        locks += [first, second, again]
+        assert first.key != second.key
+        assert first.try_acquire() and second.try_acquire()
+        assert first.check() and second.check()
+        assert not again.try_acquire()  # the same database: still one writer
+    finally:
+        for lock in locks:
+            lock.release()
+        for name in names:
+            with contextlib.suppress(Exception):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
