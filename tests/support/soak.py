@@ -340,7 +340,8 @@ class Soak:
     def _growth(self) -> None:
         """Per process: RSS and descriptors over the last minutes against the minutes from the
         baseline minute on, for the process that lived through both (a killed process's successor:
-        from its second minute on, when that is at or after the baseline). Each side is the median of
+        from its second minute on, when that is at or after the baseline, and only when it lived at
+        least half of the measured span). Each side is the median of
         up to GROWTH_WINDOW one-minute samples: a garbage-collected heap swings within a minute (the
         first hour run saw nats-server's RSS go 32-40 MB minute to minute, no trend), so one sample
         against one sample would judge the phase of its collector, not a leak."""
@@ -352,8 +353,13 @@ class Soak:
             first = alive[0].minute
             base_minute = max(self.plan.baseline_minute, first + 1)
             span = last.minute - base_minute
-            if span < 1:
-                self.report.growth[name] = f"not compared (this process started at minute {first})"
+            if span < max(1, (last.minute - self.plan.baseline_minute) // 2):
+                # a successor that lived a few minutes shows its warm-up, not a leak (the first hour
+                # run flagged nats-3, restarted at minute 51.6, for 31→36 MB over minutes 53-60)
+                self.report.growth[name] = (
+                    f"not compared (this process started at minute {first}: too short to tell a leak "
+                    "from warming up)"
+                )
                 continue
             window = max(1, min(GROWTH_WINDOW, span // 4))
             head = [s.procs[name] for s in alive if base_minute <= s.minute < base_minute + window]
