@@ -93,6 +93,10 @@ def cluster(tmp_path_factory):
             print(f"---- {name} ----\n{c.log(name)}")
         raise
     finally:
+        for name, child in c.supervisor.children.items():  # one that died during the module: how, its log
+            if child.proc is None or child.proc.poll() is not None:
+                code = child.proc.returncode if child.proc is not None else "unknown"
+                print(f"---- {name} exited early ({code}) ----\n{c.log(name)}")
         c.stop()
         for _, proc in c.procs:
             if proc.poll() is None:
