@@ -4,7 +4,6 @@ directory outside the checkout that find the cluster by themselves, and ``sie do
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -20,6 +19,7 @@ import pytest
 
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
+from tests.support.processes import Identity, identities, kill_if_same
 
 REPO = Path(__file__).resolve().parents[3]
 ALL = ("nats", "config", "worker", "sidecar", "gateway")
@@ -102,18 +102,16 @@ class Detached:
 def detached(tmp_path_factory):
     d = Detached(Path(tmp_path_factory.mktemp("sie-cli")))
     started = d.user.run(*d.up_args(d.state, d.ports), "--detach")
-    pids: list[int] = []
+    owned: set[Identity] = set()
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         assert f"sie-cluster is up: point a client at {d.gateway}" in started.stdout
         d.started = started
-        pids = d.pids()
+        owned = identities(d.pids())
         wait_for_worker(d.gateway)
         yield d
     finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_if_same(owned)  # what is still that sie up's: a pid may name another test's process by now
 
 
 def test_a_second_sie_up_on_the_same_ports_says_so_and_touches_nothing(detached, tmp_path):

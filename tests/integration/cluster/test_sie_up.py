@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
+from tests.support.processes import Identity, identities, kill_if_same
 from worker import POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
 
 REPO = Path(__file__).resolve().parents[3]
@@ -38,14 +39,13 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
 
 
-def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
-    """Teardown whatever the test left: ``sie up`` itself and the children it had started."""
+def _kill_all(proc: subprocess.Popen, children: set[Identity]) -> None:
+    """Teardown whatever the test left: ``sie up`` itself and the children it had started (while
+    they are still those processes: a pid may name another test's process by then)."""
     if proc.poll() is None:
         proc.kill()
         proc.wait(10)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill_if_same(children)
 
 
 def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
@@ -85,6 +85,7 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     children: list[int] = []
+    owned: set[Identity] = set()
     gateway = f"http://127.0.0.1:{ports['gw']}"
     try:
         deadline = time.monotonic() + 120
@@ -97,6 +98,7 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
                 pass
             time.sleep(0.3)
         children = _children(proc.pid)
+        owned = identities(children)
         assert len(children) == 5  # nats-server, config service, worker, sidecar, gateway
         # the worker, and only the worker, runs with the pod's OpenMP spin count
         spin = {("worker.ipc" in _cmdline(p), _environ(p).get("GOMP_SPINCOUNT")) for p in children}
@@ -127,7 +129,7 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         ]
         assert alive == [], f"processes left running: {alive}"
     finally:
-        _kill_all(proc, children)
+        _kill_all(proc, owned)
 
 
 SLOW_YAML = """
@@ -192,6 +194,7 @@ def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
     )
     gateway = f"http://127.0.0.1:{ports['gw']}"
     pids: list[int] = []
+    owned: set[Identity] = set()
     result: dict[str, object] = {}
     try:
         deadline = time.monotonic() + 120  # generous: only guards against a hang
@@ -202,6 +205,7 @@ def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.3)
         pids = _children(proc.pid)
+        owned = identities(pids)
         wait_for_worker(gateway)
         model = tmp_path / "slow.yaml"
         model.write_text(SLOW_YAML)
@@ -259,7 +263,7 @@ def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
         assert order == sorted(order), out
         assert "all processes stopped" in out
     finally:
-        _kill_all(proc, pids)
+        _kill_all(proc, owned)
 
 
 def _alive(pid: int) -> bool:
@@ -310,6 +314,7 @@ def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
         start_new_session=True,
     )
     pids: list[int] = []
+    owned: set[Identity] = set()
     try:
         deadline = time.monotonic() + 120  # generous: only guards against a hang
         while (
@@ -319,6 +324,7 @@ def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.3)
         pids = _children(proc.pid)
+        owned = identities(pids)
         assert len(pids) == 5
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=90)  # reads while it waits: a full pipe never stalls sie up
@@ -331,4 +337,4 @@ def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
             assert time.monotonic() < deadline, f"left running: {[p for p in pids if _alive(p)]}"
             time.sleep(0.1)
     finally:
-        _kill_all(proc, pids)
+        _kill_all(proc, owned)

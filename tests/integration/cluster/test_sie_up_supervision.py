@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port, free_port_run
+from tests.support.processes import Identity, identities, kill_if_same
 
 REPO = Path(__file__).resolve().parents[3]
 SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
@@ -63,7 +64,7 @@ class SieUp:
         )
         self.gateway = f"http://127.0.0.1:{self.ports['gw']}"
         self.proc: subprocess.Popen | None = None
-        self.pids: set[int] = set()
+        self.pids: set[Identity] = set()  # every child it had, by pid and start time
 
     def start(self) -> SieUp:
         cmd = [
@@ -109,7 +110,7 @@ class SieUp:
     def children(self) -> dict[str, dict]:
         doc = json.loads((self.state / "status.json").read_text())
         rows = {c["name"]: c for c in doc["children"]}
-        self.pids |= {c["pid"] for c in rows.values() if c["pid"]}
+        self.pids |= identities(c["pid"] for c in rows.values())
         return rows
 
     def status_command(self) -> tuple[int, str]:
@@ -134,9 +135,7 @@ class SieUp:
                 self.proc.wait(10)
         if self.proc is not None:
             output = self.proc.stdout.read()
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_if_same(self.pids)
         return output
 
 

@@ -1,0 +1,39 @@
+"""Killing what a test started, and nothing else.
+
+Process ids come back quickly here (``kernel.pid_max`` is 32768 and a parallel run starts
+thousands of processes), so a pid recorded earlier in a test may by teardown name another test's
+process. A process is named by its pid and its start time (``/proc/<pid>/stat``, field 22): a
+teardown kills a recorded process only while both still match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+
+Identity = tuple[int, int]  # (pid, start time in clock ticks since boot)
+
+
+def identity(pid: int) -> Identity | None:
+    """``pid`` with its start time; None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return pid, int(fields[19])  # field 22 of the whole line: starttime
+
+
+def identities(pids: Iterable[int]) -> set[Identity]:
+    return {i for pid in pids if pid and (i := identity(pid)) is not None}
+
+
+def kill_if_same(recorded: Iterable[Identity], sig: int = signal.SIGKILL) -> None:
+    """Signal each recorded process that still runs as the same process (pid and start time)."""
+    for pid, started in recorded:
+        if identity(pid) == (pid, started):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
