@@ -118,7 +118,6 @@ class Gateway:
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
-        self.payloads = self.dispatcher.payloads  # items and results over the NATS max payload
         self._stopping = False  # background loops end on this too: library code may swallow a cancel
         self.started_at = time.time()
         self.draining = False  # set by drain(): new API requests are answered 503, /readyz fails
@@ -437,6 +436,9 @@ class Gateway:
         for i in followed:
             known[i] = same_items.COPY
         todo = [item for item, done in zip(items, known, strict=True) if done is None]
+        if not todo and not followed:  # every item answered from the cache: nothing to publish
+            hits = [r for r in known if r is not None]
+            return request_id, hits, (time.monotonic() - t0) * 1000.0, lane
         results: list[WorkResult] | None = None
         try:
             if todo:
@@ -537,7 +539,7 @@ class Gateway:
             if len(payload) <= limit:
                 continue
             try:
-                await self.payloads.put(item.work_item_id, payload)
+                await self.dispatcher.payloads.put(item.work_item_id, payload)
             except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
                 raise SIEError(
                     ErrorCode.QUEUE_UNAVAILABLE,
@@ -554,7 +556,7 @@ class Gateway:
     async def _forget_payloads(self, names: list[str]) -> None:
         for name in names:
             try:
-                await self.payloads.delete(name)
+                await self.dispatcher.payloads.delete(name)
             except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:  # the bucket's max age takes it
                 log.debug("payload %s not deleted: %s", name, exc)
 

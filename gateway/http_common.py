@@ -13,8 +13,8 @@ from gateway.core import GATEWAY_KEY, Gateway, Provisioning
 from gateway.result_cache import CACHE_WORKER_ID
 from gateway.settings import GatewaySettings
 from protocol import SERVER_VERSION, http
-from protocol.codec import wants_msgpack_response
-from protocol.errors import SIEError, format_retry_after
+from protocol.codec import CodecError, wants_msgpack_response
+from protocol.errors import SIEError, format_retry_after, invalid_input
 from protocol.work import WorkResult
 
 
@@ -43,6 +43,18 @@ async def read_body(request: web.Request, settings: GatewaySettings) -> Any:
         request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s
     )
     return http.decode_body(raw, request.headers.get("Content-Type"))
+
+
+async def read_json_body(request: web.Request, settings: GatewaySettings, what: str) -> Any:
+    """A JSON body (None when empty), within the body's size and time limits; 400 naming ``what``
+    when it is not JSON."""
+    raw = await http.read_body(
+        request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s
+    )
+    try:
+        return http.loads_json(raw) if raw else None
+    except CodecError:
+        raise invalid_input(f"{what} must be JSON") from None
 
 
 def success_headers(

@@ -10,10 +10,8 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from gateway.batches import BatchStore, new_batch, public
-from gateway.http_common import error_response, gateway_of
-from protocol import http
+from gateway.http_common import error_response, gateway_of, read_json_body
 from protocol.api import BatchBody, parse_request
-from protocol.codec import CodecError
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -117,14 +115,7 @@ async def handle_file_delete(request: web.Request) -> web.Response:
 
 @openai_errors
 async def handle_batch_create(request: web.Request) -> web.Response:
-    gw = gateway_of(request)
-    raw = await http.read_body(
-        request, gw.settings.gateway_max_body_bytes, timeout_s=gw.settings.gateway_body_timeout_s
-    )
-    try:
-        body: Any = http.loads_json(raw) if raw else None
-    except CodecError:
-        raise invalid_input("The body must be JSON") from None
+    body = await read_json_body(request, gateway_of(request).settings, "The body")
     store = _store(request)
     parsed = parse_request(BatchBody, body)
     batch = new_batch(parsed, await store.file(parsed.input_file_id))

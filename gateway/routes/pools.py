@@ -6,13 +6,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.http_common import (
-    gateway_of,
-)
+from gateway.http_common import gateway_of, read_json_body
 from gateway.pools import PoolStore
-from protocol import http
-from protocol.codec import CodecError
-from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.errors import ErrorCode, SIEError
 
 
 def _pools(request: web.Request) -> PoolStore:
@@ -23,14 +19,7 @@ def _pools(request: web.Request) -> PoolStore:
 
 
 async def _json_body(request: web.Request) -> Any:
-    settings = gateway_of(request).settings
-    raw = await http.read_body(
-        request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s
-    )
-    try:
-        return http.loads_json(raw) if raw else None
-    except CodecError:
-        raise invalid_input("Pool body must be JSON") from None
+    return await read_json_body(request, gateway_of(request).settings, "Pool body")
 
 
 async def handle_pool_create(request: web.Request) -> web.Response:
