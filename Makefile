@@ -9,7 +9,7 @@ SIE_ARGS ?=
 # servers and timeouts, so more workers than cores pay off; 0 runs it in this process.
 TEST_WORKERS ?= 4
 
-.PHONY: up install dev test test-fast typecheck lint bench bench-gpu soak clean k8s-up k8s-down e2e-k8s
+.PHONY: up install dev test test-ha test-fast typecheck lint bench bench-gpu soak clean k8s-up k8s-down e2e-k8s
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -61,6 +61,11 @@ bench: $(DEVSTAMP)
 # slow); a line per minute and a verdict (docs/ha.md). SIE_SOAK_MINUTES=N runs N minutes instead.
 soak: $(DEVSTAMP)
 	$(BIN)/python -m pytest -m slow -s -q tests/integration/cluster/test_soak.py::test_soak_hour
+
+# The NATS-cluster fault cases (marker ha, about 3 minutes): kill -9 of a member and of the work
+# stream's leader, SIGSTOP of the gateway's member; each prints its recovery figures (docs/ha.md).
+test-ha: $(DEVSTAMP)
+	$(BIN)/python -m pytest -m ha -s -q tests/integration/cluster/test_nats_cluster_faults.py
 
 # needs a CUDA build of torch and a GPU; prints why it skipped elsewhere
 bench-gpu: $(DEVSTAMP)
