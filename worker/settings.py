@@ -49,6 +49,9 @@ class WorkerSettings(BaseSettings):
     )  # worker identity in Ping answers and results (default: hostname)
     # execution
     device: str = "auto"  # auto | cpu | cuda
+    cpu_precision: Literal["auto", "float32", "bfloat16"] = (
+        "auto"  # CPU: what float32 profiles of bf16-safe adapters (dense text encoders) compute in: auto = bfloat16 where the CPU has native bf16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo), else float32; float32 = as the profile asks; bfloat16 = bfloat16 even without native bf16 (slow, emulated); profiles that ask a half precision and GPUs are not affected
+    )
     torch_threads: int = 0  # intra-op threads of all inference together; 0 = torch default (the cores)
     forward_threads: int = Field(
         default=1, ge=1, validation_alias=AliasChoices("SIE_FORWARD_THREADS", "SIE_FORWARD_LANES")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import os
 import random
 import statistics
@@ -239,11 +240,19 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="SIE_FORWARD_THREADS for every worker started (sie serve and the cluster's); 0 = the default",
     )
+    ap.add_argument(
+        "--cpu-precision",
+        choices=("auto", "float32", "bfloat16"),
+        help="SIE_CPU_PRECISION for every worker started; float32 compares with sentence-transformers "
+        "(float32) like for like (default: the worker's, auto: bf16 where the CPU has it natively)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.cluster_seconds, args.repeats = 3.0, 3.0, 1
     if args.lanes:
         os.environ["SIE_FORWARD_THREADS"] = str(args.lanes)  # inherited by every server this run starts
+    if args.cpu_precision:
+        os.environ["SIE_CPU_PRECISION"] = args.cpu_precision  # inherited as SIE_FORWARD_THREADS is
     if args.only_classes or args.only_batch:
         from tests.benchmarks.classes import bench_classes
 
@@ -294,9 +303,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in rows:
             baseline[name] = st32
         ours, fifo = asyncio.run(padded_share(server.url, mixed_sentences(512, seed=2), 16))
+        with urllib.request.urlopen(f"{server.url}/v1/models/{D}", timeout=10) as resp:
+            precision = json.load(resp)["precision"]  # SIE_CPU_PRECISION: bf16 where the CPU has it natively
     print()
     print(
-        f"MiniLM-L6 (fp32), {args.threads} torch threads, {args.repeats} repeats x {args.seconds:.0f} s, "
+        f"MiniLM-L6 (sie serve {precision}, sentence-transformers float32), {args.threads} torch threads, "
+        f"{args.repeats} repeats x {args.seconds:.0f} s, "
         f"medians; 'vs ST' = ratio to in-process sentence-transformers at batch 32"
     )
     print(fmt_table(list(rows.values()), baseline))

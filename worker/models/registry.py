@@ -37,6 +37,7 @@ from worker.models.loaded import (
 from worker.models.loop_bridge import LoopBridge
 from worker.models.memory import MemoryManager
 from worker.models.placement import Placement
+from worker.models.precision import load_precision
 from worker.models.table import ModelTable
 from worker.models.weights import Source, WeightCache, WeightsError, weight_bytes
 from worker.settings import WorkerSettings
@@ -233,6 +234,15 @@ class ModelRegistry:
                     return wanted, err
         return "available", None
 
+    def loaded_precision(self, model_id: str, profile: str) -> str | None:
+        """The precision a profile's loaded instance computes in (what it loaded with, after
+        ``SIE_CPU_PRECISION``), for /v1/models; None while it is not loaded."""
+        config = self.catalog.get(model_id)
+        if config is None or profile not in config.profiles:
+            return None
+        entry = self.table.get(load_signature(Resolved(config, profile, config.resolved_profile(profile))))
+        return entry.loaded.adapter.spec.precision if entry is not None and entry.loaded is not None else None
+
     def batch_stats(self) -> BatchStats:
         total = BatchStats()
         for lm in self.loaded():
@@ -353,7 +363,16 @@ class ModelRegistry:
         heap.freeze()
         load_s = time.monotonic() - started
         self.metrics.model_load_seconds.labels(resolved.model_id).observe(load_s)
-        log.info("loading %s… done in %.1f s", resolved.model_id, load_s)
+        log.info(
+            "loading %s… done in %.1f s: %s on %s%s",
+            resolved.model_id,
+            load_s,
+            adapter.spec.precision,
+            adapter.spec.device,
+            ""
+            if adapter.spec.precision == (resolved.profile.compute_precision or "float32")
+            else f" (the profile asks {resolved.profile.compute_precision or 'float32'}; SIE_CPU_PRECISION)",
+        )
         await self.memory.relieve(keep=entry.key)
 
     def _build_adapter(self, resolved: Resolved, key: ModelKey) -> Adapter:
@@ -369,7 +388,9 @@ class ModelRegistry:
             profile_name=resolved.profile_name,
             weights_dir=str(weights) if weights else None,
             device=self.placement.device,
-            precision=resolved.profile.compute_precision or "float32",
+            precision=load_precision(
+                resolved.profile.compute_precision, cls, self.placement.device, self.settings.cpu_precision
+            ),
             loadtime=resolved.loadtime_options,
         )
         adapter = cls(spec)

@@ -162,6 +162,9 @@ class Runtime:
     def model_state(self, model_id: str, profile: str | None = None) -> tuple[str, dict[str, Any] | None]:
         return self.models.model_state(model_id, profile)
 
+    def loaded_precision(self, model_id: str, profile: str) -> str | None:
+        return self.models.loaded_precision(model_id, profile)
+
     def weights_status(self) -> dict[str, str]:
         """Model id → where its weights are (``GET /v1/models``'s ``weights``)."""
         return self.weights_watch.status()

@@ -229,7 +229,13 @@ def _entries(runtime: Runtime) -> list[dict[str, Any]]:
         entry = runtime.catalog.model_entry(
             config, profile, loaded=state == "loaded", state=state, last_error=err
         )
-        out.append({**entry, "weights": weights.get(config.sie_id, UNKNOWN)})  # beside the contract's fields
+        out.append(  # beside the contract's fields
+            {
+                **entry,
+                "weights": weights.get(config.sie_id, UNKNOWN),
+                "precision": runtime.loaded_precision(config.sie_id, profile),
+            }
+        )
     return out
 
 
@@ -246,6 +252,7 @@ async def get_model(request: web.Request) -> web.Response:
         config, profile, loaded=state == "loaded", state=state, last_error=err
     )
     entry["weights"] = runtime.weights_status().get(config.sie_id, UNKNOWN)
+    entry["precision"] = runtime.loaded_precision(config.sie_id, profile or "default")
     return json_response(entry, headers=base_headers())
 
 

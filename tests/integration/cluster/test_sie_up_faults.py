@@ -47,7 +47,9 @@ with SIEClient(URL) as c:
                 start = time.time()
                 try:
                     r = cc.encode(MODEL, {"text": text}, provision_timeout_s=90)
-                    ok = bool(np.allclose(np.asarray(r["dense"]), refs[text], atol=1e-5))
+                    v, ref = np.asarray(r["dense"]), refs[text]
+                    # in bf16 (SIE_CPU_PRECISION=auto) another batch rounds differently: direction, not bits
+                    ok = float(v @ ref) / float(np.linalg.norm(v) * np.linalg.norm(ref)) >= 0.9999
                     out.append((start, time.time(), "ok" if ok else "wrong"))
                 except Exception as exc:
                     out.append((start, time.time(), f"error: {type(exc).__name__}: {exc}"[:200]))

@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.sdk312 import run_sdk, sdk_unavailable
 from tests.support.serve import ServeProcess
+from worker.models.precision import cpu_has_native_bf16
 
 D = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -129,6 +130,10 @@ def test_check_28_openai_embeddings(server):
         np.testing.assert_allclose(d["embedding"], head / np.linalg.norm(head), rtol=0, atol=1e-6)
     listed = httpx.get(f"{server.url}/v1/models").json()
     assert D in [m["id"] for m in listed["data"]] and D in [m["name"] for m in listed["models"]]
+    # the precision the loaded model computes in: its float32 profile in bf16 where the CPU has it natively
+    entry = next(m for m in listed["models"] if m["name"] == D)
+    assert entry["precision"] == ("bfloat16" if cpu_has_native_bf16() else "float32"), entry
+    assert httpx.get(f"{server.url}/v1/models/{D}").json()["precision"] == entry["precision"]
     bad = httpx.post(f"{server.url}/v1/embeddings", json={"model": D, "input": "a", "dimensions": 385})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "unsupported_field"
     missing = httpx.post(f"{server.url}/v1/embeddings", json={"model": "no/such", "input": "a"})
