@@ -126,7 +126,7 @@ class Adapter:
     token_costed: ClassVar[bool] = True
     #: whether a float32 profile may run in bfloat16 on a CPU with native bf16 (SIE_CPU_PRECISION,
     #: worker/models/precision.py): set only where the outputs pass the gate, cosine >= 0.99
-    #: against fp32 (tests/unit/worker/test_cpu_precision.py)
+    #: against fp32 (tests/integration/lifecycle/test_cpu_precision.py)
     cpu_bf16_safe: ClassVar[bool] = False
 
     def __init__(self, spec: LoadSpec) -> None:

@@ -97,7 +97,9 @@ def load_projection(root: Path, sub: str, device: str) -> Projection:
 class DenseAdapter(HFTextAdapter):
     operations = frozenset({"encode"})
     supports_lora = True
-    cpu_bf16_safe = True  # cosine >= 0.9999 against fp32 for MiniLM (tests/unit/worker/test_cpu_precision.py)
+    cpu_bf16_safe = (
+        True  # cosine >= 0.9999 against fp32 for MiniLM (tests/integration/lifecycle/test_cpu_precision.py)
+    )
     projection: Projection | None = None
 
     def load(self) -> None:

@@ -4,7 +4,7 @@ A profile names its ``compute_precision``; on a CPU worker a profile that asks f
 bfloat16 instead (``SIE_CPU_PRECISION``): where the CPU has native bf16 instructions
 (``avx512_bf16`` or ``amx_bf16``) bf16 matmuls are faster than fp32 ones, and for the adapters
 that declare it safe (``Adapter.cpu_bf16_safe``) their outputs stay within the correctness gate
-(cosine >= 0.99 against fp32; tests/unit/worker/test_cpu_precision.py). GPU workers and profiles
+(cosine >= 0.99 against fp32; tests/integration/lifecycle/test_cpu_precision.py). GPU workers and profiles
 that ask a half precision themselves get what the profile asks.
 """
 
