@@ -135,6 +135,10 @@ class Liveness:
         )
 
     async def publish_heartbeat(self, *, terminated: bool = False) -> None:
+        if self.stopping.is_set() and not terminated:
+            # the tombstone is the last word: a Ping answered while stopping must not follow it
+            # with a live heartbeat that makes the gateway route to this pod again
+            return
         await self.nc.publish(
             health_subject(self.settings.worker_id), self.heartbeat(terminated=terminated).to_json()
         )

@@ -10,6 +10,7 @@ from nats.aio.client import Client as NATS
 from protocol import ipc
 from protocol.errors import ErrorCode
 from protocol.subjects import BULK, INTERACTIVE
+from protocol.work import Heartbeat
 from sidecar.batcher import BatchLimits
 from sidecar.deliveries import Delivery, Held, ModelScheduler
 from sidecar.intake import Intake
@@ -307,3 +308,26 @@ def test_pins_from_a_gateway_are_taken_only_when_well_formed():
         assert not health.take_pins(bad)
     assert health.pinned == ["sie-fake:slow-batch"]
     assert health.take_pins(b'{"models": []}') and health.pinned == []
+
+
+class Published:
+    """A HeartbeatPublisher that keeps what was published."""
+
+    def __init__(self) -> None:
+        self.beats: list[Heartbeat] = []
+
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None:
+        self.beats.append(Heartbeat.parse(payload))
+
+
+async def test_after_the_tombstone_no_live_heartbeat_is_published():
+    live, r, _, _ = liveness(ManualClock())
+    live.nc = out = Published()
+    r.health.ping = ipc.PingResponse(ready=True)
+    await live.announce()
+    r.stopping.set()
+    await live.publish_heartbeat(terminated=True)
+    await live.announce()  # a Ping answered while stopping changes readiness: it must not follow
+    assert [b.terminated for b in out.beats] == [False, True]
