@@ -7,7 +7,7 @@ DEVSTAMP := $(VENV)/.dev-installed
 SIE_ARGS ?=
 # `make test` runs pytest in this many worker processes (pytest-xdist): the suite mostly waits on
 # servers and timeouts, so more workers than cores pay off; 0 runs it in this process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 
 .PHONY: up install dev test test-ha test-fast typecheck lint bench bench-gpu soak clean k8s-up k8s-down e2e-k8s
 

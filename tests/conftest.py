@@ -8,28 +8,32 @@ import pytest
 from tests.support.nats_server import NatsServer
 from tests.support.sdk312 import sdk_unavailable
 
-# The files that take longest, slowest first (seconds of one worker in a `make test` on 2 cores
-# shared with other work, 2026-11-26): with `pytest -n` they start at once on their own workers
-# instead of being handed out last and leaving the run waiting on one worker. Every other file
-# keeps its place after them.
+# The files that take longest, slowest first (seconds of one worker in a `make test` on 2 cores,
+# 5 workers, 2026-11-26; 2,034 s in all): with `pytest -n` they start at once on their own workers
+# instead of being handed out last and leaving the run waiting on one worker (the five-minute soak
+# handed out late made the run 570 s instead of about 480). Every other file keeps its place after
+# them.
 SLOW_FIRST = [
-    "tests/integration/families/test_families_sdk.py",  # 300 (the SDK venv, checkpoints)
-    "tests/integration/families/test_quickstart_gateway.py",  # 300
-    "tests/integration/cluster/test_long_inputs.py",  # 207
-    "tests/integration/families/test_images_public_sdk.py",  # 192
-    "tests/unit/families/test_decoder_families.py",  # 148
-    "tests/integration/cluster/test_sdk_contract_cluster.py",  # 137
-    "tests/integration/lifecycle/test_memory_runtime.py",  # 127
-    "tests/integration/worker/test_batching_runtime.py",  # 126
-    "tests/integration/cluster/test_result_cache.py",  # 123
-    "tests/integration/worker/test_errors.py",  # 105
-    "tests/integration/lifecycle/test_sdk_checks_16_18.py",  # 98
-    "tests/integration/cluster/test_live_model_add.py",  # 91
-    "tests/integration/cluster/test_sie_up.py",  # 88
-    "tests/integration/sidecar/test_failures.py",  # 88
-    "tests/unit/families/test_image_families.py",  # 70
-    "tests/integration/lifecycle/test_lora.py",  # 67
-    "tests/unit/families/test_families.py",  # 65
+    "tests/integration/cluster/test_soak.py",  # 315
+    "tests/integration/cluster/test_long_inputs.py",  # 85
+    "tests/integration/cluster/test_sdk_contract_cluster.py",  # 85
+    "tests/integration/families/test_quickstart_gateway.py",  # 81
+    "tests/integration/families/test_families_sdk.py",  # 64
+    "tests/integration/cluster/test_result_cache.py",  # 60
+    "tests/integration/worker/test_idle_and_pinned.py",  # 56
+    "tests/integration/lifecycle/test_memory_runtime.py",  # 55
+    "tests/integration/cluster/test_sie_up.py",  # 48
+    "tests/integration/sidecar/test_failures.py",  # 46
+    "tests/integration/families/test_images_public_sdk.py",  # 46
+    "tests/integration/worker/test_batching_runtime.py",  # 42
+    "tests/integration/cluster/test_live_model_add.py",  # 41
+    "tests/integration/worker/test_errors.py",  # 41
+    "tests/integration/config_service/test_config_service.py",  # 37
+    "tests/unit/families/test_decoder_families.py",  # 34
+    "tests/integration/cluster/test_sie_up_faults.py",  # 34
+    "tests/integration/cluster/test_sie_up_batch.py",  # 34
+    "tests/integration/lifecycle/test_sdk_checks_16_18.py",  # 33
+    "tests/integration/cluster/test_pinned_pool.py",  # 31
 ]
 
 
