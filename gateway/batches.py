@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.kv import KeyValue
@@ -292,6 +293,18 @@ def parse_input(data: bytes, endpoint: str, max_lines: int) -> tuple[list[Line],
     return lines, errors
 
 
+def one_line_json(raw: bytes) -> bytes:
+    """``raw`` as one line of JSON for an output file: kept as it is when it is JSON on one line
+    (the gateway's own compact answers), else re-encoded, or wrapped as an error message."""
+    raw = raw.strip()
+    if raw and b"\n" not in raw and raw[:1] in (b"{", b"["):
+        return raw
+    try:
+        return orjson.dumps(orjson.loads(raw)) if raw else b"null"
+    except orjson.JSONDecodeError:
+        return orjson.dumps({"error": {"message": raw.decode("utf-8", "replace")[:500]}})
+
+
 def _url_fits(url: str, endpoint: str) -> bool:
     if endpoint == "/v1/encode":
         return url.startswith("/v1/encode/") and len(url) > len("/v1/encode/")
@@ -456,58 +469,54 @@ class BatchRunner:
         """Run one chunk's lines and store its output and error lines; (succeeded, failed)."""
         gate = asyncio.Semaphore(self.lines_in_flight)
 
-        async def one(line: Line) -> tuple[bool, dict[str, Any]]:
+        async def one(line: Line) -> tuple[bool, bytes]:
             async with gate:
                 return await self._line(batch_id, line, auth)
 
         answers = await asyncio.gather(*(one(line) for line in lines))
-        out = b"".join(json.dumps(a).encode() + b"\n" for good, a in answers if good)
-        err = b"".join(json.dumps(a).encode() + b"\n" for good, a in answers if not good)
+        out = b"".join(a for good, a in answers if good)
+        err = b"".join(a for good, a in answers if not good)
         await self.store.files.put(f"{batch_id}/out/{index:06d}", out)
         await self.store.files.put(f"{batch_id}/err/{index:06d}", err)
         ok = sum(1 for good, _ in answers if good)
         return ok, len(answers) - ok
 
-    async def _line(self, batch_id: str, line: Line, auth: str | None) -> tuple[bool, dict[str, Any]]:
+    async def _line(self, batch_id: str, line: Line, auth: str | None) -> tuple[bool, bytes]:
+        """Send one line until it has an answer; (succeeded, its output or error file line)."""
         server_errors = 0
         while True:
             try:
                 status, headers, body = await self._send(line.url, line.body, auth)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                status, headers, body = 599, {}, {"error": {"message": f"{type(exc).__name__}: {exc}"}}
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                status, headers = 599, {}
+                body = orjson.dumps({"error": {"message": f"{type(exc).__name__}: {exc}"}})
             waiting = status in (202, 429) or (status == 503 and "Retry-After" in headers)
             if waiting or (status >= 500 and server_errors + 1 < SERVER_ERROR_TRIES):
                 server_errors += 0 if waiting else 1
                 retry = headers.get("Retry-After")
                 await asyncio.sleep(min(float(retry), 30.0) if retry else 1.0)
                 continue
-            answer = {
+            envelope = orjson.dumps({
                 "id": f"batch_req_{batch_id.removeprefix('batch_')}_{line.number}",
                 "custom_id": line.custom_id,
-                "response": {
-                    "status_code": status,
-                    "request_id": headers.get("X-SIE-Request-ID", ""),
-                    "body": body,
-                },
+                "response": {"status_code": status, "request_id": headers.get("X-SIE-Request-ID", ""), "body": None},
                 "error": None,
-            }
-            return 200 <= status < 300, answer
+            })  # fmt: skip
+            # the answer's JSON goes into the line as it came: parsing and encoding again thousands
+            # of vectors per chunk held the event loop that interactive requests share
+            return 200 <= status < 300, envelope.replace(b'"body":null', b'"body":' + body, 1) + b"\n"
 
     async def _send(
         self, url: str, body: dict[str, Any], auth: str | None
-    ) -> tuple[int, dict[str, str], Any]:
+    ) -> tuple[int, dict[str, str], bytes]:
+        """POST one line's body to this gateway; (status, headers, the answer as one line of JSON)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         headers = {"X-SIE-Priority": BULK, "Accept": "application/json"}
         if auth:
             headers["Authorization"] = auth
         async with self._session.post(f"{self.base_url}{url}", json=body, headers=headers) as resp:
-            raw = await resp.read()
-            try:
-                parsed = json.loads(raw) if raw else None
-            except ValueError:
-                parsed = {"error": {"message": raw.decode("utf-8", "replace")[:500]}}
-            return resp.status, dict(resp.headers), parsed
+            return resp.status, dict(resp.headers), one_line_json(await resp.read())
 
     async def _end(self, batch_id: str, status: str, *, errors: dict[str, Any] | None = None) -> None:
         """Join the chunks into the output and error files and record the batch's end."""

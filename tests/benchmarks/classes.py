@@ -137,13 +137,16 @@ def bench_priority(url: str, seconds: float, bulk_items: int) -> list[str]:
 
 
 async def _batch(url: str, lines: int, per_line: int) -> float:
-    """Run a Batch API batch of ``lines`` lines (``per_line`` texts each) to its end; its seconds."""
+    """Run a Batch API batch of ``lines`` lines (``per_line`` texts each) to its end; its seconds.
+    Its texts are new in every run, so that no round is answered from the result cache."""
     import json
+
+    tag = time.time_ns()
 
     content = b"".join(
         json.dumps({
             "custom_id": f"b{i}", "method": "POST", "url": "/v1/embeddings",
-            "body": {"model": D, "input": [f"batch {i} {k} corpus text of the batch row" for k in range(per_line)]},
+            "body": {"model": D, "input": [f"batch {tag} {i} {k} corpus text of the batch row" for k in range(per_line)]},
         }).encode() + b"\n"
         for i in range(lines)
     )  # fmt: skip
