@@ -250,6 +250,12 @@ class Cluster:
         return f"http://127.0.0.1:{self.config_port}"
 
     @property
+    def config_urls(self) -> str:
+        """Every config replica's URL, comma-separated: gateways and sidecars read from the next one
+        when theirs cannot be reached (protocol/replicas.py)."""
+        return ",".join(f"http://127.0.0.1:{self.config_port + i}" for i in range(self.config_replicas))
+
+    @property
     def gateway_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
@@ -261,7 +267,7 @@ class Cluster:
             "SIE_MODELS_DIR": self.models_dir,
             "SIE_BUNDLES_DIR": self.bundles_dir,
             "SIE_ADMIN_TOKEN": admin_token(self.state_dir),
-            "SIE_CONFIG_SERVICE_URL": self.config_url,
+            "SIE_CONFIG_SERVICE_URL": self.config_urls,
             "SIE_CONFIG_SERVICE_TOKEN": admin_token(self.state_dir),
             "SIE_POOL": "default",
             "SIE_BUNDLE": "default",

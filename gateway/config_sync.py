@@ -50,6 +50,7 @@ from protocol.config_delta import (
 )
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import Bundle, ModelConfig, bundles_hash, load_yaml, parse_model_yaml
+from protocol.replicas import ReplicaUrls
 from protocol.subjects import CONFIG_ALL
 
 log = logging.getLogger("gateway.config_sync")
@@ -77,7 +78,7 @@ class ConfigServiceRegistry(CatalogRegistry):
         backoff_max_s: float = 60.0,
     ) -> None:
         super().__init__(Catalog())
-        self.url = url.rstrip("/")
+        self.replicas = ReplicaUrls(url)
         self.token = token or None
         self.trusted_producers = [t for t in trusted_producers if t] or ["sie-config"]
         self.poll_interval_s = poll_interval_s
@@ -295,10 +296,9 @@ class ConfigServiceRegistry(CatalogRegistry):
 
     async def _get_doc(self, path: str) -> Any:
         assert self._session is not None, "start() first"
-        async with self._session.get(self.url + path, headers={"Accept": "application/json"}) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise BootstrapError(f"GET {path}: HTTP {resp.status}: {text[:200]}")
+        status, text = await self.replicas.get(self._session, path, headers={"Accept": "application/json"})
+        if status != 200:
+            raise BootstrapError(f"GET {path}: HTTP {status}: {text[:200]}")
         try:
             return load_yaml(text)  # JSON is YAML; the reference answers bundles as YAML
         except yaml.YAMLError as exc:

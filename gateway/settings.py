@@ -149,7 +149,7 @@ class GatewaySettings(BaseSettings):
 
     # Model registry source: the config service when its URL is set, else the catalog directories
     config_service_url: str | None = (
-        None  # config service base URL; set: bootstrap + deltas + epoch poll, /readyz 503 until the first export
+        None  # config service base URL, or its replicas' URLs comma-separated (read from the next one when one cannot be reached); set: bootstrap + deltas + epoch poll, /readyz 503 until the first export
     )
     config_service_token: str | None = (
         None  # bearer token for the config service's read routes (its SIE_CONFIG_READ_TOKEN)

@@ -46,6 +46,7 @@ from protocol.config_delta import (
     parse_epoch_info,
     parse_export,
 )
+from protocol.replicas import ReplicaUrls
 from protocol.subjects import config_subject
 from sidecar.barrier import ExecutionBarrier
 from sidecar.ipc_client import IpcClient, IpcRemoteError, IpcTransportError
@@ -99,6 +100,7 @@ class ConfigApplier:
         self._sub = None
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
+        self.replicas = ReplicaUrls(settings.config_service_url) if settings.config_service_url else None
         self._rewind = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -272,12 +274,11 @@ class ConfigApplier:
 
     # ------------------------------------------------------------------ reconciliation
     async def _get_json(self, path: str) -> Any:
-        assert self._session is not None and self.settings.config_service_url
-        url = self.settings.config_service_url.rstrip("/") + path
-        async with self._session.get(url) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"GET {path}: HTTP {resp.status}: {(await resp.text())[:200]}")
-            return await resp.json(content_type=None)
+        assert self._session is not None and self.replicas is not None
+        status, text = await self.replicas.get(self._session, path)
+        if status != 200:
+            raise RuntimeError(f"GET {path}: HTTP {status}: {text[:200]}")
+        return json.loads(text)
 
     async def poll_epoch(self) -> bool:
         """One epoch poll; True when a full export is due (epoch or hashes changed, or a rewind)."""

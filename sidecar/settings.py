@@ -101,7 +101,7 @@ class SidecarSettings(BaseSettings):
     cancel_tombstone_ttl_s: float = 600.0  # how long a cancelled request id is remembered
     # config deltas and reconciliation
     config_service_url: str | None = (
-        None  # config service base URL; set: start-up export, epoch poll, periodic export
+        None  # config service base URL, or its replicas' URLs comma-separated (read from the next one when one cannot be reached); set: start-up export, epoch poll, periodic export
     )
     config_service_token: str | None = (
         None  # bearer token for the config service's read routes (export needs read or admin)

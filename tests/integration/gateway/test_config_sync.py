@@ -201,10 +201,12 @@ class Gw:
 async def start_gateway(nats_server, config_settings, tmp_path):
     handles: list[Gw] = []
 
-    async def start(*, nats_url: str | None = None, poll_s: float = 60.0) -> Gw:
+    async def start(
+        *, nats_url: str | None = None, poll_s: float = 60.0, config_urls: str | None = None
+    ) -> Gw:
         settings = GatewaySettings(
             nats_url=nats_url or nats_server.url,
-            config_service_url=f"http://127.0.0.1:{config_settings.config_port}",
+            config_service_url=config_urls or f"http://127.0.0.1:{config_settings.config_port}",
             config_service_token=READ,
             config_poll_interval_s=poll_s,
             gateway_configured_gpus=["cpu"],
@@ -259,6 +261,24 @@ async def test_readyz_503_until_first_export_then_200(start_gateway, config_serv
     await wait_until(ready, what="readyz 200 after the first export")
     assert await gw.model_names() == ["baseline/minilm"]
     assert (await gw.get("/v1/configs/epoch"))[1]["epoch"] == 0
+
+
+async def test_a_replica_that_cannot_be_reached_is_passed_over(
+    start_gateway, config_service, config_settings
+):
+    await config_service()
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused, as a killed replica's port
+    live = f"http://127.0.0.1:{config_settings.config_port}"
+    gw = await start_gateway(config_urls=f"{dead}, {live}")
+
+    async def ready():
+        return (await gw.get("/readyz"))[0] == 200
+
+    await wait_until(ready, what="readyz 200 from the second replica")
+    assert await gw.model_names() == ["baseline/minilm"]
+    assert gw.registry.replicas.url == live  # reads stay on the replica that answered
+    await gw.registry.poll_once()  # the epoch poll reads there too, without a failed try first
+    assert gw.registry.replicas.url == live
 
 
 async def test_post_to_config_service_reaches_gateway_by_delta(start_gateway, config_service):

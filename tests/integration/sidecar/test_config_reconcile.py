@@ -28,6 +28,7 @@ from tests.integration.sidecar.support import (
     start_lane,
     stop_lane,
 )
+from tests.support.nats_server import free_port
 from tests.support.polling import wait_until
 from worker.ipc.server import serve_ipc
 from worker.runtime import Runtime
@@ -70,13 +71,16 @@ async def test_startup_export_and_epoch_poll_reach_the_worker(nats_server, tmp_p
         worker = InProcessWorker(sock, BASELINE_MODEL)
         worker.runtime.catalog.put_bundle(parse_model_bundle())
         async with worker:
+            # the first of the replicas listed cannot be reached (a killed one): reads pass it over
+            replicas = f"http://127.0.0.1:{free_port()},{cfg.url}"
             settings = sidecar_settings(
-                nats_server.url, sock, config_service_url=cfg.url, config_service_token=ADMIN,
+                nats_server.url, sock, config_service_url=replicas, config_service_token=ADMIN,
                 worker_config_poll_interval_ms=200, worker_config_full_export_interval_ms=600000,
             )  # fmt: skip
             lane, nc, client = await start_lane(settings)
             applier = lane.config
             await wait_until(lambda: applier.stats.get("reconciled", 0) >= 1, 20)
+            assert applier.replicas is not None and applier.replicas.url == cfg.url.rstrip("/")
             async with cfg.client() as c:
                 export = (await c.get("/v1/configs/export")).json()
             scoped = export["bundle_pool_config_hashes"]["default"]["default"]
