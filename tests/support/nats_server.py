@@ -17,33 +17,60 @@ from pathlib import Path
 
 from deploy.launcher import nats_server_binary
 
+# Test servers listen on ports below the kernel's ephemeral range. A port the kernel hands out for
+# ``bind(0)`` is ephemeral: until the server that is to use it binds it, any outbound connection on
+# the machine may take it as its source port, and with five pytest workers opening connections all
+# the time one did (a sidecar's metrics port, "address already in use"). Ports below the range are
+# never taken that way; each pytest-xdist worker draws from its own slice, and a port is handed out
+# once per process, so tests running side by side never pick the same one.
+_LOW_PORT = 15000
+_SLICES = 8
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % _SLICES if worker.isdigit() else 0
+    width = (_ephemeral_floor() - _LOW_PORT) // _SLICES
+    start = _LOW_PORT + index * width
+    return range(start, start + width)
+
+
+_ports = _slice()
+_next = _ports.start + (os.getpid() * 7919) % len(_ports)  # apart from an earlier run's processes
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports, none handed out before by this
+    process (a NATS cluster's client, route and monitoring ports follow ``sie up --nats-port``)."""
+    global _next
+    for _ in range(len(_ports)):
+        if _next + count > _ports.stop:
+            _next = _ports.start
+        base, _next = _next, _next + count
+        if all(_bindable(port) for port in range(base, base + count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports in {_ports.start}-{_ports.stop - 1}")
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_run(count: int, attempts: int = 200) -> int:
-    """The first of ``count`` consecutive free loopback ports (a NATS cluster's client, route and
-    monitoring ports follow ``sie up --nats-port``)."""
-    for _ in range(attempts):
-        base = free_port()
-        if base + count >= 65536:
-            continue
-        held: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports")
+    """A free loopback port below the ephemeral range, not handed out before by this process."""
+    return free_port_run(1)
 
 
 class NatsServer:

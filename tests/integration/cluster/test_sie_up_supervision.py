@@ -190,14 +190,7 @@ def test_a_killed_worker_is_restarted_and_the_cluster_serves_again(sie_up):
 
 def _free_port_pair() -> int:
     """A free port whose next port is free too (one metrics port per worker pod)."""
-    import socket
-
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s, contextlib.suppress(OSError):
-            s.bind(("127.0.0.1", port + 1))
-            return port
-    raise AssertionError("no two consecutive free ports")
+    return free_port_run(2)
 
 
 def _batches(metrics_port: int) -> float:
