@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertModel
 
 from protocol.errors import ErrorCode, SIEError
+from tests.support.vectors import cosines
 from worker.runtime.muvera import MuveraConfig, fde
 
 TEXTS = [
@@ -20,11 +21,6 @@ TEXTS = [
     "Late interaction keeps one vector per token, then scores with MaxSim over the query tokens; "
     "MUVERA turns the token set into one fixed-size vector.",
 ]
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 # ---- ColBERT -------------------------------------------------------------------------------
@@ -65,7 +61,7 @@ def test_colbert_multivector_equals_direct(family_runtime, colbert_direct, is_qu
         mv = item["multivector"]
         got, want = mv["values"], colbert_direct(text, is_query)
         assert got.shape == want.shape and mv["token_dims"] == 96 and mv["num_tokens"] == want.shape[0]
-        assert cosine_rows(got, want).min() >= 0.9999
+        assert cosines(got, want).min() >= 0.9999
     if is_query:  # query augmentation: every query has the full query length
         assert {item["multivector"]["num_tokens"] for item in res.items} == {32}
 
@@ -79,7 +75,7 @@ def test_colbert_muvera_profile(family_runtime, colbert_direct):
     for item, text in zip(res.items, TEXTS, strict=True):
         want = fde(colbert_direct(text, False), cfg, is_query=False)
         assert item["dense"]["dims"] == cfg.output_dim(96) and item["dense"]["values"].dtype == np.float32
-        assert cosine_rows(item["dense"]["values"], want) >= 0.9999
+        assert cosines(item["dense"]["values"], want) >= 0.9999
     # request options overlay the profile's MUVERA config; queries sum per bucket
     res = family_runtime.call(
         "encode",
@@ -92,7 +88,7 @@ def test_colbert_muvera_profile(family_runtime, colbert_direct):
     )
     small = MuveraConfig(num_repetitions=2)
     want = fde(colbert_direct(TEXTS[0], True), small, is_query=True)
-    assert cosine_rows(res.items[0]["dense"]["values"], want) >= 0.9999
+    assert cosines(res.items[0]["dense"]["values"], want) >= 0.9999
     # the default profile has no dense output: MUVERA must be asked for through the profile
     with pytest.raises(SIEError) as err:
         family_runtime.call("encode", "local/colbert", [{"text": "x"}], {"output_types": ["dense"]})
@@ -211,11 +207,11 @@ def test_bge_m3_three_outputs_equal_direct(family_runtime, family_checkpoints):
         for t, w in zip(ids["input_ids"][0].tolist(), weights.tolist(), strict=True):
             if t not in special and w > lexical.get(t, 0.0):
                 lexical[t] = w
-        assert cosine_rows(item["dense"]["values"], dense) >= 0.9999 and item["dense"]["dims"] == 128
+        assert cosines(item["dense"]["values"], dense) >= 0.9999 and item["dense"]["dims"] == 128
         assert item["sparse"]["indices"].tolist() == sorted(lexical)
         np.testing.assert_allclose(item["sparse"]["values"], [lexical[k] for k in sorted(lexical)], rtol=1e-4)
         assert item["multivector"]["values"].shape == mv.shape
-        assert cosine_rows(item["multivector"]["values"], mv).min() >= 0.9999
+        assert cosines(item["multivector"]["values"], mv).min() >= 0.9999
     for profile in ("dense", "sparse", "multivector"):
         res = family_runtime.call("encode", f"local/bge-m3:{profile}", [{"text": "hi"}], {})
         assert set(res.items[0]) == {profile}
