@@ -23,7 +23,7 @@ from nats.js.api import StreamConfig
 
 from gateway import routing, same_items
 from gateway.batches import BatchRunner, BatchStore
-from gateway.dispatch import Dispatcher
+from gateway.dispatch import Dispatcher, WorkMessage
 from gateway.dlq import DLQForwarder
 from gateway.metrics import DemandTracker, GatewayMetrics
 from gateway.pools import DEFAULT_POOL, PoolStore, normalize_pool_name
@@ -40,7 +40,7 @@ from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
 from protocol.subjects import BULK, HEALTH_PREFIX, pin_subject
-from protocol.work import RoutingHeader, WorkItem, WorkResult
+from protocol.work import RoutingHeader, WorkItem, WorkResult, chunk_plan, pack_items, work_item_id
 
 log = logging.getLogger(__name__)
 
@@ -492,25 +492,26 @@ class Gateway:
         """Publish ``todo`` (the request's items not ``known``) and collect every result."""
         try:
             await self.dispatcher.ensure_stream(lane.pool)
-            await self.dispatcher.check_capacity(lane.pool, len(todo), priority=lane.priority)
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-            raise SIEError(
-                ErrorCode.QUEUE_UNAVAILABLE,
-                f"Work queue unavailable ({type(exc).__name__}); retry later",
-                retry_after=2,
-            ) from None
+            raise _queue_unavailable(exc) from None
         group = todo[0].group_key  # a request's items share every parameter: one group key, derived once
         for item in todo:
             item.batch_key = group
         payloads = [item.to_msgpack() for item in todo]  # encoded once: checked here, published as is
-        # all the sidecar reads of an item; with one pod on the lane, also how many of the request's
-        # items it will see, so that it can batch them together (single items, most requests, skip
-        # counting the pods)
-        together = 1
-        if len(todo) > 1 and routing.lane_pullers(self.workers.healthy(), lane) == 1:
-            together = len(todo)
-        headers = [RoutingHeader.headers_of(item, together, self.dispatcher.results_subject) for item in todo]
-        offloaded = await self._offload(todo, payloads, headers)
+        # The messages that carry the items: chunks of up to gateway_work_chunk_items (one publish,
+        # ack and delivery each), split evenly over the pods pulling the lane so that a big request
+        # still runs on all of them; an item too large to share a message travels alone.
+        pullers = routing.lane_pullers(self.workers.healthy(), lane) if len(todo) > 1 else 1
+        per_message = min(self.settings.gateway_work_chunk_items, -(-len(todo) // max(1, pullers)))
+        limit = self._message_limit()
+        plan = chunk_plan([len(p) for p in payloads], max(1, per_message), limit or 1 << 62)
+        try:
+            await self.dispatcher.check_capacity(
+                lane.pool, len(todo), messages=len(plan), priority=lane.priority
+            )
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise _queue_unavailable(exc) from None
+        messages = await self._messages(todo, payloads, plan, limit, one_puller=pullers == 1)
         try:
             with bind(
                 request_id=request_id,
@@ -518,40 +519,63 @@ class Gateway:
                 or tracing.trace_id_of(request.headers.get("traceparent")),
             ):
                 return await self.dispatcher.run(
-                    request_id, lane, route.model_id, todo, payloads, headers, operation=operation,
+                    request_id, lane, route.model_id, messages, operation=operation,
                     deadline=deadline, known=known,
                 )  # fmt: skip
         finally:
+            offloaded = [m.offloaded for m in messages if m.offloaded is not None]
             if offloaded:  # the workers have read them (or never will): not kept for the bucket's max age
                 self._spawn(self._forget_payloads(offloaded))
 
-    async def _offload(
-        self, todo: list[WorkItem], payloads: list[bytes], headers: list[dict[str, str]]
-    ) -> list[str]:
-        """Put each item over the NATS max payload into the payload store, its message left with
-        an empty body and a header naming the object (protocol.payloads). Returns the names put."""
+    def _message_limit(self) -> int:
+        """The most bytes a work message's body may take (0: the connection does not say)."""
         max_payload = getattr(self.nc, "max_payload", 0) or 0
-        if not max_payload:
-            return []
-        limit = max_payload - 4096  # NATS headers and subject travel in the same message
-        names: list[str] = []
-        for k, (item, payload) in enumerate(zip(todo, payloads, strict=True)):
-            if len(payload) <= limit:
+        return max(1, max_payload - 4096) if max_payload else 0  # headers and subject travel with it
+
+    async def _messages(
+        self,
+        todo: list[WorkItem],
+        payloads: list[bytes],
+        plan: list[list[int]],
+        limit: int,
+        *,
+        one_puller: bool,
+    ) -> list[WorkMessage]:
+        """The work messages of ``plan`` (indices into ``todo``). An item over the NATS max payload
+        goes into the payload store, its message left with an empty body and a header naming the
+        object (protocol.payloads). With one pod on the lane, each message also says how many of the
+        request's items that pod will see, so that it can batch them together."""
+        together = len(todo) if one_puller else 1
+        results = self.dispatcher.results_subject
+        messages: list[WorkMessage] = []
+        for run in plan:
+            if len(run) > 1:
+                items = [todo[i] for i in run]
+                headers = RoutingHeader.chunk_headers(items, max(together, len(run)), results)
+                messages.append(
+                    WorkMessage(
+                        tuple(it.item_index for it in items), pack_items([payloads[i] for i in run]), headers
+                    )
+                )
                 continue
-            try:
-                await self.dispatcher.payloads.put(item.work_item_id, payload)
-            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-                raise SIEError(
-                    ErrorCode.QUEUE_UNAVAILABLE,
-                    f"Item {item.item_index} is {len(payload)} bytes, more than one queue message takes, and "
-                    f"the payload store did not take it ({type(exc).__name__}); retry later",
-                    retry_after=2,
-                ) from None
-            names.append(item.work_item_id)
-            payloads[k] = b""
-            headers[k] = {**headers[k], PAYLOAD_HEADER: item.work_item_id}
-            self.metrics.payload_offloads.inc()
-        return names
+            item, payload = todo[run[0]], payloads[run[0]]
+            headers = RoutingHeader.headers_of(item, together, results)
+            offloaded = None
+            if limit and len(payload) > limit:
+                try:
+                    await self.dispatcher.payloads.put(item.work_item_id, payload)
+                except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                    raise SIEError(
+                        ErrorCode.QUEUE_UNAVAILABLE,
+                        f"Item {item.item_index} is {len(payload)} bytes, more than one queue message takes, and "
+                        f"the payload store did not take it ({type(exc).__name__}); retry later",
+                        retry_after=2,
+                    ) from None
+                offloaded, payload = item.work_item_id, b""
+                headers[PAYLOAD_HEADER] = item.work_item_id
+                self.metrics.payload_offloads.inc()
+            messages.append(WorkMessage((item.item_index,), payload, headers, offloaded))
+        return messages
 
     async def _forget_payloads(self, names: list[str]) -> None:
         for name in names:
@@ -574,7 +598,7 @@ class Gateway:
         **fields: Any,
     ) -> WorkItem:
         return WorkItem(
-            work_item_id=f"{request_id}.{index}",
+            work_item_id=work_item_id(request_id, index),
             request_id=request_id,
             item_index=index,
             total_items=total,
@@ -592,3 +616,11 @@ class Gateway:
             traceparent=tracing.traceparent(),
             **fields,
         )
+
+
+def _queue_unavailable(exc: BaseException) -> SIEError:
+    return SIEError(
+        ErrorCode.QUEUE_UNAVAILABLE,
+        f"Work queue unavailable ({type(exc).__name__}); retry later",
+        retry_after=2,
+    )

@@ -39,11 +39,22 @@ from protocol.subjects import (
     work_cancel_subject,
     work_subject,
 )
-from protocol.work import MSG_ID, ItemRef, WorkItem, WorkResult, redispatch_msg_id, unpack_results
+from protocol.work import MSG_ID, ItemRef, WorkResult, redispatch_msg_id, unpack_results, work_item_id
 
 log = logging.getLogger(__name__)
 
 STREAM_INFO_TTL_S = 0.25
+
+
+@dataclass
+class WorkMessage:
+    """One work message of a request: the slots of the items it carries (one, or a chunk's), its
+    body and headers (protocol.work), and the payload-store object its one item went to, if any."""
+
+    slots: tuple[int, ...]
+    payload: bytes
+    headers: dict[str, str]
+    offloaded: str | None = None
 
 
 @dataclass
@@ -55,7 +66,7 @@ class Collector:
     # what was published, kept (by reference: the caller holds it anyway) until the request ends, so
     # that items whose results were lost while this gateway was cut off can be sent again
     subject: str = ""
-    sent: list[tuple[int, bytes, dict[str, str]]] = field(default_factory=list)  # (slot, payload, headers)
+    sent: list[WorkMessage] = field(default_factory=list)
     published: bool = False  # every item acknowledged by the stream
     redispatches: int = 0
 
@@ -151,8 +162,8 @@ class Dispatcher:
             task.add_done_callback(self._resends.discard)
 
     async def redispatch(self) -> int:
-        """After a reconnect: publish again each stored item of a request in flight whose result has
-        not come, under a new ``Nats-Msg-Id``; returns how many. A result the sidecar published while
+        """After a reconnect: publish again each stored message of a request in flight that carries an
+        item whose result has not come, under a new ``Nats-Msg-Id``; returns how many items it carries. A result the sidecar published while
         this gateway was cut off (its member stopped or partitioned away, unnoticed until its pings
         went unanswered) went to a connection that no longer reads: core NATS keeps nothing. An item
         still being worked on runs twice; the first result fills its slot."""
@@ -161,18 +172,19 @@ class Dispatcher:
         for col in list(self._collectors.values()):
             if not col.published or col.future.done():
                 continue
-            missing = [(p, h) for slot, p, h in col.sent if col.results[slot] is None]
+            missing = [m for m in col.sent if any(col.results[slot] is None for slot in m.slots)]
             if not missing:
                 continue
             col.redispatches += 1
-            count += len(missing)
+            count += sum(len(m.slots) for m in missing)
             headers = [
-                {**h, MSG_ID: redispatch_msg_id(h.get(MSG_ID, ""), col.redispatches)} for _, h in missing
+                {**m.headers, MSG_ID: redispatch_msg_id(m.headers.get(MSG_ID, ""), col.redispatches)}
+                for m in missing
             ]
             sends.append(
                 self.publisher.publish_all(
                     col.subject,
-                    [p for p, _ in missing],
+                    [m.payload for m in missing],
                     headers,
                     window=self.publish_window,
                     timeout_s=self.publish_timeout_s,
@@ -257,11 +269,15 @@ class Dispatcher:
             self._refreshing.pop(pool, None)
 
     # ---- requests --------------------------------------------------------------------------
-    async def check_capacity(self, pool: str, n_items: int, *, priority: str = INTERACTIVE) -> None:
-        """Refuse a request the stream cannot take: too big alone → 400, stream full → 503 QUEUE_FULL.
+    async def check_capacity(
+        self, pool: str, n_items: int, *, messages: int | None = None, priority: str = INTERACTIVE
+    ) -> None:
+        """Refuse a request the stream cannot take: too many items → 400, its ``messages`` (default:
+        one per item) over the stream's room → 503 QUEUE_FULL.
 
         Bulk work may fill only ``bulk_share`` of the stream, so a bulk backlog never makes the
         stream refuse interactive work."""
+        n_messages = n_items if messages is None else messages
         if n_items > self.max_stream_pending:
             raise SIEError(
                 ErrorCode.INVALID_INPUT,
@@ -273,13 +289,13 @@ class Dispatcher:
         limit = (
             self.max_stream_pending if priority != BULK else int(self.max_stream_pending * self.bulk_share)
         )
-        if pending + n_items > limit:
+        if pending + n_messages > limit:
             raise SIEError(
                 ErrorCode.QUEUE_FULL,
-                f"Queue for pool '{pool}' is full ({pending} items pending); retry later",
+                f"Queue for pool '{pool}' is full ({pending} messages pending); retry later",
                 retry_after=self.queue_full_retry_after_s,
             )
-        self._admitted_since[pool] = self._admitted_since.get(pool, 0) + n_items
+        self._admitted_since[pool] = self._admitted_since.get(pool, 0) + n_messages
 
     async def cancel(self, request_id: str, reason: str) -> None:
         self.metrics.cancels.labels(reason).inc()
@@ -293,18 +309,16 @@ class Dispatcher:
         request_id: str,
         lane: Lane,
         model_id: str,
-        items: list[WorkItem],
-        payloads: list[bytes],
-        headers: list[dict[str, str]],
+        messages: list[WorkMessage],
         *,
         operation: str,
         deadline: float,
         known: list[WorkResult | None] | None = None,
     ) -> list[WorkResult]:
-        """Publish ``items`` (already carrying ids and reply subject; ``payloads`` are their msgpack
-        encodings, made once by the caller, ``headers`` their routing headers) and wait for every
-        result. ``known`` holds the results of the request's items that are not published (cache
-        hits) and ``None`` for each of ``items``; without it ``items`` are the whole request.
+        """Publish ``messages`` (the request's items, already carrying ids and reply subject, encoded
+        once by the caller) and wait for every result. ``known`` holds the results of the request's
+        items that are not published (cache hits) and ``None`` for each item the messages carry;
+        without it the messages carry the whole request.
 
         ``deadline`` is a ``time.monotonic()`` instant. Raises SIEError on publish failure (the work is
         cancelled) or GATEWAY_TIMEOUT; cancellation of the caller (client gone) cancels the work.
@@ -315,19 +329,24 @@ class Dispatcher:
             )
         subject = work_subject(lane.pool, lane.machine_profile, lane.bundle, model_id, lane.priority)
         loop = asyncio.get_running_loop()
-        slots: list[WorkResult | None] = list(known) if known is not None else [None] * len(items)
-        col = Collector(len(slots), slots, loop.create_future(), subject=subject)
-        col.sent = [(item.item_index, p, h) for item, p, h in zip(items, payloads, headers, strict=True)]
+        n_items = sum(len(m.slots) for m in messages)
+        slots: list[WorkResult | None] = list(known) if known is not None else [None] * n_items
+        col = Collector(len(slots), slots, loop.create_future(), subject=subject, sent=messages)
         self._collectors[request_id] = col
         finished = False
         try:
             t0 = time.monotonic()
-            with tracing.span("gateway.publish", attributes={"items": len(items), "subject": subject}):
+            with tracing.span(
+                "gateway.publish",
+                attributes={"items": n_items, "messages": len(messages), "subject": subject},
+            ):
                 timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
-                await self._publish(subject, lane.pool, payloads, headers, timeout)
+                await self._publish(
+                    subject, lane.pool, [m.payload for m in messages], [m.headers for m in messages], timeout
+                )
             col.published = True
-            labelled(self.metrics.items_published, operation).inc(len(items))
-            labelled(self.metrics.priority_items, lane.priority).inc(len(items))
+            labelled(self.metrics.items_published, operation).inc(n_items)
+            labelled(self.metrics.priority_items, lane.priority).inc(n_items)
             labelled(self.metrics.publish_seconds, operation).observe(time.monotonic() - t0)
             t1 = time.monotonic()
             # the deadline fails the request's own future (one timer; no task cancellation to undo)
@@ -419,7 +438,9 @@ class Dispatcher:
         if col is None:
             return False
         col.put(
-            WorkResult.failure(ItemRef(f"{request_id}.{item_index}", request_id, item_index), code, message)
+            WorkResult.failure(
+                ItemRef(work_item_id(request_id, item_index), request_id, item_index), code, message
+            )
         )
         return True
 

@@ -22,7 +22,7 @@ from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode
 from protocol.subjects import MAX_DELIVERIES_ADVISORY, dlq_subject, work_model_token
-from protocol.work import WorkItem
+from protocol.work import work_items_of
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,14 @@ class DLQForwarder:
             stored = await self.js.get_msg(stream, seq)
             token = work_model_token(stored.subject or "")
             try:
-                item = WorkItem.from_msgpack(stored.data or b"")
-                if item.router_id == self.dispatcher.router_id:
-                    self.dispatcher.fail_item(
-                        item.request_id,
-                        item.item_index,
-                        ErrorCode.INFERENCE_ERROR,
-                        f"work item dead-lettered after {adv.get('deliveries')} deliveries",
-                    )
+                for item in work_items_of(stored.data or b""):  # one item, or a chunk's
+                    if item.router_id == self.dispatcher.router_id:
+                        self.dispatcher.fail_item(
+                            item.request_id,
+                            item.item_index,
+                            ErrorCode.INFERENCE_ERROR,
+                            f"work item dead-lettered after {adv.get('deliveries')} deliveries",
+                        )
             except Exception:
                 log.debug("dead-lettered message is not a work item", exc_info=True)
         except Exception as exc:

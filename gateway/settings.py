@@ -59,6 +59,9 @@ class GatewaySettings(BaseSettings):
     gateway_publish_concurrency: int = Field(
         default=64, gt=0
     )  # a request's JetStream publishes waiting for their acks at once
+    gateway_work_chunk_items: int = Field(
+        default=32, gt=0, le=256
+    )  # most items of one request in one work message (fewer when several pods share the lane); 1: one message per item
     gateway_drain_timeout_s: float = Field(
         default=20.0, ge=0
     )  # on SIGTERM: new requests get 503 QUEUE_UNAVAILABLE + Retry-After while those in flight finish, for at most this long (keep it under the pod's terminationGracePeriodSeconds minus preStopSleepSeconds)

@@ -6,6 +6,7 @@ missing optional keys take their defaults, so either side can add fields without
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
@@ -199,6 +200,68 @@ def redispatch_msg_id(work_item_id: str, attempt: int) -> str:
     return f"{work_item_id}{REDISPATCH_MARK}{attempt}"
 
 
+def work_item_id(request_id: str, index: int) -> str:
+    """The id of item ``index`` of request ``request_id``."""
+    return f"{request_id}.{index}"
+
+
+# A work message may carry several items of one request (a chunk; the gateway's
+# SIE_GATEWAY_WORK_CHUNK_ITEMS): one publish, ack, delivery and settlement for all of them instead of
+# one each. Its body is then a msgpack array of the items' own encodings, and ``Sie-Items`` lists, in
+# the same order, each item's ``[item_index, cost]`` (a JSON array); ``Sie-Route`` is the first item's
+# route, which every item of a request shares but for its index and cost. A message without
+# ``Sie-Items`` carries one item, its encoding as the body. An item too large to share a message
+# travels alone (through the payload store when it is over the NATS max payload).
+H_ITEMS = "Sie-Items"
+MAX_CHUNK_ITEMS = 1024
+
+
+def pack_items(encoded: list[bytes]) -> bytes:
+    """The body of a chunk: the items' encodings as they are (nobody re-encodes one)."""
+    return packb(encoded)
+
+
+def unpack_items(data: bytes, count: int) -> list[bytes]:
+    """The ``count`` item encodings of a chunk's body; ValueError when it is not one."""
+    decoded = unpackb(data)
+    if (
+        not isinstance(decoded, list)
+        or len(decoded) != count
+        or not all(isinstance(b, bytes) for b in decoded)
+    ):
+        raise ValueError(f"a chunk's body must be an array of {count} encoded items")
+    return decoded
+
+
+def work_items_of(data: bytes) -> list[WorkItem]:
+    """The work items of a work message's body, a chunk's or a single item's."""
+    decoded = unpackb(data)
+    if isinstance(decoded, list):
+        return [WorkItem.from_msgpack(b) for b in decoded if isinstance(b, bytes)]
+    if isinstance(decoded, dict):
+        return [_from_map(WorkItem, decoded)]
+    raise ValueError("a work message's body must be an item or an array of items")
+
+
+def chunk_plan(sizes: list[int], max_items: int, max_bytes: int) -> list[list[int]]:
+    """Indices of a request's encoded items (their ``sizes``), in order, cut into the messages that
+    carry them: at most ``max_items`` per message and, where more than one, their bodies within
+    ``max_bytes`` together; an item over ``max_bytes`` travels alone."""
+    plan: list[list[int]] = []
+    run: list[int] = []
+    used = _ARRAY_HEAD
+    for i, size in enumerate(sizes):
+        need = size + _ARRAY_HEAD
+        if run and (len(run) >= max_items or used + need > max_bytes):
+            plan.append(run)
+            run, used = [], _ARRAY_HEAD
+        run.append(i)
+        used += need
+    if run:
+        plan.append(run)
+    return plan
+
+
 _NUM = (int, float, type(None))
 # (field, its JSON types; exact types, so that true and false are not taken for integers)
 _ROUTE_FIELDS: tuple[tuple[str, tuple[type, ...]], ...] = (
@@ -259,6 +322,57 @@ class RoutingHeader:
         """``of(...).headers()`` without building the header object: the gateway's per-item path."""
         route = cls._route_of(item, request_items, results_subject)
         return {MSG_ID: item.work_item_id, H_ROUTE: orjson.dumps(route).decode()}
+
+    @classmethod
+    def chunk_headers(
+        cls, items: list[WorkItem], request_items: int = 1, results_subject: str | None = None
+    ) -> dict[str, str]:
+        """The headers of one message carrying ``items`` (of one request, two or more)."""
+        first = items[0]
+        route = cls._route_of(first, request_items, results_subject)
+        costs = [
+            [it.item_index, item_cost(it.operation, it.item, it.query_item, it.score_items)] for it in items
+        ]
+        return {
+            MSG_ID: f"{first.work_item_id}+{len(items)}",
+            H_ROUTE: orjson.dumps(route).decode(),
+            H_ITEMS: orjson.dumps(costs).decode(),
+        }
+
+    @classmethod
+    def items_of(cls, headers: dict[str, str] | None) -> list[RoutingHeader]:
+        """The route of each item a delivered work message carries (one, or a chunk's);
+        ValueError when a header is missing or malformed."""
+        route = cls.from_headers(headers)
+        spec = headers.get(H_ITEMS) if headers else None
+        if spec is None:
+            return [route]
+        try:
+            pairs = orjson.loads(spec)
+        except orjson.JSONDecodeError:
+            raise ValueError(f"{H_ITEMS} is not JSON") from None
+        if not isinstance(pairs, list) or not 1 <= len(pairs) <= MAX_CHUNK_ITEMS:
+            raise ValueError(f"{H_ITEMS} is not an array of 1 to {MAX_CHUNK_ITEMS} items")
+        routes: list[RoutingHeader] = []
+        for pair in pairs:
+            if not (
+                isinstance(pair, list)
+                and len(pair) == 2
+                and type(pair[0]) is int
+                and type(pair[1]) is int
+                and pair[0] >= 0
+                and pair[1] >= 1
+            ):
+                raise ValueError(f"{H_ITEMS} entry {pair!r} is not [item_index, cost]")
+            index, cost = pair
+            routes.append(
+                dataclasses.replace(
+                    route, work_item_id=work_item_id(route.request_id, index), item_index=index, cost=cost
+                )
+            )
+        if len({r.item_index for r in routes}) != len(routes):
+            raise ValueError(f"{H_ITEMS} names an item twice")
+        return routes
 
     def headers(self) -> dict[str, str]:
         route = [getattr(self, name) for name, _ in _ROUTE_FIELDS]

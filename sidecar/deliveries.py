@@ -1,5 +1,5 @@
-"""What the sidecar holds: one JetStream delivery, the set of held deliveries, and the per-model
-queues of them."""
+"""What the sidecar holds: one item delivered (a :class:`Delivery`, under the :class:`Lease` of the
+JetStream message that carried it), the set of held deliveries, and the per-model queues of them."""
 
 from __future__ import annotations
 
@@ -15,9 +15,35 @@ from sidecar.batcher import Batcher, BatchLimits
 
 
 @dataclass(eq=False)
-class Delivery:
+class Lease:
+    """One JetStream message, held for the items it carries (one, or a chunk's: protocol.work
+    ``H_ITEMS``). Each item is settled on its own; the message is settled once the last one is: NAKed
+    (with the longest delay asked) when any item was, else dead-lettered when one was, else ACKed."""
+
     msg: Msg
-    route: RoutingHeader  # the message's routing header: the sidecar never decodes the body
+    open: int = 1  # its items not settled yet
+    nak_delay_s: float | None = None
+    dead_reason: str | None = None
+    progressed: float = float("-inf")  # the lane's clock: its last progress-ACK
+
+    @property
+    def num_delivered(self) -> int:
+        try:
+            return int(self.msg.metadata.num_delivered or 1)
+        except Exception:  # noqa: BLE001 - a message without JetStream metadata
+            return 1
+
+    def close(self) -> bool:
+        """One of its items is settled; True when that was the last."""
+        self.open -= 1
+        return self.open == 0
+
+
+@dataclass(eq=False)
+class Delivery:
+    lease: Lease  # the message that carried it
+    body: bytes  # its encoded WorkItem (empty when the message names a payload-store object)
+    route: RoutingHeader  # its routing header: the sidecar never decodes the body
     spec: str
     cost: int  # predicted tokens (scheduler's cost_of the character estimate)
     arrived: float  # the lane's clock (protocol.clock), for batching
@@ -32,6 +58,10 @@ class Delivery:
     )
 
     @property
+    def msg(self) -> Msg:
+        return self.lease.msg
+
+    @property
     def group(self) -> str:
         return self.route.group_key
 
@@ -41,10 +71,7 @@ class Delivery:
 
     @property
     def num_delivered(self) -> int:
-        try:
-            return int(self.msg.metadata.num_delivered or 1)
-        except Exception:  # noqa: BLE001 - a message without JetStream metadata
-            return 1
+        return self.lease.num_delivered
 
 
 class Held:

@@ -33,8 +33,8 @@ from protocol.subjects import (
     lane_prefix,
     subject_priority,
 )
-from protocol.work import OPERATIONS, RoutingHeader, WorkResult
-from sidecar.deliveries import Delivery, Held
+from protocol.work import OPERATIONS, RoutingHeader, WorkResult, unpack_items
+from sidecar.deliveries import Delivery, Held, Lease
 from sidecar.metrics import SidecarMetrics
 from sidecar.puller import Puller
 from sidecar.settings import SidecarSettings
@@ -47,7 +47,7 @@ log = logging.getLogger("sie.sidecar")
 class Queue(Protocol):
     """:class:`sidecar.scheduling.Scheduler`, as intake uses it."""
 
-    def submit(self, d: Delivery) -> bool: ...
+    def submit(self, deliveries: list[Delivery]) -> bool: ...
 
     async def cancel(self, request_id: str) -> None: ...
 
@@ -232,7 +232,8 @@ class Intake:
             log.exception("intake failed")
 
     async def intake(self, msg: Msg) -> None:
-        """Validate one delivery and queue it on its model's scheduler (or settle it right away)."""
+        """Validate one delivery and queue its items on their model's scheduler (or settle it right
+        away). A message carries one item or a chunk of one request's (protocol.work ``H_ITEMS``)."""
         self.stats["received"] += 1
         now = self.clock.now()
         if not in_lane(msg.subject, self._lane_prefix):
@@ -240,11 +241,13 @@ class Intake:
             await self.settlement.nak_msg(msg, self.settings.nak_delay_s)
             return
         try:
-            route = RoutingHeader.from_headers(msg.headers)
+            routes = RoutingHeader.items_of(msg.headers)
+            bodies = [msg.data] if len(routes) == 1 else unpack_items(msg.data, len(routes))
         except ValueError as exc:
             log.warning("dead-lettering undecodable work item on %s: %s", msg.subject, exc)
             await self.settlement.dead_letter(msg, f"undecodable work item: {exc}")
             return
+        route = routes[0]  # what the items of a message share: request, inboxes, model, operation
         if not is_valid_reply_subject(route.reply_subject) or (
             route.results_subject is not None and not is_valid_reply_subject(route.results_subject)
         ):
@@ -263,43 +266,54 @@ class Intake:
             # fetched just as the worker went away: give it back for other pods
             await self.settlement.nak_msg(msg, self.worker.transport_nak_delay())
             return
-        d = Delivery(
-            msg=msg,
-            route=route,
-            spec=route.model_spec,
-            cost=1,
-            arrived=now,
-            received_wall=time.time(),
-            last_progress=now,
-            estimate=route.cost,
-            priority=subject_priority(msg.subject),
-        )
-        self.held.add(d)
+        lease = Lease(msg, open=len(routes))
+        received_wall = time.time()
+        priority = subject_priority(msg.subject)
+        delivered = lease.num_delivered
+        deliveries = [
+            Delivery(
+                lease=lease,
+                body=body,
+                route=r,
+                spec=r.model_spec,
+                cost=1,
+                arrived=now,
+                received_wall=received_wall,
+                last_progress=now,
+                estimate=r.cost,
+                priority=priority,
+                # its request's items to batch together (1 for a redelivery: its siblings are done)
+                request_items=route.request_items if delivered == 1 else 1,
+            )
+            for r, body in zip(routes, bodies, strict=True)
+        ]
+        for d in deliveries:
+            self.held.add(d)
         if route.timestamp is not None:
-            self.metrics.queue_wait.observe(max(0.0, d.received_wall - route.timestamp))
-        delivered = d.num_delivered
+            self.metrics.queue_wait.observe(max(0.0, received_wall - route.timestamp))
         if delivered > 1:
             self.metrics.redeliveries.inc()
-        else:
-            d.request_items = route.request_items
         if tracing.enabled() and route.timestamp is not None:
-            tracing.record(
-                "sidecar.queue_wait",
-                parent=route.traceparent,
-                start_s=route.timestamp,
-                end_s=d.received_wall,
-                attributes={"delivery": delivered},
-            )
+            for r in routes:
+                tracing.record(
+                    "sidecar.queue_wait",
+                    parent=r.traceparent,
+                    start_s=route.timestamp,
+                    end_s=received_wall,
+                    attributes={"delivery": delivered},
+                )
         if route.operation not in OPERATIONS:
-            await self.settlement.publish_and_ack(
-                d,
-                self.settlement.error_result(
-                    d, ErrorCode.INVALID_INPUT, f"unknown operation {route.operation!r}"
-                ),
-            )
+            for d in deliveries:
+                await self.settlement.publish_and_ack(
+                    d,
+                    self.settlement.error_result(
+                        d, ErrorCode.INVALID_INPUT, f"unknown operation {route.operation!r}"
+                    ),
+                )
             return
-        if not self.queue.submit(d):  # over the model's held budget
-            await self.settlement.nak(d, self.settings.overflow_nak_delay_s)
+        if not self.queue.submit(deliveries):  # over the model's held budget
+            for d in deliveries:
+                await self.settlement.nak(d, self.settings.overflow_nak_delay_s)
 
     # ------------------------------------------------------------------ cancellation
     async def on_cancel(self, msg: Msg) -> None:

@@ -125,20 +125,24 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()  # batches, and work spawned to run beside them
 
     # ------------------------------------------------------------------ intake's side
-    def submit(self, d: Delivery) -> bool:
-        """Queue ``d`` on its model's batcher; False (nothing queued) when that model's queue of
-        ``d``'s priority class is full, unless half of ``d``'s deliveries are spent already."""
-        sched = self._scheduler(d.spec)
-        d.cost = sched.cost_of(d.estimate)
+    def submit(self, deliveries: list[Delivery]) -> bool:
+        """Queue the items of one message (one model, one priority class) on their batchers; False
+        (nothing queued) when that model's queue of their class is full, unless half of the
+        message's deliveries are spent already."""
+        first = deliveries[0]
+        sched = self._scheduler(first.spec)
         cap = max(1, sched.limits.max_requests) * self.settings.max_concurrent_batches * 2
         # per class: a bulk backlog never turns interactive work away
-        if sched.pending_count(d.priority) >= cap and d.num_delivered < max(
+        if sched.pending_count(first.priority) >= cap and first.num_delivered < max(
             2, self.settings.max_deliver // 2
         ):
             return False
-        if d.priority != BULK:
-            sched.last_interactive = d.arrived
-        sched.batcher(d.route.operation, d.group, d.priority).add(d)
+        if first.priority != BULK:
+            sched.last_interactive = first.arrived
+        batcher = sched.batcher(first.route.operation, first.group, first.priority)
+        for d in deliveries:
+            d.cost = sched.cost_of(d.estimate)
+            batcher.add(d)
         sched.wake.set()
         return True
 
@@ -309,7 +313,7 @@ class Scheduler:
         for d in live:
             ref = (d.msg.headers or {}).get(PAYLOAD_HEADER)
             if ref is None:
-                bodies[d.route.work_item_id] = d.msg.data
+                bodies[d.route.work_item_id] = d.body
                 continue
             try:
                 bodies[d.route.work_item_id] = await self.payloads.get(ref)

@@ -32,6 +32,9 @@ from sidecar.worker_link import Outcome
 
 log = logging.getLogger("sie.sidecar")
 
+# items of one message found due for a progress-ACK within this long of each other share one
+PROGRESS_SHARED_S = 1.0
+
 
 class Publisher(Protocol):
     """Core NATS publishes (a connected ``nats.aio.client.Client``)."""
@@ -106,8 +109,9 @@ class Settlement:
             # names the item and its inbox, so the request is answered now rather than at its deadline.
             reason = str(outcome.get("error") or "undecodable work item")
             await self.publish_result(d, self.error_result(d, ErrorCode.INTERNAL_ERROR, reason))
-            self.held.release(d)  # published or not, the DLQ copy below is what must happen
-            await self.dead_letter(d.msg, reason)
+            # published or not, the DLQ copy is what must happen (once the message's other items are settled)
+            d.lease.dead_reason = reason
+            await self._close(d)
             return
         code = outcome.get("error_code")
         if code == ErrorCode.RESOURCE_EXHAUSTED:
@@ -226,20 +230,39 @@ class Settlement:
     async def ack(self, d: Delivery, *, drop: bool = False) -> None:
         if d.settled:
             return
-        self.held.release(d)
-        await self.ack_msg(d.msg, drop=drop)
+        await self._close(d, drop=drop)
 
     async def nak(self, d: Delivery, delay_s: float) -> None:
         if d.settled:
             return
+        lease = d.lease
+        lease.nak_delay_s = delay_s if lease.nak_delay_s is None else max(lease.nak_delay_s, delay_s)
+        await self._close(d)
+
+    async def _close(self, d: Delivery, *, drop: bool = False) -> None:
+        """``d`` is settled; its message too when it was the message's last item not settled: NAKed
+        when any of its items was (a chunk is redelivered whole; the gateway keeps the first result
+        of an item), dead-lettered when one could not be decoded, else ACKed."""
         self.held.release(d)
-        await self.nak_msg(d.msg, delay_s)
+        lease = d.lease
+        if not lease.close():
+            return
+        if lease.nak_delay_s is not None:
+            await self.nak_msg(lease.msg, lease.nak_delay_s)
+        elif lease.dead_reason is not None:
+            await self.dead_letter(lease.msg, lease.dead_reason)
+        else:
+            await self.ack_msg(lease.msg, drop=drop)
 
     async def progress(self, d: Delivery) -> None:
-        """Progress-ACK: JetStream restarts the delivery's ack_wait (the lease stays with this pod)."""
+        """Progress-ACK: JetStream restarts the message's ack_wait (the lease stays with this pod);
+        once per message when its items come due together."""
         if d.settled:
             return
-        d.last_progress = self.clock.now()
+        now = d.last_progress = self.clock.now()
+        if now - d.lease.progressed < PROGRESS_SHARED_S:  # a sibling of the same message renewed it
+            return
+        d.lease.progressed = now
         try:
             await d.msg.in_progress()
             self.stats["progress"] += 1

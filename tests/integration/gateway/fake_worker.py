@@ -21,7 +21,7 @@ from protocol.payloads import BUCKET as PAYLOAD_BUCKET
 from protocol.payloads import HEADER as PAYLOAD_HEADER
 from protocol.streams import lane_consumer_config, stream_config
 from protocol.subjects import INTERACTIVE, health_subject, lane_durable, pool_stream_name
-from protocol.work import Heartbeat, RoutingHeader, WorkItem, WorkResult, pack_results
+from protocol.work import Heartbeat, RoutingHeader, WorkItem, WorkResult, pack_results, work_items_of
 
 DIM = 4
 
@@ -170,7 +170,7 @@ class FakeWorker:
             except Exception:
                 await asyncio.sleep(0.2)
                 continue
-            answered: list[tuple[Msg, str | None, WorkResult]] = []
+            answered: list[tuple[Msg | None, str | None, WorkResult]] = []
             for msg in msgs:
                 if self._stopping:
                     return
@@ -178,23 +178,32 @@ class FakeWorker:
                 ref = (msg.headers or {}).get(PAYLOAD_HEADER)
                 if ref is not None:  # too large for a message: in the payload store, as a sidecar reads it
                     body = (await (await self.nc.jetstream().object_store(PAYLOAD_BUCKET)).get(ref)).data
-                item = WorkItem.from_msgpack(body)
-                self.seen.append(item)
-                self.seen_headers.append(dict(msg.headers or {}))
-                result = await self.handler(item, self)
-                if result is None:
-                    continue  # never answered, never acked (a stuck or dying worker)
+                results: list[WorkResult] = []
+                items = work_items_of(body)  # one item, or a chunk's
+                for item in items:
+                    self.seen.append(item)
+                    self.seen_headers.append(dict(msg.headers or {}))
+                    result = await self.handler(item, self)
+                    if result is not None:  # None: never answered (a stuck or dying worker)
+                        results.append(result)
+                stuck = len(results) < len(items)  # its message is never acked
                 if not self.together:
-                    await self.nc.publish(item.reply_subject, result.to_msgpack())
-                    await msg.ack()
+                    for result in results:
+                        await self.nc.publish(item.reply_subject, result.to_msgpack())
+                    if not stuck:
+                        await msg.ack()
                     continue
-                answered.append((msg, RoutingHeader.from_headers(msg.headers).results_subject, result))
+                subject = RoutingHeader.from_headers(msg.headers).results_subject
+                answered.extend(
+                    (msg if r is results[-1] and not stuck else None, subject, r) for r in results
+                )
             for subject in {s for _, s, _ in answered if s is not None}:
                 await self.nc.publish(
                     subject, pack_results([r.to_msgpack() for _, s, r in answered if s == subject])
                 )
             for msg, _, _ in answered:
-                await msg.ack()
+                if msg is not None:
+                    await msg.ack()
 
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:

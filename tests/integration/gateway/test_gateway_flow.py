@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from protocol.codec import packb, unpackb
-from protocol.work import RoutingHeader, WorkResult
+from protocol.work import MSG_ID, RoutingHeader, WorkResult
 from tests.integration.gateway.conftest import DENSE, EXTRACT, RERANK
 from tests.integration.gateway.fake_worker import FakeWorker, answer, fake_vector
 from tests.support.polling import wait_until
@@ -53,8 +53,11 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
         assert item.deadline and item.bundle == "default"
         # the request's group key, stamped once: the same on each of its items
         assert item.batch_key and {wi.batch_key for wi in w.seen[:3]} == {item.batch_key}
-        # each says how many of its request's items were published, for the sidecar to batch them together
-        assert [RoutingHeader.from_headers(h).request_items for h in w.seen_headers[:3]] == [3, 3, 3]
+        # the three items went in one message, which says how many of the request's items were
+        # published, for the sidecar to batch them together
+        (chunk,) = {hdr[MSG_ID]: hdr for hdr in w.seen_headers[:3]}.values()
+        assert RoutingHeader.from_headers(chunk).request_items == 3
+        assert [r.item_index for r in RoutingHeader.items_of(chunk)] == [0, 1, 2]
 
         async with h.session.post(
             h.url(f"/v1/encode/{DENSE}"),
@@ -72,15 +75,20 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
 
 async def test_items_are_counted_for_the_sidecar_only_when_one_pod_pulls_the_lane(nats_server, start_gateway):
     """JetStream hands a lane's messages round the pods' pull requests one by one: with two pods a
-    request's items are split between them, so neither should wait for the rest (a count of 1)."""
+    request's items go in two messages of half each, so both pods work on it, and each message
+    counts only its own items (no pod waits for the rest)."""
     h = await start_gateway()
     workers = [await FakeWorker(nats_server.url, name).start() for name in ("w1", "w2")]
     try:
         await wait_workers(h, 2)
         status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": t} for t in "abcd"]})
         assert status == 200, body
-        seen = [hdr for w in workers for hdr in w.seen_headers]
-        assert [RoutingHeader.from_headers(hdr).request_items for hdr in seen] == [1, 1, 1, 1]
+        messages = {hdr[MSG_ID]: hdr for w in workers for hdr in w.seen_headers}.values()
+        assert sorted([r.item_index for r in RoutingHeader.items_of(hdr)] for hdr in messages) == [
+            [0, 1],
+            [2, 3],
+        ]
+        assert [RoutingHeader.from_headers(hdr).request_items for hdr in messages] == [2, 2]
     finally:
         for w in workers:
             await w.stop()
@@ -275,7 +283,10 @@ async def test_client_disconnect_cancels_work(nats_server, start_gateway):
 
 async def test_queue_full_and_request_larger_than_queue(nats_server, start_gateway):
     # a lane with a registered worker that does not consume: work piles up in the stream
-    h = await start_gateway(gateway_max_stream_pending=3, gateway_request_timeout_s=3.0)
+    # one item per message: the limit counts the stream's messages
+    h = await start_gateway(
+        gateway_max_stream_pending=3, gateway_request_timeout_s=3.0, gateway_work_chunk_items=1
+    )
     w = await FakeWorker(nats_server.url, "w1", consume=False).start()
     try:
         await wait_workers(h)

@@ -11,7 +11,7 @@ import time
 import nats
 import pytest
 
-from gateway.dispatch import Collector, Dispatcher
+from gateway.dispatch import Collector, Dispatcher, WorkMessage
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode, SIEError
 from protocol.subjects import pool_stream_name, work_subject
@@ -138,7 +138,10 @@ async def test_after_a_reconnect_items_still_unanswered_are_dispatched_again(nat
         loop = asyncio.get_running_loop()
         answered = WorkResult.failure(ItemRef("w-1", "r", 1), "X", "answered before the cut")
         col = Collector(2, [None, answered], loop.create_future(), subject=subject)
-        col.sent = [(0, b"item-0", {"Nats-Msg-Id": "w-0"}), (1, b"item-1", {"Nats-Msg-Id": "w-1"})]
+        col.sent = [
+            WorkMessage((0,), b"item-0", {"Nats-Msg-Id": "w-0"}),
+            WorkMessage((1,), b"item-1", {"Nats-Msg-Id": "w-1"}),
+        ]
         d._collectors["r"] = col
         assert await d.redispatch() == 0  # not yet acknowledged: the publisher's own resend covers it
         col.published = True

@@ -7,13 +7,19 @@ import pytest
 
 from protocol.codec import packb, unpackb
 from protocol.work import (
+    H_ITEMS,
+    MSG_ID,
     RoutingHeader,
     WorkItem,
     WorkResult,
+    chunk_plan,
     item_cost,
+    pack_items,
     pack_results,
     results_chunks,
+    unpack_items,
     unpack_results,
+    work_items_of,
 )
 
 
@@ -170,3 +176,60 @@ def test_results_are_cut_into_messages_within_the_payload_limit():
     for chunk in results_chunks(sizes, 120):
         assert len(chunk) == 1 or 5 + sum(sizes[i] + 5 for i in chunk) <= 120
     assert [i for c in results_chunks(sizes, 120) for i in c] == list(range(len(sizes)))
+
+
+def chunk(n: int) -> list[WorkItem]:
+    return [item(work_item_id=f"r.{i}", item_index=i, item={"text": "x" * 8 * i}) for i in range(n)]
+
+
+def test_a_chunk_carries_each_item_with_its_own_index_cost_and_body():
+    items = chunk(3)
+    headers = RoutingHeader.chunk_headers(items, 5, "_INBOX.g.results")
+    routes = RoutingHeader.items_of(headers)
+    assert [r.work_item_id for r in routes] == ["r.0", "r.1", "r.2"]
+    assert [r.item_index for r in routes] == [0, 1, 2]
+    assert [r.cost for r in routes] == [item_cost("encode", it.item) for it in items] == [2, 4, 6]
+    assert {(r.request_id, r.request_items, r.results_subject, r.group_key) for r in routes} == {
+        ("r", 5, "_INBOX.g.results", items[0].group_key)
+    }
+    assert headers[MSG_ID] == "r.0+3"  # one message id per chunk: a publish sent again lands once
+    body = pack_items([it.to_msgpack() for it in items])
+    assert [WorkItem.from_msgpack(b) for b in unpack_items(body, 3)] == items
+    assert work_items_of(body) == items
+    assert work_items_of(items[1].to_msgpack()) == [items[1]]  # a message of one item
+    assert RoutingHeader.items_of(RoutingHeader.headers_of(items[1])) == [RoutingHeader.of(items[1])]
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        "not json",
+        "{}",
+        "[]",
+        "[[0, 1], [0, 2]]",
+        "[[0]]",
+        "[[-1, 1]]",
+        "[[0, 0]]",
+        "[[0, true]]",
+        '[["0", 1]]',
+    ],
+)
+def test_a_malformed_chunk_header_is_refused(entries):
+    headers = {**RoutingHeader.chunk_headers(chunk(2)), H_ITEMS: entries}
+    with pytest.raises(ValueError):
+        RoutingHeader.items_of(headers)
+
+
+def test_a_chunk_body_that_does_not_match_its_header_is_refused():
+    body = pack_items([it.to_msgpack() for it in chunk(2)])
+    for data, count in ((body, 3), (packb(["a", "b"]), 2), (packb({"a": 1}), 1), (b"\xc1", 1)):
+        with pytest.raises(ValueError):
+            unpack_items(data, count)
+
+
+def test_chunks_keep_within_the_item_count_and_the_payload_limit():
+    assert chunk_plan([10] * 5, 2, 1000) == [[0, 1], [2, 3], [4]]
+    assert chunk_plan([10] * 5, 32, 1000) == [[0, 1, 2, 3, 4]]
+    # bodies over the limit together are cut; one over it alone travels alone
+    assert chunk_plan([400, 400, 400, 5000, 10], 32, 1000) == [[0, 1], [2], [3], [4]]
+    assert chunk_plan([], 32, 1000) == []

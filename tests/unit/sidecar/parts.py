@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 from protocol import ipc
 from protocol.subjects import INTERACTIVE
 from protocol.work import RoutingHeader, WorkResult
-from sidecar.deliveries import Delivery, ModelScheduler
+from sidecar.deliveries import Delivery, Lease, ModelScheduler
 from sidecar.worker_link import Outcome
 
 MODEL = "test/model"
@@ -47,8 +47,10 @@ def delivery(
         request_items=request_items,
         results_subject=results_subject,
     )
+    msg = msg if msg is not None else Msg(None, subject="sie.work.x", data=b"body")
     return Delivery(
-        msg=msg if msg is not None else Msg(None, subject="sie.work.x", data=b"body"),
+        lease=Lease(msg),
+        body=msg.data,
         route=route,
         spec=MODEL,
         cost=1,

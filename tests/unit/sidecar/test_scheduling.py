@@ -44,7 +44,7 @@ class Rig:
 
     def submit(self, **kw: object) -> str:
         d = delivery(self.clock.now(), **kw)  # type: ignore[arg-type]
-        assert self.scheduler.submit(d)
+        assert self.scheduler.submit([d])
         return d.route.work_item_id
 
 
@@ -205,9 +205,9 @@ async def test_a_full_queue_refuses_until_half_the_deliveries_are_spent():
         cap = 1 * 1 * 2
         for _ in range(cap):
             r.submit()
-        assert not r.scheduler.submit(delivery(r.clock.now()))
+        assert not r.scheduler.submit([delivery(r.clock.now())])
         # a bulk backlog never turns interactive work away, nor the other way round
-        assert r.scheduler.submit(delivery(r.clock.now(), priority=BULK))
+        assert r.scheduler.submit([delivery(r.clock.now(), priority=BULK)])
 
 
 async def test_bulk_batches_are_small_while_interactive_work_arrives():
@@ -245,7 +245,7 @@ async def test_a_body_in_the_payload_store_goes_to_the_worker_and_a_lost_one_fai
         )
         plain = delivery(r.clock.now())
         for d in (stored, lost, plain):
-            assert r.scheduler.submit(d)
+            assert r.scheduler.submit([d])
         r.clock.advance(1.0)
         await wait_until(lambda: r.worker.batches, what="a batch")
         assert r.worker.batches == [[stored.route.work_item_id, plain.route.work_item_id]]

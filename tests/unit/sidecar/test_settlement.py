@@ -20,8 +20,8 @@ from protocol.errors import ErrorCode
 from protocol.payloads import PayloadStore
 from protocol.streams import dlq_stream_config, stream_config
 from protocol.subjects import DLQ_REASON_HEADER, DLQ_STREAM, results_subject, work_subject
-from protocol.work import RoutingHeader, WorkResult, unpack_results
-from sidecar.deliveries import Delivery, Held, ModelScheduler
+from protocol.work import RoutingHeader, WorkItem, WorkResult, pack_items, unpack_items, unpack_results
+from sidecar.deliveries import Delivery, Held, Lease, ModelScheduler
 from sidecar.settlement import Settlement
 from tests.support.clock import ManualClock
 from tests.support.polling import wait_until
@@ -53,10 +53,27 @@ class Rig:
         )
         await self.js.publish(SUBJECT, b"body", headers=d.route.headers())
         (msg,) = await self.sub.fetch(1, timeout=10)
-        d.msg = msg
+        d.lease = Lease(msg)
         d.route = RoutingHeader.from_headers(msg.headers)
         self.held.add(d)
         return d
+
+    async def chunk(self, n: int, request_id: str = "c") -> list[Delivery]:
+        """Publish one message carrying ``n`` items of a request and pull it: its held deliveries,
+        one per item, under one lease (as intake makes them)."""
+        items = [work_item(request_id, i) for i in range(n)]
+        headers = RoutingHeader.chunk_headers(items)
+        await self.js.publish(SUBJECT, pack_items([it.to_msgpack() for it in items]), headers=headers)
+        (msg,) = await self.sub.fetch(1, timeout=10)
+        routes = RoutingHeader.items_of(msg.headers)
+        lease = Lease(msg, open=len(routes))
+        ds = []
+        for route, body in zip(routes, unpack_items(msg.data, len(routes)), strict=True):
+            d = make_delivery(0.0)
+            d.lease, d.body, d.route = lease, body, route
+            self.held.add(d)
+            ds.append(d)
+        return ds
 
     async def settled(self) -> None:
         """Until the server has every settlement sent so far: nothing delivered or pending."""
@@ -75,6 +92,14 @@ class Rig:
         at = next(i for i, m in enumerate(self.replies) if m.subject == marker)
         before, self.replies[: at + 1] = self.replies[:at], []
         return before
+
+
+def work_item(request_id: str, index: int) -> WorkItem:
+    return WorkItem(
+        work_item_id=f"{request_id}.{index}", request_id=request_id, item_index=index, total_items=8,
+        operation="encode", model_id=MODEL, profile_id="", pool_name="default", machine_profile="cpu",
+        router_id="router", reply_subject=f"{INBOX}.{request_id}", timestamp=0.0, item={"text": "t" * index},
+    )  # fmt: skip
 
 
 @asynccontextmanager
@@ -239,3 +264,56 @@ async def test_a_release_wakes_a_pull_loop_waiting_for_room(nats_server):
         r.held.watch("interactive", room)
         await r.settlement.ack(d)
         assert room.is_set()
+
+
+async def test_a_chunk_is_acked_once_when_its_last_item_is_settled(nats_server):
+    async with rig(nats_server) as r:
+        ds = await r.chunk(3)
+        assert [d.route.item_index for d in ds] == [0, 1, 2]
+        assert [WorkItem.from_msgpack(d.body).item_index for d in ds] == [0, 1, 2]
+        assert [d.route.work_item_id for d in ds] == ["c.0", "c.1", "c.2"]
+        await r.settlement.publish_and_ack(ds[0], ok(ds[0]))
+        await r.settlement.ack(ds[1], drop=True)
+        assert r.stats["acked"] == 0 and r.stats["dropped"] == 0  # the message is still held
+        info = await r.js.consumer_info(STREAM, "lane")
+        assert info.num_ack_pending == 1
+        await r.settlement.publish_and_ack(ds[2], ok(ds[2]))
+        await r.settled()
+        assert r.stats["acked"] == 1 and r.stats["published"] == 2 and not r.held
+
+
+async def test_a_chunk_with_an_item_naked_comes_back_whole_after_the_others(nats_server):
+    async with rig(nats_server) as r:
+        ds = await r.chunk(3)
+        await r.settlement.nak(ds[1], 0.3)
+        await r.settlement.nak(ds[2], 0.0)
+        assert r.stats["naked"] == 0  # the first item is still being worked on
+        await r.settlement.publish_and_ack(ds[0], ok(ds[0]))
+        assert r.stats["naked"] == 1 and r.stats["acked"] == 0
+        (again,) = await r.sub.fetch(1, timeout=10)  # after the longest delay asked, every item again
+        assert again.metadata.num_delivered == 2
+        assert [rt.item_index for rt in RoutingHeader.items_of(again.headers)] == [0, 1, 2]
+        await again.ack()
+
+
+async def test_the_items_of_a_chunk_share_one_progress_ack(nats_server):
+    async with rig(nats_server) as r:
+        ds = await r.chunk(4)
+        for d in ds:
+            await r.settlement.progress(d)
+        now = r.settlement.clock.now()
+        assert r.stats["progress"] == 1 and all(d.last_progress == now for d in ds)
+
+
+async def test_a_chunk_with_an_undecodable_item_is_dead_lettered_after_the_others(nats_server):
+    async with rig(nats_server) as r:
+        ds = await r.chunk(2)
+        await r.settlement.settle(sched(), ds[0], {"disposition": ipc.DEAD_LETTER, "error": "bad body"})
+        assert r.stats["dead_lettered"] == 0
+        await r.settlement.publish_and_ack(ds[1], ok(ds[1]))
+        assert r.stats["dead_lettered"] == 1 and r.stats["acked"] == 0
+        dead = await r.js.get_last_msg(DLQ_STREAM, "sie.dlq.>")
+        assert dead.headers[DLQ_REASON_HEADER] == "bad body"
+        assert len(unpack_items(dead.data, 2)) == 2  # the whole message
+        replies = await r.replies_so_far()
+        assert sorted(WorkResult.from_msgpack(m.data).item_index for m in replies) == [0, 1]
