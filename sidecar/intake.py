@@ -116,6 +116,7 @@ class Intake:
         self._pullers: dict[str, Puller] = {}
         self._cancel_sub: Subscription | None = None
         self._reensure: asyncio.Task[None] | None = None
+        self._items_per_message = 1.0  # a running average over the last ten or so messages
 
     # ------------------------------------------------------------------ start and stop
     async def ensure_jetstream(self) -> None:
@@ -173,6 +174,12 @@ class Intake:
         kept_for_bulk = max(0, int(limit * s.bulk_min_held_share) - bulk_held)
         return limit - len(self.held) - kept_for_bulk
 
+    def messages_for(self, items: int) -> int:
+        """Messages to ask for to receive about ``items`` items: a message carries one item or a
+        chunk of a request's (the recent average decides), so that a pull of chunks does not bring
+        many times the room and have the model queues turn the excess away."""
+        return max(1, int(items / self._items_per_message))
+
     async def pull_loop(self, priority: str = INTERACTIVE) -> None:
         """Keep one pull request open on the lane durable of ``priority`` while there is room:
         deliveries are handed to :meth:`intake` as they arrive (:mod:`sidecar.puller`)."""
@@ -202,7 +209,7 @@ class Intake:
             free = self.free(priority)
             if not puller.is_open and free > 0:
                 try:
-                    await puller.request(min(self.settings.nats_fetch_budget, free))
+                    await puller.request(min(self.settings.nats_fetch_budget, self.messages_for(free)))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - keep the one pull loop alive across NATS trouble
@@ -266,6 +273,7 @@ class Intake:
             # fetched just as the worker went away: give it back for other pods
             await self.settlement.nak_msg(msg, self.worker.transport_nak_delay())
             return
+        self._items_per_message += 0.1 * (len(routes) - self._items_per_message)
         lease = Lease(msg, open=len(routes))
         received_wall = time.time()
         priority = subject_priority(msg.subject)

@@ -296,6 +296,75 @@ def test_bulk_and_interactive_share_the_held_budget():
     assert intake.free(BULK) == 0 and intake.free(INTERACTIVE) == 0
 
 
+class _Taking:
+    """A queue that takes everything, and a worker that is always there: intake's other seams."""
+
+    def __init__(self) -> None:
+        self.taken: list[list[Delivery]] = []
+
+    def submit(self, deliveries: list[Delivery]) -> bool:
+        self.taken.append(deliveries)
+        return True
+
+    def fresh(self) -> bool:
+        return True
+
+
+async def test_a_chunk_becomes_one_delivery_per_item_and_pulls_ask_for_fewer_messages():
+    from nats.aio.msg import Msg
+
+    from protocol.subjects import work_subject
+    from protocol.work import RoutingHeader, WorkItem, pack_items
+
+    settings = SidecarSettings(worker_id="w", max_held_messages=256)
+    held, taking = Held(), _Taking()
+    intake = Intake(
+        NATS(),
+        settings,
+        queue=taking,
+        worker=taking,  # type: ignore[arg-type]  # only fresh() is asked
+        settlement=None,  # type: ignore[arg-type]  # not reached: nothing is refused
+        held=held,
+        tombstones=Tombstones(),
+        metrics=SidecarMetrics("default", "cpu", "default"),
+        stats={"received": 0},
+        stopping=asyncio.Event(),
+        clock=ManualClock(),
+    )
+    assert intake.messages_for(64) == 64  # nothing seen yet: one item per message
+    subject = work_subject("default", "cpu", "default", MODEL)
+    for k in range(30):
+        items = [
+            WorkItem(
+                work_item_id=f"r{k}.{i}",
+                request_id=f"r{k}",
+                item_index=i,
+                total_items=32,
+                operation="encode",
+                model_id=MODEL,
+                profile_id="",
+                pool_name="default",
+                machine_profile="cpu",
+                router_id="g",
+                reply_subject=f"_INBOX.g.r{k}",
+                timestamp=0.0,
+                item={"text": "hello"},
+            )  # fmt: skip
+            for i in range(32)
+        ]
+        body = pack_items([it.to_msgpack() for it in items])
+        await intake.intake(
+            Msg(NATS(), subject=subject, data=body, headers=RoutingHeader.chunk_headers(items))
+        )
+    assert len(taking.taken) == 30 and all(len(ds) == 32 for ds in taking.taken)
+    first = taking.taken[0]
+    assert [d.route.item_index for d in first] == list(range(32)) and len({d.lease for d in first}) == 1
+    assert [WorkItem.from_msgpack(d.body).work_item_id for d in first] == [f"r0.{i}" for i in range(32)]
+    assert len(held) == 30 * 32
+    # after thirty chunks of 32 the pull for 64 items asks for a few messages, not 64
+    assert 2 <= intake.messages_for(64) <= 3
+
+
 def test_pins_from_a_gateway_are_taken_only_when_well_formed():
     from sidecar.readiness import WorkerHealth
 
