@@ -301,15 +301,14 @@ class Intake:
             self.metrics.queue_wait.observe(max(0.0, received_wall - route.timestamp))
         if delivered > 1:
             self.metrics.redeliveries.inc()
-        if tracing.enabled() and route.timestamp is not None:
-            for r in routes:
-                tracing.record(
-                    "sidecar.queue_wait",
-                    parent=r.traceparent,
-                    start_s=route.timestamp,
-                    end_s=received_wall,
-                    attributes={"delivery": delivered},
-                )
+        if tracing.enabled() and route.timestamp is not None:  # one span per message: one request's
+            tracing.record(
+                "sidecar.queue_wait",
+                parent=route.traceparent,
+                start_s=route.timestamp,
+                end_s=received_wall,
+                attributes={"delivery": delivered, "items": len(routes)},
+            )
         if route.operation not in OPERATIONS:
             for d in deliveries:
                 await self.settlement.publish_and_ack(

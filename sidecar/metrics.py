@@ -124,7 +124,9 @@ class SidecarMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
         self.redeliveries = Counter(
-            "sie_sidecar_redeliveries", "Deliveries of a work item after its first", registry=r
+            "sie_sidecar_redeliveries",
+            "Deliveries of a work message (one item or a chunk) after its first",
+            registry=r,
         )
         self.batch_size = Histogram(
             "sie_sidecar_batch_size",

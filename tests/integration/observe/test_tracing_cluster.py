@@ -125,7 +125,9 @@ def test_an_encode_is_one_trace_with_every_hop(traced_cluster):
             node, seen = by_id[node.parent_id], seen + 1
             assert seen < 10
     names = [s.name for s in spans]
-    assert names.count("sidecar.queue_wait") == 3 and names.count("sidecar.batch_formation") == 3
+    # the three items travelled in one message (one queue wait) and each joined a batch
+    (wait,) = [s for s in spans if s.name == "sidecar.queue_wait"]
+    assert wait.attributes["items"] == 3 and names.count("sidecar.batch_formation") == 3
     # the sidecar may have formed one batch or several: together they ran the three items
     forwards = [s for s in spans if s.name == "worker.forward"]
     assert sum(f.attributes["batch_size"] for f in forwards) == 3
