@@ -12,6 +12,7 @@ import pytest
 
 from tests.k8s.support import FAKE, MINILM, Cluster
 from tests.support.sdk312 import run_sdk
+from tests.support.vectors import cosines
 
 pytestmark = pytest.mark.k8s
 
@@ -47,11 +48,6 @@ def reference_vectors() -> np.ndarray:
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(get_model_path()), device="cpu").encode(TEXTS, normalize_embeddings=True)
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_public_sdk_and_ours_through_the_gateway_service(cluster: Cluster, sdk, table):
@@ -161,7 +157,7 @@ def test_model_added_through_the_config_service_is_served_then_deleted(cluster: 
     assert code == 200, resp.text
     served_s = time.monotonic() - t0
     added = np.asarray(resp.json()["items"][0]["dense"]["values"])
-    cos = float(cosines(added, reference_vectors()[0]))
+    (cos,) = cosines(added, reference_vectors()[0])
     assert cos >= 0.9999, cos
     status, text = config_call(cluster, "DELETE", f"/v1/configs/models/{ADD_MODEL}")
     assert status in (200, 204), text
