@@ -363,15 +363,14 @@ class ModelRegistry:
         heap.freeze()
         load_s = time.monotonic() - started
         self.metrics.model_load_seconds.labels(resolved.model_id).observe(load_s)
+        asked = resolved.profile.compute_precision or "float32"
         log.info(
             "loading %s… done in %.1f s: %s on %s%s",
             resolved.model_id,
             load_s,
             adapter.spec.precision,
             adapter.spec.device,
-            ""
-            if adapter.spec.precision == (resolved.profile.compute_precision or "float32")
-            else f" (the profile asks {resolved.profile.compute_precision or 'float32'}; SIE_CPU_PRECISION)",
+            "" if adapter.spec.precision == asked else f" (the profile asks {asked}; SIE_CPU_PRECISION)",
         )
         await self.memory.relieve(keep=entry.key)
 
