@@ -202,26 +202,61 @@ def error_response(exc: SIEError, request_id: str | None = None) -> web.Response
     return json_response(exc.body(), status=exc.status, headers=headers)
 
 
-def openai_error_response(exc: SIEError) -> web.Response:
-    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}``."""
+def _openai_code(exc: SIEError) -> str:
+    """The ``code`` of an error in the OpenAI envelope (and beside TEI's shape)."""
     code = exc.code
     if code == ErrorCode.MODEL_NOT_FOUND:
-        code = "model_not_found"
-    elif code == ErrorCode.INVALID_INPUT:
-        code = exc.extra.get("openai_code", "invalid_request")
-    elif code == ErrorCode.QUEUE_FULL:
-        code = "server_overloaded"
-    elif code in (ErrorCode.INFERENCE_ERROR, ErrorCode.INTERNAL_ERROR):
-        code = "inference_error"
+        return "model_not_found"
+    if code == ErrorCode.INVALID_INPUT:
+        return str(exc.extra.get("openai_code", "invalid_request"))
+    if code == ErrorCode.QUEUE_FULL:
+        return "server_overloaded"
+    if code in (ErrorCode.INFERENCE_ERROR, ErrorCode.INTERNAL_ERROR):
+        return "inference_error"
+    return str(code)
+
+
+def openai_error_response(exc: SIEError) -> web.Response:
+    """OpenAI envelope: ``{"error": {message, type, param, code, ...}}``."""
     body = {
         "message": exc.message,
         "type": "invalid_request_error" if exc.status < 500 else "server_error",
         "param": exc.param,
-        "code": code,
+        "code": _openai_code(exc),
     }
     body.update({k: v for k, v in exc.extra.items() if k != "openai_code"})
     headers = {**base_headers(), **exc.headers()}
     return json_response({"error": body}, status=exc.status, headers=headers)
+
+
+# Text Embeddings Inference's error types, by our codes (the rest: a 4xx is Validation, a 5xx Backend)
+_TEI_ERROR_TYPES: dict[str, str] = {
+    ErrorCode.QUEUE_FULL: "Overloaded",
+    ErrorCode.RATE_LIMIT: "Overloaded",
+    ErrorCode.RESOURCE_EXHAUSTED: "Overloaded",
+    ErrorCode.MODEL_LOADING: "Unhealthy",
+    ErrorCode.MODEL_NOT_LOADED: "Unhealthy",
+    ErrorCode.MODEL_LOAD_FAILED: "Unhealthy",
+    ErrorCode.PROVISIONING: "Unhealthy",
+    ErrorCode.QUEUE_UNAVAILABLE: "Unhealthy",
+    ErrorCode.INPUT_TOO_LONG: "Validation",
+}
+
+
+def tei_error_response(exc: SIEError) -> web.Response:
+    """Text Embeddings Inference's error shape, ``{"error": message, "error_type": type}``, with our
+    status and ``Retry-After``; ``code`` and ``param`` ride beside them."""
+    kind = _TEI_ERROR_TYPES.get(exc.code) or ("Validation" if exc.status < 500 else "Backend")
+    body: dict[str, Any] = {"error": exc.message, "error_type": kind, "code": _openai_code(exc)}
+    if exc.param:
+        body["param"] = exc.param
+    headers = {**base_headers(), **exc.headers()}
+    return json_response(body, status=exc.status, headers=headers)
+
+
+def rerank_error_response(exc: SIEError, tei: bool) -> web.Response:
+    """The error of a rerank route: TEI's shape on TEI's route, the OpenAI envelope on Cohere's."""
+    return tei_error_response(exc) if tei else openai_error_response(exc)
 
 
 def error_for_http_exception(exc: web.HTTPException) -> SIEError:

@@ -8,21 +8,21 @@ from aiohttp import web
 from gateway import responses
 from gateway.core import Provisioning
 from gateway.http_common import (
-    error_response,
     gateway_of,
     provisioning_response,
     read_body,
     success_headers,
 )
 from gateway.routes.inference import run_score
-from protocol import rerank
+from protocol import http, rerank
 from protocol.api import ScoreParams
 from protocol.codec import unpackb
 from protocol.errors import SIEError
 
 
 async def handle_rerank(request: web.Request) -> web.Response:
-    """One handler for the three rerank routes: JSON in, JSON out, OpenAI-style errors."""
+    """One handler for the three rerank routes: JSON in, JSON out, errors in the OpenAI envelope
+    (Cohere's routes) or TEI's shape (TEI's)."""
     gw = gateway_of(request)
     try:
         data = await read_body(request, gw.settings)
@@ -41,7 +41,7 @@ async def handle_rerank(request: web.Request) -> web.Response:
     except Provisioning as p:
         return provisioning_response(gw, request, p, force_503=True)
     except SIEError as err:
-        return error_response(err, openai=True)
+        return http.rerank_error_response(err, tei=rerank.ROUTES.get(request.path) == "tei")
     blob = results[0].result_msgpack
     ranked = rerank.ranking(unpackb(blob) if blob else [], len(call.texts))
     body = rerank.answer(call, ranked, rid, responses.input_tokens(results))

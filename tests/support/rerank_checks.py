@@ -87,10 +87,18 @@ def check_tei(url: str, model: str) -> None:
         f"{url}/rerank", json={"model": model, "query": QUERY, "texts": DOCS, "return_text": True}, timeout=60
     )
     assert [r["text"] for r in resp.json()] == [DOCS[i] for i, _ in expected]
+    # errors in TEI's shape: a message and an error type
     resp = httpx.post(
         f"{url}/rerank", json={"model": model, "query": QUERY, "texts": DOCS, "raw_scores": True}
     )
-    assert resp.status_code == 400 and resp.json()["error"]["code"] == "unsupported_field"
+    assert resp.status_code == 400, resp.text
+    err = resp.json()
+    assert err["error_type"] == "Validation" and err["code"] == "unsupported_field"
+    assert isinstance(err["error"], str) and "raw_scores" in err["error"]
+    resp = httpx.post(
+        f"{url}/rerank", json={"model": "no-such-model", "query": QUERY, "texts": DOCS}, timeout=60
+    )
+    assert resp.status_code == 404 and resp.json()["error_type"] == "Validation", resp.text
 
 
 def check_limit(url: str, model: str, limit: int) -> None:
@@ -103,5 +111,8 @@ def check_limit(url: str, model: str, limit: int) -> None:
     ]:
         resp = httpx.post(url + path, json=body, timeout=60)
         assert resp.status_code == 400, (path, resp.text)
-        assert resp.json()["error"]["param"] == ("texts" if path == "/rerank" else "documents")
-        assert "documents" in resp.json()["error"]["message"] or "texts" in resp.json()["error"]["message"]
+        # TEI's shape on its route, the OpenAI envelope on Cohere's
+        err = resp.json() if path == "/rerank" else resp.json()["error"]
+        message = err["error"] if path == "/rerank" else err["message"]
+        assert err["param"] == ("texts" if path == "/rerank" else "documents")
+        assert "documents" in message or "texts" in message

@@ -38,6 +38,7 @@ from protocol.http import (
     new_request_id,
     openai_error_response,
     read_body,
+    rerank_error_response,
     respond,
     stream_status,
     timing_headers,
@@ -376,7 +377,7 @@ async def rerank_route(request: web.Request) -> web.Response:
         except SIEError as exc:
             raise rerank.in_request_terms(exc, call.kind) from None
     except SIEError as exc:
-        return openai_error_response(exc)
+        return rerank_error_response(exc, tei=rerank.ROUTES.get(request.path) == "tei")
     ranked = rerank.ranking(result.items, len(call.texts))
     body = rerank.answer(call, ranked, request[REQUEST_ID], result.input_tokens)
     return json_response(body, headers=base_headers(request[REQUEST_ID]))
