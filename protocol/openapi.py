@@ -31,7 +31,7 @@ JSON = "application/json"
 MSGPACK = "application/msgpack"
 YAML = "application/x-yaml"
 TEXT = "text/plain"
-ErrorStyle = Literal["native", "openai", "config"]
+ErrorStyle = Literal["native", "openai", "tei", "config"]
 DOC_PATHS = ("/openapi.json", "/docs", "/docs/assets/{name}")
 
 
@@ -59,9 +59,20 @@ class OpenAIErrorObject(BaseModel):
 
 
 class OpenAIError(BaseModel):
-    """The OpenAI error envelope (``/v1/embeddings`` and the rerank routes)."""
+    """The OpenAI error envelope (``/v1/embeddings`` and Cohere's rerank routes)."""
 
     error: OpenAIErrorObject
+
+
+class TeiError(BaseModel):
+    """Text Embeddings Inference's error shape (its ``/rerank`` route)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str
+    error_type: Literal["Validation", "Overloaded", "Unhealthy", "Backend"]
+    code: str | None = None
+    param: str | None = None
 
 
 class ConfigErrorObject(BaseModel):
@@ -80,6 +91,7 @@ class ConfigErrorBody(BaseModel):
 ERRORS: dict[ErrorStyle, type[BaseModel]] = {
     "native": NativeError,
     "openai": OpenAIError,
+    "tei": TeiError,
     "config": ConfigErrorBody,
 }
 
@@ -290,7 +302,7 @@ def inference_ops() -> list[Op]:
         Op("POST", "/v2/rerank", "Cohere-compatible rerank (v2)", "compatible", rerank.CohereRerankRequest,
            response=rerank.CohereRerankResponse, errors="openai"),
         Op("POST", "/rerank", "Text Embeddings Inference-compatible rerank", "compatible",
-           rerank.TeiRerankRequest, response=rerank.TeiRerankResponse, errors="openai"),
+           rerank.TeiRerankRequest, response=rerank.TeiRerankResponse, errors="tei"),
         Op("GET", "/v1/models", "The models this server can route", "models", response=ModelsResponse),
         Op("GET", "/v1/models/{model}", "One model", "models", response=ModelEntry, params=(MODEL_PARAM,)),
     ]  # fmt: skip
