@@ -162,11 +162,12 @@ class Dispatcher:
             task.add_done_callback(self._resends.discard)
 
     async def redispatch(self) -> int:
-        """After a reconnect: publish again each stored message of a request in flight that carries an
-        item whose result has not come, under a new ``Nats-Msg-Id``; returns how many items it carries. A result the sidecar published while
-        this gateway was cut off (its member stopped or partitioned away, unnoticed until its pings
-        went unanswered) went to a connection that no longer reads: core NATS keeps nothing. An item
-        still being worked on runs twice; the first result fills its slot."""
+        """After a reconnect: publish again each stored message of a request in flight that carries
+        an item whose result has not come, under a new ``Nats-Msg-Id``; returns how many items those
+        messages carry. A result the sidecar published while this gateway was cut off (its member
+        stopped or partitioned away, unnoticed until its pings went unanswered) went to a connection
+        that no longer reads: core NATS keeps nothing. An item still being worked on runs twice; the
+        first result fills its slot."""
         sends = []
         count = 0
         for col in list(self._collectors.values()):
