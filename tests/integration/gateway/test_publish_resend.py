@@ -136,27 +136,35 @@ async def test_after_a_reconnect_items_still_unanswered_are_dispatched_again(nat
         await d.ensure_stream("default")
         subject = work_subject("default", "cpu", "default", "m")
         loop = asyncio.get_running_loop()
-        answered = WorkResult.failure(ItemRef("w-1", "r", 1), "X", "answered before the cut")
-        col = Collector(2, [None, answered], loop.create_future(), subject=subject)
+        answered = [
+            WorkResult.failure(ItemRef(f"w-{i}", "r", i), "X", "answered before the cut") for i in (1, 3)
+        ]
+        col = Collector(
+            5, [None, answered[0], None, answered[1], answered[1]], loop.create_future(), subject=subject
+        )
         col.sent = [
             WorkMessage((0,), b"item-0", {"Nats-Msg-Id": "w-0"}),
             WorkMessage((1,), b"item-1", {"Nats-Msg-Id": "w-1"}),
+            WorkMessage((2, 3), b"chunk-2-3", {"Nats-Msg-Id": "w-2+2"}),  # one item of it answered
+            WorkMessage((4,), b"item-4", {"Nats-Msg-Id": "w-4"}),
         ]
         d._collectors["r"] = col
         assert await d.redispatch() == 0  # not yet acknowledged: the publisher's own resend covers it
         col.published = True
-        assert await d.redispatch() == 1
+        assert await d.redispatch() == 3  # the lone item and the chunk of two
+        col.results[2] = answered[1]
         assert await d.redispatch() == 1
         js = nc.jetstream()
         sub = await js.pull_subscribe(subject, durable="check", stream=pool_stream_name("default"))
         msgs = await sub.fetch(10, timeout=2)
         assert [(m.data, m.headers["Nats-Msg-Id"]) for m in msgs] == [
             (b"item-0", "w-0~1"),
+            (b"chunk-2-3", "w-2+2~1"),
             (b"item-0", "w-0~2"),
         ]
         # the sidecar reads the work item id without the mark
         route = RoutingHeader("w-0", "r", 0, "_INBOX.g.r", "m", "encode", "g", 1)
-        headers = {**route.headers(), "Nats-Msg-Id": msgs[1].headers["Nats-Msg-Id"]}
+        headers = {**route.headers(), "Nats-Msg-Id": msgs[2].headers["Nats-Msg-Id"]}
         assert RoutingHeader.from_headers(headers).work_item_id == "w-0"
     finally:
         await nc.close()
