@@ -44,3 +44,25 @@ async def test_a_dead_item_is_forwarded_removed_from_the_stream_and_not_counted(
         assert status == 200, body
     finally:
         await good.stop()
+
+
+async def test_a_dead_chunk_fails_every_item_it_carried_at_once(nats_server, start_gateway):
+    h = await start_gateway(gateway_request_timeout_s=30.0)
+    js = h.nc.jetstream()
+    stuck = await FakeWorker(
+        nats_server.url, "stuck", handler=never_answers, ack_wait_s=0.5, max_deliver=2
+    ).start()
+    try:
+        await wait_workers(h)
+        items = [{"text": f"doomed {i}"} for i in range(3)]
+        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": items})
+        assert status >= 500 and "dead-lettered" in str(body), body  # failed at once, not at the deadline
+        assert len(stuck.seen) == 6  # one message of three items, delivered twice
+        assert {it.item_index for it in stuck.seen} == {0, 1, 2}
+        for _ in range(100):  # generous: only guards against a hang
+            if (await js.stream_info(DLQ_STREAM)).state.messages == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert (await js.stream_info(DLQ_STREAM)).state.messages == 1
+    finally:
+        await stuck.kill()
