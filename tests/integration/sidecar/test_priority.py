@@ -7,6 +7,8 @@ Order, not time, is asserted: results are recorded in the order they arrive at t
 
 from __future__ import annotations
 
+import asyncio
+
 from protocol.subjects import BULK, lane_durable, work_subject
 from protocol.work import RoutingHeader, WorkResult
 from tests.integration.sidecar.support import (
@@ -121,21 +123,26 @@ async def test_bulk_batches_shrink_while_interactive_work_arrives(nats_server):
             await gw.wait_for([it.work_item_id for it in alone], timeout=60)
             assert max(n for rid, n in sizes if rid == "alone") == 8
             sizes.clear()
+
+            async def query(i: int) -> None:
+                q = gw.item(f"query-{i}", 0, model_id=MODEL, text="a search query")
+                await gw.publish(q)
+                await gw.wait_for([q.work_item_id], timeout=30)
+
+            # interactive work arrives first (answered before the backlog is published, so no bulk
+            # batch can be cut before the sidecar has seen it) and goes on until the backlog is done:
+            # however fast or slow the host, every bulk batch is cut while interactive work arrives
+            await query(0)
             mixed = [gw.item("mixed", i, model_id=MODEL, text=f"doc {i}", total=40) for i in range(40)]
             for it in mixed:
                 await gw.publish_bulk(it)
-            queries = []
-            for i in range(10):  # interactive traffic while the backlog is worked through
-                q = gw.item(f"query-{i}", 0, model_id=MODEL, text="a search query")
-                queries.append(q)
-                await gw.publish(q)
-                await gw.wait_for([q.work_item_id], timeout=30)
-            await gw.wait_for([it.work_item_id for it in mixed], timeout=60)
-            # Bulk batches the worker started after the first query: the one bulk batch that may
-            # have been cut just before that query reached the sidecar (bulk_max_concurrent_batches
-            # is 1), then only mixed-size ones.
-            first_query = next(i for i, (rid, _) in enumerate(sizes) if rid == "query-0")
-            after = [n for rid, n in sizes[first_query:] if rid == "mixed"]
-            assert len(after) > 2 and max(after[1:]) <= 2, sizes
+            backlog = asyncio.create_task(gw.wait_for([it.work_item_id for it in mixed], timeout=60))
+            queries = 1
+            while not backlog.done():
+                await query(queries)
+                queries += 1
+            await backlog
+            bulk = [n for rid, n in sizes if rid == "mixed"]
+            assert queries > 2 and len(bulk) >= 20 and max(bulk) <= 2, sizes
         finally:
             await stop_lane(lane, nc, client)
