@@ -241,8 +241,8 @@ class Settlement:
 
     async def _close(self, d: Delivery, *, drop: bool = False) -> None:
         """``d`` is settled; its message too when it was the message's last item not settled: NAKed
-        when any of its items was (a chunk is redelivered whole; the gateway keeps the first result
-        of an item), dead-lettered when one could not be decoded, else ACKed."""
+        when any of its items was (a chunk is redelivered whole; a result the gateway has already
+        comes again for the same slot), dead-lettered when one could not be decoded, else ACKed."""
         self.held.release(d)
         lease = d.lease
         if not lease.close():
