@@ -504,7 +504,7 @@ class Gateway:
         pullers = routing.lane_pullers(self.workers.healthy(), lane) if len(todo) > 1 else 1
         per_message = min(self.settings.gateway_work_chunk_items, -(-len(todo) // max(1, pullers)))
         limit = self._message_limit()
-        plan = chunk_plan([len(p) for p in payloads], max(1, per_message), limit or 1 << 62)
+        plan = chunk_plan([len(p) for p in payloads], per_message, limit or 1 << 62)
         try:
             await self.dispatcher.check_capacity(
                 lane.pool, len(todo), messages=len(plan), priority=lane.priority

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from protocol import SERVER_VERSION
+from protocol import SERVER_VERSION, rerank
 from protocol.codec import (
     CodecError,
     check_plain,
@@ -254,9 +254,9 @@ def tei_error_response(exc: SIEError) -> web.Response:
     return json_response(body, status=exc.status, headers=headers)
 
 
-def rerank_error_response(exc: SIEError, tei: bool) -> web.Response:
-    """The error of a rerank route: TEI's shape on TEI's route, the OpenAI envelope on Cohere's."""
-    return tei_error_response(exc) if tei else openai_error_response(exc)
+def rerank_error_response(exc: SIEError, path: str) -> web.Response:
+    """The error of the rerank route at ``path``: TEI's shape on TEI's, the OpenAI envelope on Cohere's."""
+    return tei_error_response(exc) if rerank.ROUTES.get(path) == "tei" else openai_error_response(exc)
 
 
 def error_for_http_exception(exc: web.HTTPException) -> SIEError:

@@ -481,19 +481,7 @@ def unpack_results(data: bytes) -> list[WorkResult]:
 def results_chunks(sizes: list[int], max_bytes: int) -> list[list[int]]:
     """Indices of encoded results, in order, cut into runs whose :func:`pack_results` message stays
     within ``max_bytes``; a result too big to share a message gets one of its own."""
-    chunks: list[list[int]] = []
-    run: list[int] = []
-    used = _ARRAY_HEAD
-    for i, size in enumerate(sizes):
-        need = size + _ARRAY_HEAD
-        if run and used + need > max_bytes:
-            chunks.append(run)
-            run, used = [], _ARRAY_HEAD
-        run.append(i)
-        used += need
-    if run:
-        chunks.append(run)
-    return chunks
+    return chunk_plan(sizes, max(1, len(sizes)), max_bytes)
 
 
 @dataclass

@@ -41,7 +41,7 @@ async def handle_rerank(request: web.Request) -> web.Response:
     except Provisioning as p:
         return provisioning_response(gw, request, p, force_503=True)
     except SIEError as err:
-        return http.rerank_error_response(err, tei=rerank.ROUTES.get(request.path) == "tei")
+        return http.rerank_error_response(err, request.path)
     blob = results[0].result_msgpack
     ranked = rerank.ranking(unpackb(blob) if blob else [], len(call.texts))
     body = rerank.answer(call, ranked, rid, responses.input_tokens(results))

@@ -377,7 +377,7 @@ async def rerank_route(request: web.Request) -> web.Response:
         except SIEError as exc:
             raise rerank.in_request_terms(exc, call.kind) from None
     except SIEError as exc:
-        return rerank_error_response(exc, tei=rerank.ROUTES.get(request.path) == "tei")
+        return rerank_error_response(exc, request.path)
     ranked = rerank.ranking(result.items, len(call.texts))
     body = rerank.answer(call, ranked, request[REQUEST_ID], result.input_tokens)
     return json_response(body, headers=base_headers(request[REQUEST_ID]))
