@@ -4,7 +4,7 @@ JetStream message that carried it), the set of held deliveries, and the per-mode
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
@@ -24,7 +24,7 @@ class Lease:
     open: int = 1  # its items not settled yet
     nak_delay_s: float | None = None
     dead_reason: str | None = None
-    progressed: float = float("-inf")  # the lane's clock: its last progress-ACK
+    last_progress: float = 0.0  # the lane's clock: when it came, then its last progress-ACK
 
     @property
     def num_delivered(self) -> int:
@@ -48,7 +48,6 @@ class Delivery:
     cost: int  # predicted tokens (scheduler's cost_of the character estimate)
     arrived: float  # the lane's clock (protocol.clock), for batching
     received_wall: float  # unix seconds, for queue_ms
-    last_progress: float  # the lane's clock: when its lease was last renewed (progress-ACK)
     settled: bool = False
     in_flight: bool = False
     estimate: int = 0  # the character estimate the cost was predicted from
@@ -72,6 +71,11 @@ class Delivery:
     @property
     def num_delivered(self) -> int:
         return self.lease.num_delivered
+
+
+def leases_of(deliveries: Iterable[Delivery]) -> list[Lease]:
+    """The messages that carry ``deliveries`` and still hold an unsettled item, each once."""
+    return list({id(d.lease): d.lease for d in deliveries if not d.settled}.values())
 
 
 class Held:

@@ -274,7 +274,7 @@ class Intake:
             await self.settlement.nak_msg(msg, self.worker.transport_nak_delay())
             return
         self._items_per_message += 0.1 * (len(routes) - self._items_per_message)
-        lease = Lease(msg, open=len(routes))
+        lease = Lease(msg, open=len(routes), last_progress=now)
         received_wall = time.time()
         priority = subject_priority(msg.subject)
         delivered = lease.num_delivered
@@ -287,7 +287,6 @@ class Intake:
                 cost=1,
                 arrived=now,
                 received_wall=received_wall,
-                last_progress=now,
                 estimate=r.cost,
                 priority=priority,
                 # its request's items to batch together (1 for a redelivery: its siblings are done)

@@ -15,7 +15,7 @@ from typing import Protocol
 from protocol.clock import Clock
 from protocol.subjects import health_subject
 from protocol.work import Heartbeat
-from sidecar.deliveries import Delivery, Held
+from sidecar.deliveries import Held, Lease, leases_of
 from sidecar.readiness import WorkerHealth
 from sidecar.settings import SidecarSettings
 
@@ -61,7 +61,7 @@ class ConfigView(Protocol):
 
 
 class LeaseKeeper(Protocol):
-    async def progress(self, d: Delivery) -> None: ...
+    async def progress(self, lease: Lease) -> None: ...
 
 
 class Liveness:
@@ -100,9 +100,9 @@ class Liveness:
             if self.stopping.is_set() or not self.worker.fresh():
                 continue
             now = self.clock.now()
-            for d in list(self.held):
-                if not d.settled and now - d.last_progress >= interval:
-                    await self.leases.progress(d)
+            for lease in leases_of(self.held):
+                if now - lease.last_progress >= interval:
+                    await self.leases.progress(lease)
 
     def advertised_hash(self) -> str:
         """The last verified bundle_config_hash when config deltas are applied, else the worker's."""

@@ -17,7 +17,7 @@ from protocol import ipc
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.work import WorkResult
-from sidecar.deliveries import Delivery, ModelScheduler
+from sidecar.deliveries import Delivery, Lease, ModelScheduler, leases_of
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
 from sidecar.settings import SidecarSettings
 
@@ -77,7 +77,7 @@ class ReadinessSettler(Protocol):
 
     async def nak(self, d: Delivery, delay_s: float) -> None: ...
 
-    async def progress(self, d: Delivery) -> None: ...
+    async def progress(self, lease: Lease) -> None: ...
 
 
 class Readiness:
@@ -172,8 +172,8 @@ class Readiness:
             return True
         sched.ready = False
         if resp.state in (ipc.STATE_LOADING_STARTED, ipc.STATE_LOADING_IN_PROGRESS):
-            for d in sched.pending():
-                await self.settlement.progress(d)
+            for lease in leases_of(sched.pending()):
+                await self.settlement.progress(lease)
             base = s.model_loading_recheck_s * (1 if resp.state == ipc.STATE_LOADING_STARTED else 2)
             await self.clock.wait(self.stopping, min(base, s.loading_recheck_cap_s))
             return False

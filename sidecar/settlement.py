@@ -27,13 +27,10 @@ from protocol.subjects import (
     work_model_token,
 )
 from protocol.work import WorkResult, pack_results, results_chunks
-from sidecar.deliveries import Delivery, Held, ModelScheduler
+from sidecar.deliveries import Delivery, Held, Lease, ModelScheduler
 from sidecar.worker_link import Outcome
 
 log = logging.getLogger("sie.sidecar")
-
-# items of one message found due for a progress-ACK within this long of each other share one
-PROGRESS_SHARED_S = 1.0
 
 
 class Publisher(Protocol):
@@ -254,17 +251,13 @@ class Settlement:
         else:
             await self.ack_msg(lease.msg, drop=drop)
 
-    async def progress(self, d: Delivery) -> None:
-        """Progress-ACK: JetStream restarts the message's ack_wait (the lease stays with this pod);
-        once per message when its items come due together."""
-        if d.settled:
+    async def progress(self, lease: Lease) -> None:
+        """Progress-ACK: JetStream restarts the message's ack_wait (the lease stays with this pod)."""
+        if lease.open <= 0:
             return
-        now = d.last_progress = self.clock.now()
-        if now - d.lease.progressed < PROGRESS_SHARED_S:  # a sibling of the same message renewed it
-            return
-        d.lease.progressed = now
+        lease.last_progress = self.clock.now()
         try:
-            await d.msg.in_progress()
+            await lease.msg.in_progress()
             self.stats["progress"] += 1
         except Exception as exc:  # noqa: BLE001
             log.debug("progress ack failed: %s", exc)

@@ -49,14 +49,13 @@ def delivery(
     )
     msg = msg if msg is not None else Msg(None, subject="sie.work.x", data=b"body")
     return Delivery(
-        lease=Lease(msg),
+        lease=Lease(msg, last_progress=now),
         body=msg.data,
         route=route,
         spec=MODEL,
         cost=1,
         arrived=now,
         received_wall=0.0,
-        last_progress=now,
         estimate=cost,
         priority=priority,
         request_items=request_items,
@@ -144,8 +143,8 @@ class RecordingSettler:
     async def nak(self, d: Delivery, delay_s: float) -> None:
         self._mark(f"nak {delay_s}", d)
 
-    async def progress(self, d: Delivery) -> None:
-        self.done.append(("progress", d.route.work_item_id))
+    async def progress(self, lease: Lease) -> None:
+        self.done.append(("progress", lease.msg.data))
 
     def error_result(self, d: Delivery, code: str, message: str) -> WorkResult:
         return WorkResult.failure(d.route, code, message, worker_id="w")

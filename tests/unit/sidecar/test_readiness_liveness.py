@@ -12,7 +12,7 @@ from protocol.errors import ErrorCode
 from protocol.subjects import BULK, INTERACTIVE
 from protocol.work import Heartbeat
 from sidecar.batcher import BatchLimits
-from sidecar.deliveries import Delivery, Held, ModelScheduler
+from sidecar.deliveries import Delivery, Held, Lease, ModelScheduler
 from sidecar.intake import Intake
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
 from sidecar.liveness import Liveness
@@ -94,7 +94,7 @@ async def test_a_loading_model_keeps_its_items_leased_and_rechecks_on_the_clock(
     s = sched_with(d)
     check = asyncio.create_task(r.ensure_ready(s))
     await quiesce()
-    assert not check.done() and settler.done == [("progress", d.route.work_item_id)]
+    assert not check.done() and settler.done == [("progress", d.msg.data)]
     clock.advance(SETTINGS.model_loading_recheck_s)
     assert await check is False
     assert s.pending() == [d] and not s.ready  # still queued, nothing spent
@@ -204,9 +204,9 @@ class Leases:
         self.clock = clock
         self.renewed: list[str] = []
 
-    async def progress(self, d: Delivery) -> None:
-        d.last_progress = self.clock.now()
-        self.renewed.append(d.route.work_item_id)
+    async def progress(self, lease: Lease) -> None:
+        lease.last_progress = self.clock.now()
+        self.renewed.append(lease)
 
 
 def liveness(clock: ManualClock, *, config: Config | None = None) -> tuple[Liveness, Readiness, Held, Leases]:
@@ -245,8 +245,11 @@ async def test_leases_are_renewed_every_progress_interval_while_the_worker_answe
     live, r, held, leases = liveness(clock)
     interval = SETTINGS.progress_interval_s
     old, new = delivery(clock.now()), delivery(clock.now() + interval / 2)
-    held.add(old)
-    held.add(new)
+    sibling = delivery(clock.now())  # another item of the older one's message: one renewal for both
+    sibling.lease = old.lease
+    old.lease.open = 2
+    for d in (old, sibling, new):
+        held.add(d)
     loop = asyncio.create_task(live.progress_loop())
     try:
         await quiesce()
@@ -254,13 +257,13 @@ async def test_leases_are_renewed_every_progress_interval_while_the_worker_answe
         await quiesce()
         assert leases.renewed == []
         clock.advance(interval / 2)
-        await wait_until(lambda: leases.renewed == [old.route.work_item_id], what="the older lease renewed")
+        await wait_until(lambda: leases.renewed == [old.lease], what="the older lease renewed")
         r.health.forget()  # the worker stops answering: the leases lapse
         clock.advance(interval)
         await quiesce()
         clock.advance(interval / 2)
         await quiesce()
-        assert leases.renewed == [old.route.work_item_id]
+        assert leases.renewed == [old.lease]
     finally:
         r.stopping.set()
         await loop

@@ -21,7 +21,7 @@ from protocol.payloads import PayloadStore
 from protocol.streams import dlq_stream_config, stream_config
 from protocol.subjects import DLQ_REASON_HEADER, DLQ_STREAM, results_subject, work_subject
 from protocol.work import RoutingHeader, WorkItem, WorkResult, pack_items, unpack_items, unpack_results
-from sidecar.deliveries import Delivery, Held, Lease, ModelScheduler
+from sidecar.deliveries import Delivery, Held, Lease, ModelScheduler, leases_of
 from sidecar.settlement import Settlement
 from tests.support.clock import ManualClock
 from tests.support.polling import wait_until
@@ -296,13 +296,17 @@ async def test_a_chunk_with_an_item_naked_comes_back_whole_after_the_others(nats
         await again.ack()
 
 
-async def test_the_items_of_a_chunk_share_one_progress_ack(nats_server):
+async def test_a_chunk_is_progress_acked_once_and_not_after_it_is_settled(nats_server):
     async with rig(nats_server) as r:
         ds = await r.chunk(4)
+        assert leases_of(ds) == [ds[0].lease]
+        await r.settlement.progress(ds[0].lease)
+        assert r.stats["progress"] == 1 and ds[0].lease.last_progress == r.settlement.clock.now()
         for d in ds:
-            await r.settlement.progress(d)
-        now = r.settlement.clock.now()
-        assert r.stats["progress"] == 1 and all(d.last_progress == now for d in ds)
+            await r.settlement.publish_and_ack(d, ok(d))
+        assert leases_of(ds) == []
+        await r.settlement.progress(ds[0].lease)
+        assert r.stats["progress"] == 1
 
 
 async def test_a_chunk_with_an_undecodable_item_is_dead_lettered_after_the_others(nats_server):
