@@ -110,16 +110,22 @@ class Batcher(Generic[E]):
         until = self.gathering_until(now, limits) if flush_now else None
         return due if until is None else min(due, until)
 
+    def full(self, limits: BatchLimits) -> bool:
+        """Whether a batch cut now would be full: by cost, by count, or an oversize item alone."""
+        return (
+            self.pending_cost >= limits.max_cost
+            or len(self.pending) >= limits.max_requests
+            or any(e.cost >= limits.max_cost for e in self.pending)
+        )
+
     def ready(self, now: float, limits: BatchLimits, *, flush_now: bool = False) -> bool:
         """Whether to cut a batch now: full, oversize, waited ``max_wait_s``, or ``flush_now``
         (the sidecar stops, or the worker has a forward free for the model, so waiting for more
         items would only add latency) unless a pending request's items are still arriving."""
         if not self.pending:
             return False
-        if self.pending_cost >= limits.max_cost or len(self.pending) >= limits.max_requests:
+        if self.full(limits):
             return True
-        if any(e.cost >= limits.max_cost for e in self.pending):
-            return True  # an oversize item flushes alone
         head = self.head_time
         if head is not None and now >= head + limits.max_wait_s:
             return True

@@ -288,10 +288,23 @@ class Scheduler:
         batch never queues there behind more bulk work than that; interactive ones only while fewer
         interactive batches than the worker's depth (its forwards in flight) are there, so what
         arrives meanwhile waits here and joins the next batch, as it would in ``sie serve``, instead
-        of queueing on the worker as many small batches cut every ``batcher_max_batch_wait_ms``."""
-        bulk_ok = sched.bulk_running < self.settings.bulk_max_concurrent_batches
-        interactive_ok = not sched.depth or sched.running - sched.bulk_running < sched.depth
-        return [b for b in sched.batchers.values() if (bulk_ok if b.priority == BULK else interactive_ok)]
+        of queueing on the worker as many small batches cut every ``batcher_max_batch_wait_ms``.
+        Beyond that depth, up to ``batcher_queued_full_batches`` more go only when full: they wait on
+        the worker for a forward, so it starts the next one the moment one ends instead of idling
+        while the answer comes here and the next batch goes there (on 2 cores, zero-cost items at
+        32 per request x 8 clients: 0.63x to 0.85x ``sie serve`` with two more)."""
+        s = self.settings
+        bulk_ok = sched.bulk_running < s.bulk_max_concurrent_batches
+        interactive = sched.running - sched.bulk_running
+        below_depth = not sched.depth or interactive < sched.depth
+        queue_full = interactive < sched.depth + s.batcher_queued_full_batches
+
+        def eligible(b: Batcher[Delivery]) -> bool:
+            if b.priority == BULK:
+                return bulk_ok
+            return below_depth or (queue_full and b.full(sched.limits))
+
+        return [b for b in sched.batchers.values() if eligible(b)]
 
     async def _drop_cancelled(self, sched: ModelScheduler) -> None:
         for b in sched.batchers.values():

@@ -70,6 +70,9 @@ class SidecarSettings(BaseSettings):
     max_concurrent_batches: int = 4  # batches on the worker at once (saturation = 90 % of this)
     batcher_max_batch_requests: int = 64  # most items per batch (capped by the model's batch budget)
     batcher_max_batch_wait_ms: float = 15.0  # longest wait for a batch to fill
+    batcher_queued_full_batches: int = Field(
+        default=2, ge=0
+    )  # full interactive batches of a model sent to the worker beyond what its forwards take at once, to wait there for a forward (the worker is never idle between two batches while work is pending); a batch not full waits here for a forward instead
     batcher_gather_ms: float = Field(
         default=5.0, ge=0
     )  # an idle worker's next batch waits at most this long (from a request's first item) for the rest of the request's items still arriving, so it runs in one batch (the gateway counts them when one pod pulls the lane); 0 = no wait

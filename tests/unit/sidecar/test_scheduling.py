@@ -139,6 +139,39 @@ async def test_a_full_batch_does_not_wait():
         assert r.clock.t == 1000.0
 
 
+async def test_full_batches_queue_on_a_busy_worker_up_to_the_setting_and_others_wait():
+    """Depth 1: while a batch runs, full batches go on to wait on the worker for its forward (two,
+    ``batcher_queued_full_batches``); a third full one, and one not full, wait here."""
+    async with rig(depth=1, batcher_max_batch_requests=2, batcher_queued_full_batches=2) as r:
+        r.submit()
+        await wait_until(lambda: r.worker.sizes == [1], what="the first batch")
+        for _ in range(2):
+            r.submit()
+            r.submit()
+            await quiesce()
+        await wait_until(lambda: r.worker.sizes == [1, 2, 2], what="two full batches queued")
+        r.submit()
+        r.submit()
+        r.submit()
+        r.clock.advance(0.050)  # five times the batch wait: the wait rule does not send them
+        await quiesce()
+        assert r.worker.sizes == [1, 2, 2] and r.scheduler.queue_depth() == 3
+        r.worker.gate.set()
+        await wait_until(lambda: sorted(r.worker.sizes) == [1, 1, 2, 2, 2], what="the rest")
+
+
+async def test_without_queued_full_batches_a_full_batch_waits_for_the_forward():
+    async with rig(depth=1, batcher_max_batch_requests=2, batcher_queued_full_batches=0) as r:
+        r.submit()
+        await wait_until(lambda: r.worker.sizes == [1], what="the first batch")
+        r.submit()
+        r.submit()
+        await quiesce()
+        assert r.worker.sizes == [1]
+        r.worker.gate.set()
+        await wait_until(lambda: r.worker.sizes == [1, 2], what="the full batch after the first")
+
+
 async def test_an_idle_worker_gets_a_request_whole_when_its_items_arrive_apart():
     """With ``batcher_gather_ms`` an idle flush waits for the rest of a request (the gateway counted
     its items) and sends it as one batch."""
