@@ -29,6 +29,7 @@ from typing import Any
 
 from protocol.codec import CodecError, packb, unpackb
 from protocol.errors import RETRYABLE_CODES
+from protocol.subjects import INTERACTIVE
 from protocol.work import WorkItem, WorkResult, _from_map
 
 IPC_VERSION = 1
@@ -251,6 +252,9 @@ class RunBatchRequest:
     # the items' ids from their routing headers, in order: an item whose body does not decode is
     # still answered under its id
     item_ids: list[str] = field(default_factory=list)
+    # the class its items came in (protocol.subjects): on a CPU worker an interactive batch runs
+    # inside a running bulk one, between two of its layers (worker/batching/preemption.py)
+    priority: str = INTERACTIVE
 
     def to_map(self) -> dict[str, Any]:
         return {
@@ -258,6 +262,7 @@ class RunBatchRequest:
             "items": self.items,
             "worker_id": self.worker_id,
             "item_ids": self.item_ids,
+            "priority": self.priority,
         }
 
     @classmethod

@@ -25,7 +25,7 @@ from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.payloads import HEADER as PAYLOAD_HEADER
 from protocol.payloads import PayloadReader
-from protocol.subjects import BULK
+from protocol.subjects import BULK, INTERACTIVE
 from protocol.work import WorkResult
 from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
 from sidecar.deliveries import Delivery, ModelScheduler
@@ -376,6 +376,7 @@ class Scheduler:
                 items=[bodies[d.route.work_item_id] for d in live],
                 worker_id=s.worker_id,
                 item_ids=[d.route.work_item_id for d in live],
+                priority=BULK if bulk else INTERACTIVE,
             )
             timeout = s.ipc_request_timeout_s
             deadlines = [d.route.deadline for d in live if d.route.deadline is not None]

@@ -48,23 +48,36 @@ def thread_plan(on_cuda: bool, forward_threads: int, torch_threads: int) -> tupl
 class ForwardGate:
     """Forwards hold the gate together (``shared``); a change of the model's state (a LoRA loaded,
     unloaded or active, the model unloaded) holds it alone (``exclusive``). A waiting exclusive
-    holder keeps new shared ones out, so a LoRA load is not starved by a stream of forwards."""
+    holder keeps new shared ones out, so a LoRA load is not starved by a stream of forwards. A
+    thread that holds it shared may take it shared again (a forward run inside another, between two
+    of its layers: worker/batching/preemption.py) without waiting."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._shared = 0
         self._exclusive = False
         self._exclusive_waiting = 0
+        self._local = threading.local()  # .depth: how many times this thread holds it shared
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
+        depth = getattr(self._local, "depth", 0)
+        if depth:
+            self._local.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._local.depth = depth
+            return
         with self._cond:
             while self._exclusive or self._exclusive_waiting:
                 self._cond.wait()
             self._shared += 1
+        self._local.depth = 1
         try:
             yield
         finally:
+            self._local.depth = 0
             with self._cond:
                 self._shared -= 1
                 if not self._shared:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from protocol import eventloop, ipc, tracing
 from protocol.errors import ErrorCode, SIEError
 from protocol.logs import setup_logging
+from protocol.priority import INTERACTIVE, PRIORITIES
 from protocol.work import WorkItem, WorkResult
 from worker.ipc.config_calls import ConfigCalls, ConfigRuntime
 from worker.metrics import WorkerMetrics
@@ -61,7 +62,9 @@ class WorkerRuntime(ConfigRuntime, Protocol):
 
     async def ensure_ready(self, spec: str) -> EnsureResult: ...
 
-    async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]: ...
+    async def run_work_items(
+        self, items: list[WorkItem], *, priority: str = INTERACTIVE
+    ) -> list[WorkResult]: ...
 
 
 class IpcHandler:
@@ -181,7 +184,8 @@ class IpcHandler:
             return ipc.run_batch_response(dead)
         started = time.perf_counter()
         try:
-            results = await self.runtime.run_work_items(items)
+            priority = req.priority if req.priority in PRIORITIES else INTERACTIVE
+            results = await self.runtime.run_work_items(items, priority=priority)
         except SIEError as exc:
             results = [self._error_result(it, exc.code, exc.message, exc.retry_after) for it in items]
         except Exception as exc:  # a runtime bug must not take down the connection

@@ -17,9 +17,11 @@ from typing import Any, TypeVar
 
 from protocol.catalog import Resolved
 from protocol.errors import SIEError
+from protocol.priority import BULK, INTERACTIVE
 from worker.adapters.base import Adapter, Prepared, RequestContext
 from worker.batching.former import BatchFormer, BatchStats
 from worker.batching.forward_threads import ForwardGate
+from worker.batching.preemption import Preemption
 from worker.metrics import WorkerMetrics
 from worker.models.lora import LoraSet
 from worker.models.placement import Placement
@@ -67,6 +69,11 @@ class LoadedModel:
             max_workers=self.forward_threads, thread_name_prefix=f"infer-{resolved.model_id}"
         )
         self.gate = ForwardGate()
+        # CPU, one forward thread: an interactive batch runs inside a running bulk forward, between
+        # two of its layers (worker/batching/preemption.py)
+        self.preemption = Preemption(allowed=lambda: not adapter.forwards_share_state())
+        if not env.placement.on_cuda and self.forward_threads == 1:
+            self.preemption.install(getattr(adapter, "model", None))
         self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
         self.max_requests = s.max_batch_requests
         self.stats = BatchStats()
@@ -115,11 +122,18 @@ class LoadedModel:
         self.count(ctx, units)
         return outputs
 
-    async def on_forward_thread(self, fn: Callable[..., T], *args: Any) -> T:
+    async def on_forward_thread(self, fn: Callable[..., T], *args: Any, priority: str = INTERACTIVE) -> T:
         """``fn(*args)`` on one of this model's forward threads, in the caller's context (its trace
-        span and log fields), for work that runs its forwards itself (:meth:`forward`)."""
+        span and log fields), for work that runs its forwards itself (:meth:`forward`). Interactive
+        work that finds a bulk call there runs inside its forward, at the next layer
+        (:class:`Preemption`), or right after it."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+        loop = asyncio.get_running_loop()
+        if priority == BULK:
+            return await asyncio.wrap_future(self.preemption.bulk(self.executor, call))
+        if self.preemption.bulk_running and self.preemption.hooked_layers:
+            return await asyncio.wrap_future(self.preemption.submit(self.executor, call))
+        return await loop.run_in_executor(self.executor, call)
 
     def count(self, ctx: RequestContext, units: list[Prepared]) -> None:
         """Count one forward pass of ``units`` in the model's batch statistics and metrics (on the loop)."""

@@ -82,7 +82,7 @@ class Executor:
             self._check_operation(lm, ctx)
             with lm.loras.use(ctx.lora):
                 units, outputs, forwards = await lm.on_forward_thread(
-                    self._run_on_thread, lm, ctx, inputs, timing, time.monotonic(), post
+                    self._run_on_thread, lm, ctx, inputs, timing, time.monotonic(), post, priority=priority
                 )
             for batch in forwards:
                 lm.count(ctx, batch)
@@ -185,7 +185,7 @@ class Executor:
         submitted = time.monotonic()
         if direct:  # tokenised on the CPU pool already: the forwards, in one call on a forward thread
             outputs, forwards = await lm.on_forward_thread(
-                self._forward_chunks, lm, ctx, units, timing, submitted
+                self._forward_chunks, lm, ctx, units, timing, submitted, priority=priority
             )
             for batch in forwards:
                 lm.count(ctx, batch)

@@ -226,8 +226,8 @@ class Runtime:
     ) -> Result:
         return await self.operations.tokenize(spec, items, params, direct=direct)
 
-    async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]:
-        return await self.work_items.run_work_items(items)
+    async def run_work_items(self, items: list[WorkItem], *, priority: str = INTERACTIVE) -> list[WorkResult]:
+        return await self.work_items.run_work_items(items, priority=priority)
 
     # ---- control-plane config --------------------------------------------------------------
     def bundle_config_hash(self, *, pool: str | None = "", adapters: list[str] | None = None) -> str:

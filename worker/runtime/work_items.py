@@ -19,6 +19,7 @@ from protocol.api import (
 )
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.priority import INTERACTIVE
 from protocol.work import WorkItem, WorkResult
 from worker.runtime.results import Result, Timing
 
@@ -29,7 +30,13 @@ class SupportsOperations(Protocol):
     """What runs the work items (:class:`worker.runtime.operations.Operations`)."""
 
     async def encode(
-        self, spec: str, items: Sequence[Item], params: EncodeParams | None = None, *, direct: bool = False
+        self,
+        spec: str,
+        items: Sequence[Item],
+        params: EncodeParams | None = None,
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
     ) -> Result: ...
 
     async def score(
@@ -40,14 +47,26 @@ class SupportsOperations(Protocol):
         params: ScoreParams | None = None,
         *,
         direct: bool = False,
+        priority: str = INTERACTIVE,
     ) -> Result: ...
 
     async def extract(
-        self, spec: str, items: Sequence[Item], params: ExtractParams | None = None, *, direct: bool = False
+        self,
+        spec: str,
+        items: Sequence[Item],
+        params: ExtractParams | None = None,
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
     ) -> Result: ...
 
     async def tokenize(
-        self, spec: str, items: Sequence[Item], params: TokenizeParams | None = None, *, direct: bool = False
+        self,
+        spec: str,
+        items: Sequence[Item],
+        params: TokenizeParams | None = None,
+        *,
+        direct: bool = False,
     ) -> Result: ...
 
 
@@ -55,22 +74,23 @@ class WorkItemRunner:
     def __init__(self, operations: SupportsOperations) -> None:
         self.operations = operations
 
-    async def run_work_items(self, items: list[WorkItem]) -> list[WorkResult]:
+    async def run_work_items(self, items: list[WorkItem], *, priority: str = INTERACTIVE) -> list[WorkResult]:
         """Execute NATS work items at once; one WorkResult per item, in order.
 
         The sidecar hands over one group (equal :attr:`WorkItem.group_key`); a batch mixing groups
-        runs as one call per group."""
+        runs as one call per group. ``priority``: the class the batch came in (an interactive one
+        may run inside a running bulk forward, worker/batching/preemption.py)."""
         groups: dict[str, list[int]] = {}
         for i, wi in enumerate(items):
             groups.setdefault(wi.group_key, []).append(i)
         results: list[WorkResult | None] = [None] * len(items)
         await asyncio.gather(
-            *(self._run_group([items[i] for i in idx], idx, results) for idx in groups.values())
+            *(self._run_group([items[i] for i in idx], idx, results, priority) for idx in groups.values())
         )
         return [r for r in results if r is not None]
 
     async def _run_group(
-        self, group: list[WorkItem], idx: list[int], results: list[WorkResult | None]
+        self, group: list[WorkItem], idx: list[int], results: list[WorkResult | None], priority: str
     ) -> None:
         first = group[0]
         spec = first.model_spec
@@ -89,7 +109,9 @@ class WorkItemRunner:
                     instruction=first.instruction,
                     options=options,
                 )
-                res = await self.operations.encode(spec, _items(group), params, direct=True)
+                res = await self.operations.encode(
+                    spec, _items(group), params, direct=True, priority=priority
+                )
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
             elif first.operation == "score":
@@ -98,7 +120,9 @@ class WorkItemRunner:
                     query = parse_item(wi.query_item or {}, "query")
                     docs = [parse_item(d, "items", k) for k, d in enumerate(wi.score_items or [])]
                     score_params = ScoreParams.model_construct(instruction=wi.instruction, options=options)
-                    res = await self.operations.score(spec, query, docs, score_params, direct=True)
+                    res = await self.operations.score(
+                        spec, query, docs, score_params, direct=True, priority=priority
+                    )
                     body: dict[str, Any] = {"scores": res.items}
                     if res.query_id is not None:
                         body["query_id"] = res.query_id
@@ -114,7 +138,7 @@ class WorkItemRunner:
                     options=options,
                 )
                 res = await self.operations.extract(
-                    spec, _items(group, named=True), extract_params, direct=True
+                    spec, _items(group, named=True), extract_params, direct=True, priority=priority
                 )
                 payloads = [packb(item) for item in res.items]
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)

@@ -174,13 +174,13 @@ class Batches:
         self._all = False
         run = worker.runtime.run_work_items
 
-        async def recording(items):
+        async def recording(items, **kw):
             self.sizes.append(len(items))
             gate = asyncio.Event()
             self._gates.append(gate)
             if self.gated and not self._all:
                 await gate.wait()
-            return await run(items)
+            return await run(items, **kw)
 
         worker.runtime.run_work_items = recording  # type: ignore[method-assign]
 

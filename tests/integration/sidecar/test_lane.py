@@ -233,9 +233,9 @@ async def test_each_batch_the_worker_runs_is_one_group_cut_by_the_sidecar(nats_s
         batches: list[list] = []
         run = worker.runtime.run_work_items
 
-        async def recording(items):
+        async def recording(items, **kw):
             batches.append(items)
-            return await run(items)
+            return await run(items, **kw)
 
         worker.runtime.run_work_items = recording  # type: ignore[method-assign]
         lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock))

@@ -76,6 +76,7 @@ class GatedWorker:
         self.generation = 1
         self.batches: list[list[str]] = []
         self.bodies: list[list[bytes]] = []  # what each batch carried to the worker
+        self.priorities: list[str] = []  # the class each batch was sent as
         self.gate = asyncio.Event()
 
     async def run_batch(
@@ -84,6 +85,7 @@ class GatedWorker:
         ids = list(request.item_ids or [])
         self.batches.append(ids)
         self.bodies.append(list(request.items))
+        self.priorities.append(request.priority)
         await self.gate.wait()
         return {i: [{"work_item_id": i, "disposition": ipc.PUBLISH_AND_ACK, "result": b"r"}] for i in ids}
 

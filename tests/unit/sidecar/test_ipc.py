@@ -311,6 +311,37 @@ async def test_drain_refuses_new_batches(sock_path):
         await runtime.close()
 
 
+async def test_a_batch_runs_in_the_class_the_sidecar_names(sock_path):
+    """RunBatch's ``priority`` reaches the runtime; a missing one (an older sidecar) or an unknown one
+    is interactive."""
+    runtime = fake_runtime()
+    await runtime.start()
+    seen: list[str] = []
+    run = runtime.run_work_items
+
+    async def recording(items, *, priority):
+        seen.append(priority)
+        return await run(items, priority=priority)
+
+    runtime.run_work_items = recording  # type: ignore[method-assign]
+    server = await serve_ipc(runtime, sock_path)
+    client = IpcClient(sock_path)
+    try:
+        body = ipc.RunBatchRequest("test/fake-embed", [work_item(0).to_msgpack()]).to_map()
+        for priority in ("bulk", "interactive", "urgent!", None):
+            sent = (
+                dict(body, priority=priority)
+                if priority
+                else {k: v for k, v in body.items() if k != "priority"}
+            )
+            await client.call(ipc.RUN_BATCH, sent)
+        assert seen == ["bulk", "interactive", "interactive", "interactive"]
+    finally:
+        await client.close()
+        await server.close()
+        await runtime.close()
+
+
 async def test_client_fails_pending_calls_when_the_worker_goes_away(sock_path):
     runtime = fake_runtime(batch_delay_ms=3000)
     await runtime.start()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from protocol import ipc
-from protocol.subjects import BULK
+from protocol.subjects import BULK, INTERACTIVE
 from sidecar.barrier import ExecutionBarrier
 from sidecar.metrics import SidecarMetrics
 from sidecar.scheduling import Scheduler
@@ -258,6 +258,7 @@ async def test_bulk_batches_are_small_while_interactive_work_arrives():
             r.submit(priority=BULK)
         r.clock.advance(0.010)
         await wait_until(lambda: r.worker.sizes == [1, 2], what="a mixed-size bulk batch")
+        assert r.worker.priorities == [INTERACTIVE, BULK]  # the worker is told each batch's class
         r.worker.gate.set()
         await wait_until(lambda: sum(r.worker.sizes) == 7, what="the rest")
         r.worker.gate.clear()

@@ -1,0 +1,176 @@
+"""Preemption: interactive work run inside a running bulk forward, between two of its layers, on the
+same thread; what no layer takes runs after the bulk call; the gate lets the inner forward in."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from torch import nn
+
+from worker.batching.forward_threads import ForwardGate
+from worker.batching.preemption import Preemption, layer_stack
+
+
+class Layer(nn.Module):
+    def __init__(self, index: int, log: list[tuple[str, int]], who: threading.local) -> None:
+        super().__init__()
+        self.index, self.log, self.who = index, log, who
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.log.append((self.who.name, self.index))
+        return self.linear(x)
+
+
+class Encoder(nn.Module):
+    """A BERT-like shape: the layers at ``encoder.layer``."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.log: list[tuple[str, int]] = []
+        self.who = threading.local()
+        self.encoder = nn.Module()
+        self.encoder.layer = nn.ModuleList(Layer(i, self.log, self.who) for i in range(layers))
+
+    def run(self, name: str) -> str:
+        previous = getattr(self.who, "name", None)
+        self.who.name = name
+        try:
+            with torch.inference_mode():
+                x = torch.zeros(1, 4)
+                for layer in self.encoder.layer:
+                    x = layer(x)
+            return name
+        finally:
+            self.who.name = previous
+
+
+@pytest.fixture
+def forward_thread():
+    pool = ThreadPoolExecutor(1)
+    yield pool
+    pool.shutdown(wait=True)
+
+
+def test_the_layers_are_found_where_the_families_keep_them():
+    assert len(layer_stack(Encoder(3))) == 3
+    wrapper = nn.Module()
+    wrapper.base_model = Encoder(2)
+    assert len(layer_stack(wrapper)) == 2
+    assert layer_stack(nn.Linear(2, 2)) == [] and layer_stack(None) == []
+
+
+def test_an_interactive_call_runs_inside_the_bulk_forward_at_the_next_layer(forward_thread):
+    model = Encoder(4)
+    pre = Preemption()
+    assert pre.install(model) == 4
+    at_layer_one = threading.Event()
+    go_on = threading.Event()
+
+    def pause(module: nn.Module, args: object) -> None:  # the bulk call stops in layer 1 until told
+        if model.who.name == "bulk" and module.index == 1:
+            at_layer_one.set()
+            assert go_on.wait(10)
+
+    model.encoder.layer[1].register_forward_pre_hook(pause)
+    bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
+    assert at_layer_one.wait(10) and pre.bulk_running
+    urgent = pre.submit(forward_thread, lambda: model.run("interactive"))
+    go_on.set()
+    assert urgent.result(10) == "interactive" and bulk.result(10) == "bulk"
+    assert model.log == [
+        ("bulk", 0),
+        ("bulk", 1),
+        *(("interactive", i) for i in range(4)),  # at layer 2's hook, whole
+        ("bulk", 2),
+        ("bulk", 3),
+    ]
+    assert pre.preempted == 1 and not pre.bulk_running
+
+
+def test_what_no_layer_takes_runs_after_the_bulk_call_once(forward_thread):
+    pre = Preemption()
+    release = threading.Event()
+    ran: list[str] = []
+    bulk = pre.bulk(forward_thread, lambda: (release.wait(10), ran.append("bulk")))
+    urgent = pre.submit(forward_thread, lambda: ran.append("interactive") or "done")
+    release.set()
+    assert urgent.result(10) == "done" and bulk.result(10)
+    pre.run_waiting()  # nothing left: it ran once
+    assert ran == ["bulk", "interactive"] and pre.preempted == 0
+
+
+def test_no_preemption_while_forwards_share_state(forward_thread):
+    model = Encoder(3)
+    pre = Preemption(allowed=lambda: False)  # a LoRA active
+    pre.install(model)
+    started = threading.Event()
+    go_on = threading.Event()
+
+    def bulk_call() -> str:
+        started.set()
+        assert go_on.wait(10)
+        return model.run("bulk")
+
+    bulk = pre.bulk(forward_thread, bulk_call)
+    assert started.wait(10)
+    urgent = pre.submit(forward_thread, lambda: model.run("interactive"))
+    go_on.set()
+    assert bulk.result(10) == "bulk" and urgent.result(10) == "interactive"
+    assert [who for who, _ in model.log] == ["bulk"] * 3 + ["interactive"] * 3 and pre.preempted == 0
+
+
+def test_a_bulk_call_cancelled_before_it_ran_is_not_counted_as_running(forward_thread):
+    pre = Preemption()
+    hold = threading.Event()
+    first = forward_thread.submit(hold.wait, 10)  # the forward thread is busy
+    queued = pre.bulk(forward_thread, lambda: "never")
+    assert pre.bulk_running and queued.cancel()
+    assert not pre.bulk_running
+    hold.set()
+    first.result(10)
+
+
+def test_a_cancelled_interactive_call_is_skipped(forward_thread):
+    pre = Preemption()
+    release = threading.Event()
+    ran: list[str] = []
+    pre.bulk(forward_thread, lambda: release.wait(10))
+    urgent = pre.submit(forward_thread, lambda: ran.append("interactive"))
+    assert urgent.cancel()
+    release.set()
+    deadline = time.monotonic() + 10
+    while pre.bulk_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    forward_thread.submit(lambda: None).result(10)  # past the queued run_waiting
+    assert ran == []
+
+
+def test_a_forward_inside_a_forward_takes_the_gate_without_waiting_for_a_state_change():
+    """The inner forward's shared hold must not wait behind an exclusive holder that waits for the
+    outer one: that would be a deadlock."""
+    gate = ForwardGate()
+    exclusive_waiting = threading.Event()
+    order: list[str] = []
+
+    def change() -> None:
+        exclusive_waiting.set()
+        with gate.exclusive():
+            order.append("change")
+
+    with gate.shared():
+        changer = threading.Thread(target=change)
+        changer.start()
+        assert exclusive_waiting.wait(10)
+        deadline = time.monotonic() + 10
+        while not gate._exclusive_waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with gate.shared():  # the inner forward
+            order.append("inner")
+        order.append("outer out")
+    changer.join(10)
+    assert order == ["inner", "outer out", "change"]

@@ -1,0 +1,137 @@
+"""Interactive work run inside a running bulk forward, between two of its layers (CPU).
+
+On a CPU worker a model has one forward thread, and a bulk batch on it holds it for the whole
+forward: an interactive batch that arrives meanwhile waits for the end of it (on 2 cores, MiniLM,
+the Batch API beside single-text requests: the interactive p50 went from 11 ms idle to 35 ms).
+With :class:`Preemption` the interactive batch is handed to the running bulk forward instead: a
+pre-hook on each of the model's layers runs what is waiting, on the same thread (the same
+intra-op thread team, so the two never compete for the cores), and the bulk forward then goes on
+from the layer it stopped at. The wait becomes one layer's time instead of a whole forward's.
+
+Running a forward inside another is safe for eager PyTorch modules, which keep no state between
+the calls of one forward; a model whose forwards share state (a LoRA active) does not preempt
+(the hook looks each time). Whatever no layer picks up (the bulk forward ended first, or the model
+has no layers to hook) runs on the forward thread after the bulk forward, as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# attribute paths of the stack of layers in the model families we load (BERT-likes, RoBERTa,
+# XLM-R, ModernBERT, T5 encoders, our packed models); the first found is hooked
+LAYER_STACKS = ("encoder.layer", "layers", "encoder.layers", "encoder.block", "transformer.layer")
+
+
+def layer_stack(model: Any) -> list[Any]:
+    """The layers of ``model`` (a torch module, or an adapter's wrapper of one) to hook: its stack of
+    transformer layers, found by the usual attribute paths in it or in its ``base_model``."""
+    for root in (model, getattr(model, "base_model", None), getattr(model, "model", None)):
+        if root is None:
+            continue
+        for path in LAYER_STACKS:
+            node = root
+            for name in path.split("."):
+                node = getattr(node, name, None)
+                if node is None:
+                    break
+            if node is not None and hasattr(node, "__len__") and len(node) > 1:
+                return list(node)
+    return []
+
+
+class Preemption:
+    """One model's waiting interactive work and the hooks that run it inside a bulk forward."""
+
+    def __init__(self, allowed: Callable[[], bool] = lambda: True) -> None:
+        """``allowed()``: whether a forward may run inside another now (asked at each layer)."""
+        self.allowed = allowed
+        self.hooked_layers = 0
+        self.preempted = 0  # calls run inside a bulk forward
+        self._waiting: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
+        self._lock = threading.Lock()
+        self._bulk = 0  # bulk calls handed to the forward thread and not ended
+        self._local = threading.local()  # .in_bulk: this thread is in a bulk forward's layers
+
+    def install(self, model: Any) -> int:
+        """Hook the layers of ``model``; returns how many (0: nothing to preempt at)."""
+        layers = layer_stack(model)
+        for layer in layers:
+            layer.register_forward_pre_hook(self._at_layer)
+        self.hooked_layers = len(layers)
+        return self.hooked_layers
+
+    @property
+    def bulk_running(self) -> bool:
+        """Whether a bulk call is on (or queued for) the forward thread now."""
+        return self._bulk > 0
+
+    def bulk(self, executor: Executor, call: Callable[[], T]) -> Future[T]:
+        """Run ``call`` on ``executor`` (the forward thread) as a bulk call: counted from now until
+        it ends or is cancelled, and its layers run the interactive work waiting."""
+
+        def run() -> T:
+            self._local.in_bulk = True
+            try:
+                return call()
+            finally:
+                self._local.in_bulk = False
+
+        def done(_: Future[T]) -> None:
+            with self._lock:
+                self._bulk -= 1
+
+        with self._lock:
+            self._bulk += 1
+        try:
+            future = executor.submit(run)
+        except BaseException:
+            done(Future())
+            raise
+        future.add_done_callback(done)
+        return future
+
+    def submit(self, executor: Executor, call: Callable[[], T]) -> Future[T]:
+        """Hand ``call`` to the next layer of the running bulk forward, and queue :meth:`run_waiting`
+        on ``executor`` (the forward thread) to run it after that forward if no layer did."""
+        future: Future[T] = Future()
+        with self._lock:
+            self._waiting.append((call, future))
+        try:
+            executor.submit(self.run_waiting)
+        except BaseException:
+            future.cancel()
+            raise
+        return future
+
+    def run_waiting(self) -> None:
+        """Run every call waiting, on this thread, each once (as a plain call: its layers do not
+        preempt it)."""
+        was_bulk = getattr(self._local, "in_bulk", False)
+        self._local.in_bulk = False
+        try:
+            while True:
+                with self._lock:
+                    if not self._waiting:
+                        return
+                    call, future = self._waiting.popleft()
+                if not future.set_running_or_notify_cancel():
+                    continue
+                if was_bulk:
+                    self.preempted += 1
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                    future.set_exception(exc)
+        finally:
+            self._local.in_bulk = was_bulk
+
+    def _at_layer(self, module: Any, args: Any) -> None:
+        if self._waiting and getattr(self._local, "in_bulk", False) and self.allowed():
+            self.run_waiting()
