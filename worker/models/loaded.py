@@ -71,8 +71,10 @@ class LoadedModel:
         self.gate = ForwardGate()
         # CPU, one forward thread: an interactive batch runs inside a running bulk forward, between
         # two of its layers (worker/batching/preemption.py)
-        self.preemption = Preemption(allowed=lambda: not adapter.forwards_share_state())
-        if not env.placement.on_cuda and self.forward_threads == 1:
+        self.preemption = Preemption(
+            allowed=lambda: not adapter.forwards_share_state(), max_share=s.preempt_max_share
+        )
+        if not env.placement.on_cuda and self.forward_threads == 1 and s.preempt_max_share > 0:
             self.preemption.install(getattr(adapter, "model", None))
         self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
         self.max_requests = s.max_batch_requests

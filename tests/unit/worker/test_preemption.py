@@ -174,3 +174,38 @@ def test_a_forward_inside_a_forward_takes_the_gate_without_waiting_for_a_state_c
         order.append("outer out")
     changer.join(10)
     assert order == ["inner", "outer out", "change"]
+
+
+@pytest.mark.parametrize(("max_share", "second_inside"), [(0.5, False), (1.0, True)])
+def test_interactive_work_takes_at_most_its_share_of_a_bulk_forward(forward_thread, max_share, second_inside):
+    """The first interactive call runs inside at layer 1 and takes 50 ms while the bulk forward has
+    run for almost none: with half the forward's time as the share, the second (arriving during
+    the first) waits for the forward's end; with all of it, it runs at layer 2."""
+    model = Encoder(4)
+    pre = Preemption(max_share=max_share)
+    pre.install(model)
+    at_layer_one = threading.Event()
+    go_on = threading.Event()
+
+    def pause(module: nn.Module, args: object) -> None:
+        if model.who.name == "bulk" and module.index == 0:
+            at_layer_one.set()
+            assert go_on.wait(10)
+
+    model.encoder.layer[0].register_forward_pre_hook(pause)
+    second: list[object] = []
+
+    def first_call() -> str:
+        time.sleep(0.05)
+        second.append(pre.submit(forward_thread, lambda: model.run("second")))
+        return model.run("first")
+
+    bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
+    assert at_layer_one.wait(10)
+    first = pre.submit(forward_thread, first_call)
+    go_on.set()
+    assert first.result(10) == "first" and bulk.result(10) == "bulk"
+    assert second[0].result(10) == "second"  # type: ignore[attr-defined]
+    bulk_done_at = max(i for i, (who, _) in enumerate(model.log) if who == "bulk")
+    second_at = min(i for i, (who, _) in enumerate(model.log) if who == "second")
+    assert (second_at < bulk_done_at) is second_inside
