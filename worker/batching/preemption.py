@@ -11,7 +11,8 @@ from the layer it stopped at. The wait becomes one layer's time instead of a who
 Bulk is never starved: interactive work takes at most ``max_share`` of a bulk forward's time this
 way (``SIE_PREEMPT_MAX_SHARE``, half by default); past that it waits for the forward's end, as it
 did without preemption. A probe that sends one text after another otherwise stalls a bulk forward
-a layer at a time (on 2 cores: bulk at 30% of its solo rate instead of 43%).
+a layer at a time (one worker on 2 cores, ``python -m tests.benchmarks.preemption``: bulk kept
+21-25% of its solo rate unbounded, 39-48% with half).
 
 Running a forward inside another is safe for eager PyTorch modules, which keep no state between
 the calls of one forward; a model whose forwards share state (a LoRA active) does not preempt
@@ -30,8 +31,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# attribute paths of the stack of layers in the model families we load (BERT-likes, RoBERTa,
-# XLM-R, ModernBERT, T5 encoders, our packed models); the first found is hooked
+# attribute paths of the stack of layers in the transformers families we load (BERT-likes,
+# RoBERTa, XLM-R, ModernBERT, T5 encoders); the first found is hooked. Encoders that call their
+# layers' weights themselves (worker/modeling: the packed forward, gte_new) never reach the hooks:
+# their interactive work runs after the bulk forward, as without preemption.
 LAYER_STACKS = ("encoder.layer", "layers", "encoder.layers", "encoder.block", "transformer.layer")
 
 
@@ -47,8 +50,9 @@ def layer_stack(model: Any) -> list[Any]:
                 node = getattr(node, name, None)
                 if node is None:
                     break
-            if node is not None and hasattr(node, "__len__") and len(node) > 1:
-                return list(node)
+            layers = list(node) if node is not None and hasattr(node, "__iter__") else []
+            if len(layers) > 1 and all(hasattr(m, "register_forward_pre_hook") for m in layers):
+                return layers
     return []
 
 

@@ -62,6 +62,9 @@ def test_the_layers_are_found_where_the_families_keep_them():
     wrapper.base_model = Encoder(2)
     assert len(layer_stack(wrapper)) == 2
     assert layer_stack(nn.Linear(2, 2)) == [] and layer_stack(None) == []
+    weights_only = nn.Module()
+    weights_only.layers = [object(), object()]  # a stack of plain records: nothing to hook
+    assert layer_stack(weights_only) == []
 
 
 def test_an_interactive_call_runs_inside_the_bulk_forward_at_the_next_layer(forward_thread):
