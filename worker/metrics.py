@@ -140,6 +140,12 @@ class WorkerMetrics:
             ["model"],
             registry=r,
         )
+        self.preemptions = Counter(
+            "sie_worker_preemptions",
+            "Interactive batches run inside a running bulk forward, between two of its layers (CPU)",
+            ["model"],
+            registry=r,
+        )
         self.oom_recoveries = Counter(
             "sie_worker_oom_recoveries",
             "OOM recovery steps (oom, cache_clear, evict_sibling, split, exhausted)",

@@ -59,11 +59,18 @@ def layer_stack(model: Any) -> list[Any]:
 class Preemption:
     """One model's waiting interactive work and the hooks that run it inside a bulk forward."""
 
-    def __init__(self, allowed: Callable[[], bool] = lambda: True, max_share: float = 0.5) -> None:
+    def __init__(
+        self,
+        allowed: Callable[[], bool] = lambda: True,
+        max_share: float = 0.5,
+        on_preempt: Callable[[], None] = lambda: None,
+    ) -> None:
         """``allowed()``: whether a forward may run inside another now (asked at each layer);
-        ``max_share``: the most of a bulk forward's time the work run inside it may take."""
+        ``max_share``: the most of a bulk forward's time the work run inside it may take;
+        ``on_preempt()``: called (on the forward thread) for each call run inside one."""
         self.allowed = allowed
         self.max_share = max_share
+        self.on_preempt = on_preempt
         self.hooked_layers = 0
         self.preempted = 0  # calls run inside a bulk forward
         self._waiting: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
@@ -141,6 +148,7 @@ class Preemption:
                     continue
                 if was_bulk:
                     self.preempted += 1
+                    self.on_preempt()
                 try:
                     future.set_result(call())
                 except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller

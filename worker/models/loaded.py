@@ -72,7 +72,9 @@ class LoadedModel:
         # CPU, one forward thread: an interactive batch runs inside a running bulk forward, between
         # two of its layers (worker/batching/preemption.py)
         self.preemption = Preemption(
-            allowed=lambda: not adapter.forwards_share_state(), max_share=s.preempt_max_share
+            allowed=lambda: not adapter.forwards_share_state(),
+            max_share=s.preempt_max_share,
+            on_preempt=env.metrics.preemptions.labels(resolved.model_id).inc,
         )
         if not env.placement.on_cuda and self.forward_threads == 1 and s.preempt_max_share > 0:
             self.preemption.install(getattr(adapter, "model", None))

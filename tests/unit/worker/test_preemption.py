@@ -69,7 +69,8 @@ def test_the_layers_are_found_where_the_families_keep_them():
 
 def test_an_interactive_call_runs_inside_the_bulk_forward_at_the_next_layer(forward_thread):
     model = Encoder(4)
-    pre = Preemption()
+    counted: list[int] = []
+    pre = Preemption(on_preempt=lambda: counted.append(1))
     assert pre.install(model) == 4
     at_layer_one = threading.Event()
     go_on = threading.Event()
@@ -92,7 +93,7 @@ def test_an_interactive_call_runs_inside_the_bulk_forward_at_the_next_layer(forw
         ("bulk", 2),
         ("bulk", 3),
     ]
-    assert pre.preempted == 1 and not pre.bulk_running
+    assert pre.preempted == 1 and counted == [1] and not pre.bulk_running
 
 
 def test_what_no_layer_takes_runs_after_the_bulk_call_once(forward_thread):
