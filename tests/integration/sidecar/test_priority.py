@@ -106,11 +106,13 @@ async def test_bulk_batches_shrink_while_interactive_work_arrives(nats_server):
     gw = await OrderedGateway(await connect(nats_server.url)).start()
     async with InProcessWorker(sock, model_yaml(MODEL, batch_delay_ms=30)) as worker:
         sizes: list[tuple[str, int]] = []
+        classes: list[str] = []  # the class each batch reached the worker as
         run = worker.runtime.run_work_items
 
-        async def recording(items):
+        async def recording(items, *, priority):
             sizes.append((items[0].request_id, len(items)))
-            return await run(items)
+            classes.append(priority)
+            return await run(items, priority=priority)
 
         worker.runtime.run_work_items = recording  # type: ignore[method-assign]
         settings = sidecar_settings(nats_server.url, sock, batcher_max_batch_requests=16,
@@ -122,6 +124,7 @@ async def test_bulk_batches_shrink_while_interactive_work_arrives(nats_server):
                 await gw.publish_bulk(it)
             await gw.wait_for([it.work_item_id for it in alone], timeout=60)
             assert max(n for rid, n in sizes if rid == "alone") == 8
+            assert set(classes) == {"bulk"}
             sizes.clear()
 
             async def query(i: int) -> None:
