@@ -297,12 +297,12 @@ class Scheduler:
         bulk_ok = sched.bulk_running < s.bulk_max_concurrent_batches
         interactive = sched.running - sched.bulk_running
         below_depth = not sched.depth or interactive < sched.depth
-        queue_full = interactive < sched.depth + s.batcher_queued_full_batches
+        room_to_queue = interactive < sched.depth + s.batcher_queued_full_batches
 
         def eligible(b: Batcher[Delivery]) -> bool:
             if b.priority == BULK:
                 return bulk_ok
-            return below_depth or (queue_full and b.full(sched.limits))
+            return below_depth or (room_to_queue and b.full(sched.limits))
 
         return [b for b in sched.batchers.values() if eligible(b)]
 

@@ -72,7 +72,6 @@ class Preemption:
         self.max_share = max_share
         self.on_preempt = on_preempt
         self.hooked_layers = 0
-        self.preempted = 0  # calls run inside a bulk forward
         self._waiting: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._lock = threading.Lock()
         self._bulk = 0  # bulk calls handed to the forward thread and not ended
@@ -147,7 +146,6 @@ class Preemption:
                 if not future.set_running_or_notify_cancel():
                     continue
                 if was_bulk:
-                    self.preempted += 1
                     self.on_preempt()
                 try:
                     future.set_result(call())

@@ -53,8 +53,9 @@ class Operations:
         self.metrics = metrics
 
     # ---- public operations -----------------------------------------------------------------
-    # ``priority``: the request's class (interactive | bulk) in the model's BatchFormer; the direct
-    # path (queue mode, the sidecar batched already) ignores it
+    # ``priority``: the request's class (interactive | bulk): its queue in the model's BatchFormer,
+    # or on the direct path (queue mode, the sidecar batched already) whether the batch may run
+    # inside a running bulk forward (worker/batching/preemption.py)
     async def encode(
         self,
         spec: str,

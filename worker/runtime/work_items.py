@@ -61,12 +61,7 @@ class SupportsOperations(Protocol):
     ) -> Result: ...
 
     async def tokenize(
-        self,
-        spec: str,
-        items: Sequence[Item],
-        params: TokenizeParams | None = None,
-        *,
-        direct: bool = False,
+        self, spec: str, items: Sequence[Item], params: TokenizeParams | None = None, *, direct: bool = False
     ) -> Result: ...
 
 
