@@ -40,7 +40,7 @@ from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
 from protocol.subjects import BULK, HEALTH_PREFIX, pin_subject
-from protocol.work import RoutingHeader, WorkItem, WorkResult, chunk_plan, pack_items, work_item_id
+from protocol.work import RoutingHeader, WorkItem, WorkResult, chunk_plan, pack_items
 
 log = logging.getLogger(__name__)
 
@@ -584,7 +584,7 @@ class Gateway:
             except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:  # the bucket's max age takes it
                 log.debug("payload %s not deleted: %s", name, exc)
 
-    def work_item(
+    def work_items(
         self,
         *,
         lane: Lane,
@@ -592,16 +592,17 @@ class Gateway:
         request_id: str,
         reply: str,
         deadline_ts: float,
-        index: int,
-        total: int,
         operation: str,
+        items: list[dict[str, Any] | None],
         **fields: Any,
-    ) -> WorkItem:
+    ) -> list[WorkItem]:
+        """The work items of a request: one per entry of ``items`` (its ``item``; score: one, None),
+        every other field the request's."""
         return WorkItem(
-            work_item_id=work_item_id(request_id, index),
+            work_item_id="",
             request_id=request_id,
-            item_index=index,
-            total_items=total,
+            item_index=0,
+            total_items=len(items),
             operation=operation,
             model_id=route.model_id,
             profile_id=route.resolved.profile_name,
@@ -615,7 +616,7 @@ class Gateway:
             bundle=lane.bundle,
             traceparent=tracing.traceparent(),
             **fields,
-        )
+        ).per_item(items)
 
 
 def _queue_unavailable(exc: BaseException) -> SIEError:

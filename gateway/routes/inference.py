@@ -75,14 +75,11 @@ async def handle_encode(request: web.Request) -> web.Response:
     raw_items = data["items"]
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return [
-            gw.work_item(
-                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
-                total=len(raw_items), operation="encode", item=raw_items[i], output_types=output_types,
-                output_dtype=output_dtype, instruction=instruction, is_query=is_query, options=options,
-            )
-            for i in range(len(raw_items))
-        ]  # fmt: skip
+        return gw.work_items(
+            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="encode",
+            items=raw_items, output_types=output_types, output_dtype=output_dtype, instruction=instruction,
+            is_query=is_query, options=options,
+        )  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build)
     return _items_answer(request, model, rid, results, wait_ms)
@@ -108,13 +105,11 @@ async def run_score(
     instruction = request_params.score_options(route.resolved, params).instruction
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return [
-            gw.work_item(
-                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=0, total=1,
-                operation="score", query_item=query_item, score_items=score_items, instruction=instruction,
-                options=options, is_query=False,
-            )
-        ]  # fmt: skip
+        return gw.work_items(
+            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="score",
+            items=[None], query_item=query_item, score_items=score_items, instruction=instruction,
+            options=options, is_query=False,
+        )  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "score", build)
     responses.check_failures(results)
@@ -143,14 +138,11 @@ async def handle_extract(request: web.Request) -> web.Response:
     raw_items = data["items"]
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return [
-            gw.work_item(
-                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
-                total=len(raw_items), operation="extract", item=raw_items[i], labels=labels,
-                output_schema=output_schema, instruction=instruction, options=options,
-            )
-            for i in range(len(raw_items))
-        ]  # fmt: skip
+        return gw.work_items(
+            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="extract",
+            items=raw_items, labels=labels, output_schema=output_schema, instruction=instruction,
+            options=options,
+        )  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "extract", build)
     return _items_answer(request, model, rid, results, wait_ms, allow_item_errors=True)
@@ -164,13 +156,10 @@ async def handle_tokenize(request: web.Request) -> web.Response:
     raw_items = data["items"]
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return [
-            gw.work_item(
-                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
-                total=len(raw_items), operation="tokenize", item=raw_items[i], options=options,
-            )
-            for i in range(len(raw_items))
-        ]  # fmt: skip
+        return gw.work_items(
+            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="tokenize",
+            items=raw_items, options=options,
+        )  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "tokenize", build)
     return _items_answer(request, model, rid, results, wait_ms)

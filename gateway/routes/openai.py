@@ -42,14 +42,11 @@ async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
     is_query = bool(runtime.get("is_query", False))
 
     def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return [
-            gw.work_item(
-                lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, index=i,
-                total=len(inputs), operation="encode", item={"text": inputs[i]}, output_types=["dense"],
-                output_dtype="float32", instruction=instruction, is_query=is_query, options=options,
-            )
-            for i in range(len(inputs))
-        ]  # fmt: skip
+        return gw.work_items(
+            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="encode",
+            items=[{"text": text} for text in inputs], output_types=["dense"], output_dtype="float32",
+            instruction=instruction, is_query=is_query, options=options,
+        )  # fmt: skip
 
     rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build)
     responses.check_failures(results)
