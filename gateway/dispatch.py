@@ -44,6 +44,10 @@ from protocol.work import MSG_ID, ItemRef, WorkResult, redispatch_msg_id, unpack
 log = logging.getLogger(__name__)
 
 STREAM_INFO_TTL_S = 0.25
+# Past its TTL the cached count still answers, while one call refreshes it beside the requests
+# (waiting for that call put its latency, 80-200 ms with a batch loading NATS, on every fourth of a
+# second's first request); past this age requests wait for the call again.
+STREAM_INFO_MAX_STALE_S = 2.0
 
 
 @dataclass
@@ -125,8 +129,8 @@ class Dispatcher:
         # items admitted since the cached stream count was read: a burst inside one cache period
         # cannot overshoot max_stream_pending
         self._admitted_since: dict[str, int] = {}
-        # the stream-info call under way per pool: every request that finds the count stale awaits
-        # this one call, instead of each asking the server on its own
+        # the stream-info call under way per pool: requests that find the count stale start no other
+        # (and wait for it only when the count is too old to answer; stream_pending)
         self._refreshing: dict[str, asyncio.Task[int]] = {}
         self._sub: Subscription | None = None
         self.publisher = AckedPublisher(nc)
@@ -243,18 +247,23 @@ class Dispatcher:
             self._ensured.add(pool)
 
     async def stream_pending(self, pool: str) -> int:
-        """Messages waiting in the pool stream (cached for a quarter second). When the cache is stale,
-        one stream-info call per pool is under way at a time, and every caller waits for it."""
+        """Messages waiting in the pool stream, plus those admitted since it was read. Read at most once
+        a quarter second (STREAM_INFO_TTL_S), by one stream-info call per pool at a time; a stale count
+        answers at once while that call runs, unless it is older than STREAM_INFO_MAX_STALE_S (or there
+        is none): then every caller waits for the call."""
         cached = self._pending_cache.get(pool)
-        if cached and time.monotonic() - cached[0] < STREAM_INFO_TTL_S:
+        age = time.monotonic() - cached[0] if cached else float("inf")
+        if cached and age < STREAM_INFO_TTL_S:
             return cached[1] + self._admitted_since.get(pool, 0)
         task = self._refreshing.get(pool)
         if task is None:
             task = asyncio.get_running_loop().create_task(
                 self._read_pending(pool), name=f"stream-info-{pool}"
             )
-            task.add_done_callback(_retrieved)  # when every caller left before it ended
+            task.add_done_callback(_retrieved)  # when nobody waits for it, or every caller left
             self._refreshing[pool] = task
+        if cached and age < STREAM_INFO_MAX_STALE_S:
+            return cached[1] + self._admitted_since.get(pool, 0)
         # shielded: a caller that gives up (its client went away) does not cancel the others' call
         return await asyncio.shield(task) + self._admitted_since.get(pool, 0)
 

@@ -1,9 +1,10 @@
 """The gateway's admission check reads the pool stream's message count once per cache period, however
-many requests arrive while the cached count is stale."""
+many requests arrive while the cached count is stale, and a stale count answers while it is read."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import nats
 import nats.js.errors
@@ -38,9 +39,29 @@ async def test_requests_that_find_the_count_stale_share_one_stream_info_call(nat
 
         await asyncio.sleep(dispatch.STREAM_INFO_TTL_S + 0.05)
         before = sent()
-        await asyncio.gather(*(d.check_capacity("default", 1) for _ in range(20)))
-        assert await d.stream_pending("default") == 2 + 20
+        # past its TTL the count answers at once (2 stored + 3 admitted, then one more per request)
+        # while one call reads it again: nobody waits for that call
+        assert await asyncio.gather(*(d.stream_pending("default") for _ in range(20))) == [5] * 20
+        await d.check_capacity("default", 1)
+        assert await d.stream_pending("default") == 6
         assert sent() - before == 1
+        while await d.stream_pending("default") != 2:  # the call's answer: 2 stored, admitted reset
+            await asyncio.sleep(0.01)
+    finally:
+        await nc.close()
+
+
+async def test_a_count_older_than_the_staleness_bound_is_read_before_it_answers(nats_server):
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
+        await d.ensure_stream("default")
+        subject = work_subject("default", "cpu", "default", "m")
+        await d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-0"}], None)
+        assert await d.stream_pending("default") == 1
+        # a count read long ago (the stream-info calls failed or hung since) no longer answers
+        d._pending_cache["default"] = (time.monotonic() - dispatch.STREAM_INFO_MAX_STALE_S - 1, 99)
+        assert await d.stream_pending("default") == 1
     finally:
         await nc.close()
 
