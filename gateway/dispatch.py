@@ -46,8 +46,10 @@ log = logging.getLogger(__name__)
 STREAM_INFO_TTL_S = 0.25
 # Past its TTL the cached count still answers, while one call refreshes it beside the requests
 # (waiting for that call put its latency, 80-200 ms with a batch loading NATS, on every fourth of a
-# second's first request); past this age requests wait for the call again.
-STREAM_INFO_MAX_STALE_S = 2.0
+# second's first request; while the stream elects a new leader, 4-9 s, the call fails, and the
+# request with it, where the publish would have waited out the election). A stale count plus what
+# was admitted since only overestimates the queue. Past this age requests wait for the call again.
+STREAM_INFO_MAX_STALE_S = 15.0
 
 
 @dataclass
@@ -246,11 +248,11 @@ class Dispatcher:
                         log.warning("could not reconcile stream %s: %s", name, exc)
             self._ensured.add(pool)
 
-    async def stream_pending(self, pool: str) -> int:
+    async def stream_pending(self, pool: str, *, fresh: bool = False) -> int:
         """Messages waiting in the pool stream, plus those admitted since it was read. Read at most once
         a quarter second (STREAM_INFO_TTL_S), by one stream-info call per pool at a time; a stale count
-        answers at once while that call runs, unless it is older than STREAM_INFO_MAX_STALE_S (or there
-        is none): then every caller waits for the call."""
+        answers at once while that call runs, unless ``fresh`` is asked for or it is older than
+        STREAM_INFO_MAX_STALE_S (or there is none): then the caller waits for the call."""
         cached = self._pending_cache.get(pool)
         age = time.monotonic() - cached[0] if cached else float("inf")
         if cached and age < STREAM_INFO_TTL_S:
@@ -262,7 +264,7 @@ class Dispatcher:
             )
             task.add_done_callback(_retrieved)  # when nobody waits for it, or every caller left
             self._refreshing[pool] = task
-        if cached and age < STREAM_INFO_MAX_STALE_S:
+        if cached and age < STREAM_INFO_MAX_STALE_S and not fresh:
             return cached[1] + self._admitted_since.get(pool, 0)
         # shielded: a caller that gives up (its client went away) does not cancel the others' call
         return await asyncio.shield(task) + self._admitted_since.get(pool, 0)
@@ -295,10 +297,12 @@ class Dispatcher:
                 f"{self.max_stream_pending} or fewer",
                 param="items",
             )
-        pending = await self.stream_pending(pool)
         limit = (
             self.max_stream_pending if priority != BULK else int(self.max_stream_pending * self.bulk_share)
         )
+        pending = await self.stream_pending(pool)
+        if pending + n_messages > limit:  # a stale count only admits: a refusal reads the count anew
+            pending = await self.stream_pending(pool, fresh=True)
         if pending + n_messages > limit:
             raise SIEError(
                 ErrorCode.QUEUE_FULL,

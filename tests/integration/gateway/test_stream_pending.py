@@ -8,11 +8,13 @@ import time
 
 import nats
 import nats.js.errors
+import pytest
 
 from gateway import dispatch
 from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
-from protocol.subjects import work_subject
+from protocol.errors import ErrorCode, SIEError
+from protocol.subjects import pool_stream_name, work_subject
 
 
 async def test_requests_that_find_the_count_stale_share_one_stream_info_call(nats_server):
@@ -74,5 +76,28 @@ async def test_a_failed_stream_info_call_fails_every_waiting_request_and_the_nex
         assert all(isinstance(g, nats.js.errors.NotFoundError) for g in got), got
         await d.ensure_stream("nowhere")
         assert await d.stream_pending("nowhere") == 0
+    finally:
+        await nc.close()
+
+
+async def test_a_stale_count_that_would_refuse_a_request_is_read_again_first(nats_server):
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory", max_stream_pending=3)
+        await d.ensure_stream("default")
+        subject = work_subject("default", "cpu", "default", "m")
+        await d._publish(
+            subject, "default", [b"payload"] * 2, [{"Nats-Msg-Id": f"item-{i}"} for i in range(2)], None
+        )
+        assert await d.stream_pending("default") == 2
+        await nc.jetstream().purge_stream(pool_stream_name("default"))  # the workers took both
+        await asyncio.sleep(dispatch.STREAM_INFO_TTL_S + 0.05)
+        # the stale count (2) would refuse 2 more items; the stream, read again, takes them
+        await d.check_capacity("default", 2)
+        assert await d.stream_pending("default") == 2
+        # a refusal stands on a fresh count: 2 admitted, 2 more do not fit
+        with pytest.raises(SIEError) as refused:
+            await d.check_capacity("default", 2)
+        assert refused.value.code == ErrorCode.QUEUE_FULL
     finally:
         await nc.close()
