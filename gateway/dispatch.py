@@ -50,6 +50,7 @@ STREAM_INFO_TTL_S = 0.25
 # request with it, where the publish would have waited out the election). A stale count plus what
 # was admitted since only overestimates the queue. Past this age requests wait for the call again.
 STREAM_INFO_MAX_STALE_S = 15.0
+STREAM_PROBE_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -134,6 +135,10 @@ class Dispatcher:
         # the stream-info call under way per pool: requests that find the count stale start no other
         # (and wait for it only when the count is too old to answer; stream_pending)
         self._refreshing: dict[str, asyncio.Task[int]] = {}
+        # whether a stream that took no publish is gone (_stream_gone): one call per pool at a time,
+        # with a timeout shorter than a request's
+        self._probing: dict[str, asyncio.Task[bool]] = {}
+        self._probe_js = nc.jetstream(timeout=STREAM_PROBE_TIMEOUT_S)
         self._sub: Subscription | None = None
         self.publisher = AckedPublisher(nc)
         self._resends: set[asyncio.Task[int]] = set()
@@ -247,6 +252,29 @@ class Dispatcher:
                     except nats.js.errors.APIError as exc:
                         log.warning("could not reconcile stream %s: %s", name, exc)
             self._ensured.add(pool)
+
+    async def _stream_gone(self, pool: str) -> bool:
+        """Whether the pool's stream no longer exists, rather than being between two leaders (when
+        publishes to it find no stream too): its info, asked with a short timeout, by one call per
+        pool at a time. Not found: gone. An answer, an error or no answer: there (or unknown)."""
+        task = self._probing.get(pool)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._probe_stream(pool), name=f"probe-{pool}")
+            task.add_done_callback(_retrieved)
+            self._probing[pool] = task
+        return await asyncio.shield(task)
+
+    async def _probe_stream(self, pool: str) -> bool:
+        try:
+            await self._probe_js.stream_info(pool_stream_name(pool))
+            return False
+        except nats.js.errors.NotFoundError:
+            return True
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            log.info("stream of pool %s not read (%s): taken as between two leaders", pool, exc)
+            return False
+        finally:
+            self._probing.pop(pool, None)
 
     async def stream_pending(self, pool: str, *, fresh: bool = False) -> int:
         """Messages waiting in the pool stream, plus those admitted since it was read. Read at most once
@@ -393,26 +421,36 @@ class Dispatcher:
         headers: list[dict[str, str]],
         timeout_s: float | None,
     ) -> None:
-        """Publish a request's items (at most ``publish_window`` unacked at once) and wait for every ack;
-        a stream found gone is ensured and the whole request sent once more (``Nats-Msg-Id`` keeps an
-        item already stored from being stored twice)."""
-        for attempt in range(2):
+        """Publish a request's items (at most ``publish_window`` unacked at once) and wait for every ack,
+        within ``timeout_s``. When no stream takes them: a stream between two leaders (it answers
+        nothing while its members elect one, 4-9 s) gets them again, until the deadline; a stream
+        found gone is ensured and gets them once more (``Nats-Msg-Id`` keeps an item already stored
+        from being stored twice)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s if timeout_s is not None else None
+        ensured_again = False
+        while True:
+            remaining = deadline - loop.time() if deadline is not None else None
+            if remaining is not None and remaining <= 0:
+                raise _publish_timed_out()
             try:
                 await self.publisher.publish_all(
-                    subject, payloads, headers, window=self.publish_window, timeout_s=timeout_s
+                    subject, payloads, headers, window=self.publish_window, timeout_s=remaining
                 )
                 return
             except TimeoutError:
                 raise _publish_timed_out() from None
             except nats.js.errors.NoStreamResponseError:
-                # stream gone (NATS restarted with memory storage, or deleted): ensure and retry once
-                self._ensured.discard(pool)
-                if attempt == 0:
-                    await self.ensure_stream(pool)
+                if not await self._stream_gone(pool):
                     continue
-                raise SIEError(
-                    ErrorCode.QUEUE_UNAVAILABLE, "Work stream unavailable; retry later", retry_after=2
-                ) from None
+                # gone (NATS restarted with memory storage, or deleted): ensure it, send once more
+                self._ensured.discard(pool)
+                if ensured_again:
+                    raise SIEError(
+                        ErrorCode.QUEUE_UNAVAILABLE, "Work stream unavailable; retry later", retry_after=2
+                    ) from None
+                ensured_again = True
+                await self.ensure_stream(pool)
             except nats.js.errors.APIError as exc:
                 text = f"{exc.description or ''}".lower()
                 if exc.err_code == 10077 or "maximum messages" in text or "maximum bytes" in text:
