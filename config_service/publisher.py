@@ -10,7 +10,7 @@ from collections.abc import Callable
 import nats
 from nats.aio.client import Client
 
-from protocol.nats_url import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S, nats_servers
+from protocol.nats_url import failover_options
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,12 @@ class DeltaPublisher:
 
     async def connect_once(self) -> None:
         self.nc = await nats.connect(
-            servers=nats_servers(self.url),
+            **failover_options(self.url),
             name=self.name,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
             reconnect_time_wait=2,
             connect_timeout=min(self.connect_timeout_s, 10.0),
-            ping_interval=PING_INTERVAL_S,
-            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
             disconnected_cb=self._disconnected,
             reconnected_cb=self._reconnected,
             error_cb=self._error,

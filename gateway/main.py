@@ -19,7 +19,7 @@ from gateway.registry import CatalogRegistry, ModelRegistry
 from gateway.settings import GatewaySettings
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
-from protocol.nats_url import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S, nats_servers
+from protocol.nats_url import failover_options
 
 log = logging.getLogger("gateway")
 
@@ -63,9 +63,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         log.warning("NATS error: %s", exc)
 
     nc = await nats.connect(
-        servers=nats_servers(settings.nats_url),
-        ping_interval=PING_INTERVAL_S,
-        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+        **failover_options(settings.nats_url),
         name="sie-gateway",
         max_reconnect_attempts=-1,
         reconnect_time_wait=2,

@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
-from protocol.nats_url import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S, nats_servers
+from protocol.nats_url import failover_options
 from protocol.subjects import WORKER_INBOX_PREFIX, pin_subject
 from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
@@ -44,9 +44,7 @@ async def connect_nats(
         log.warning("NATS error: %s", exc)
 
     return await nats.connect(
-        servers=nats_servers(settings.nats_url),
-        ping_interval=PING_INTERVAL_S,
-        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+        **failover_options(settings.nats_url),
         name=f"sie-sidecar-{settings.worker_id}",
         inbox_prefix=WORKER_INBOX_PREFIX,
         max_reconnect_attempts=-1,

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from config_service.settings import ConfigServiceSettings
 from gateway.settings import GatewaySettings
-from protocol.nats_url import nats_servers
+from protocol.nats_url import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S, failover_options, nats_servers
 from sidecar.settings import SidecarSettings
 
 
@@ -18,6 +18,17 @@ def test_one_server_and_a_cluster_list():
         "nats://b:4222",
         "tls://c:4222",
     ]
+
+
+def test_each_client_takes_the_members_in_an_order_of_its_own_and_keeps_it():
+    url = "nats://a:4222,nats://b:4222,nats://c:4222"
+    options = [failover_options(url) for _ in range(60)]
+    assert all(sorted(o["servers"]) == nats_servers(url) for o in options)
+    # nats-py then rotates them, the member connected to last at the end, instead of reshuffling
+    assert all(o["dont_randomize"] is True for o in options)
+    assert {o["servers"][0] for o in options} == {"nats://a:4222", "nats://b:4222", "nats://c:4222"}
+    assert options[0]["ping_interval"] == PING_INTERVAL_S
+    assert options[0]["max_outstanding_pings"] == MAX_OUTSTANDING_PINGS
 
 
 @pytest.mark.parametrize("bad", ["", " , ", "http://a:4222", "a:4222", "nats://a:4222,localhost:4222"])
