@@ -62,6 +62,31 @@ def stream_leader(up: SieUp, stream: str = STREAM) -> str | None:
     return None
 
 
+def leaders(up: SieUp, stream: str = STREAM) -> dict[str, str]:
+    """Who leads what the requests need, as a member that answers says: JetStream's meta group
+    (``meta``), the work stream (``stream``) and each of its consumers (by durable name)."""
+    for port in monitor_ports(up):
+        try:
+            doc = httpx.get(
+                f"http://127.0.0.1:{port}/jsz?accounts=true&streams=true&consumers=true", timeout=2
+            ).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        found = {"meta": str((doc.get("meta_cluster") or {}).get("leader") or "")}
+        for account in doc.get("account_details") or []:
+            for detail in account.get("stream_detail") or []:
+                if detail.get("name") != stream:
+                    continue
+                found["stream"] = str((detail.get("cluster") or {}).get("leader") or "")
+                for consumer in detail.get("consumer_detail") or []:
+                    found[str(consumer.get("name"))] = str(
+                        (consumer.get("cluster") or {}).get("leader") or ""
+                    )
+        if "stream" in found:
+            return found
+    return {}
+
+
 def member_serving(up: SieUp, client: str) -> str | None:
     """The member (``nats``, ``nats-2``, ``nats-3``) a client named ``client`` is connected to."""
     for i, port in enumerate(monitor_ports(up)):
@@ -89,6 +114,7 @@ def run_case(tmp_path, case: str, *, duration_s: float = 30.0, fault_after_s: fl
             # the gateway learns it is gone only from unanswered pings (protocol/nats_url.py)
             "stop": gateway_member,
         }[case]
+        led = leaders(up)  # what the victim leads besides the stream: printed in the report
         fault: dict[str, float] = {}
 
         def act() -> None:
@@ -114,6 +140,7 @@ def run_case(tmp_path, case: str, *, duration_s: float = 30.0, fault_after_s: fl
             "victim": victim,
             "stream_leader_before": leader,
             "gateway_member": gateway_member,
+            "victim_leads": sorted(k for k, v in led.items() if v == victim),
             "stream_leader_after": stream_leader(up),
             "succeeded": sum(r[2] == "ok" for r in results),
             "failed": sum(r[2].startswith("error") for r in results),
@@ -122,6 +149,11 @@ def run_case(tmp_path, case: str, *, duration_s: float = 30.0, fault_after_s: fl
             "throughput_before_per_s": round(rate_before(results, fault["at"]), 1),
             "throughput_back_to_90pct_s": recovery_s(results, fault["at"]),
             "errors": sorted({r[2] for r in results if r[2] != "ok"})[:5],
+            # requests completed per half second, from 1 s before the fault to 15 s after
+            "completed_per_half_s": [
+                sum(fault["at"] + t / 2 <= r[1] < fault["at"] + (t + 1) / 2 for r in results)
+                for t in range(-2, 30)
+            ],
         }
         print("NATS FAULT REPORT", report)
         return report
