@@ -37,3 +37,11 @@ def kill_if_same(recorded: Iterable[Identity], sig: int = signal.SIGKILL) -> Non
         if identity(pid) == (pid, started):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
+
+
+def ctrl_c_at_default() -> None:
+    """``preexec_fn`` of a process a test stops with SIGINT, as Ctrl-C would: SIGINT at its default.
+    A shell without job control starts a background command with SIGINT ignored (``make test &`` in
+    a script), every child inherits that, and Python then keeps ignoring it: ``sie up`` would never
+    see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
-from tests.support.processes import Identity, identities, kill_if_same
+from tests.support.processes import Identity, ctrl_c_at_default, identities, kill_if_same
 
 REPO = Path(__file__).resolve().parents[3]
 ALL = ("nats", "config", "worker", "sidecar", "gateway")
@@ -209,6 +209,7 @@ def test_sie_down_stops_the_cluster_gateway_first(detached):
         env=detached.user.env,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_at_default,
     )
     try:
         down = detached.user.run("down")

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
-from tests.support.processes import Identity, identities, kill_if_same
+from tests.support.processes import Identity, ctrl_c_at_default, identities, kill_if_same
 from worker import POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,7 +82,13 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         "sie-fake",
     ]
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ctrl_c_at_default,
     )
     children: list[int] = []
     owned: set[Identity] = set()
@@ -191,6 +197,7 @@ def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=ctrl_c_at_default,
     )
     gateway = f"http://127.0.0.1:{ports['gw']}"
     pids: list[int] = []
@@ -312,6 +319,7 @@ def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=ctrl_c_at_default,
     )
     pids: list[int] = []
     owned: set[Identity] = set()

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port, free_port_run
-from tests.support.processes import Identity, identities, kill_if_same
+from tests.support.processes import Identity, ctrl_c_at_default, identities, kill_if_same
 
 REPO = Path(__file__).resolve().parents[3]
 SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
@@ -95,7 +95,13 @@ class SieUp:
             *(["--config-db", self.config_db] if self.config_db else []),
         ]
         self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd,
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=ctrl_c_at_default,
         )
         deadline = time.monotonic() + 120  # generous: only guards against a hang
         while time.monotonic() < deadline:
