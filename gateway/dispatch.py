@@ -12,8 +12,9 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import nats.errors
 import nats.js.errors
@@ -42,6 +43,8 @@ from protocol.subjects import (
 from protocol.work import MSG_ID, ItemRef, WorkResult, redispatch_msg_id, unpack_results, work_item_id
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 STREAM_INFO_TTL_S = 0.25
 # Past its TTL the cached count still answers, while one call refreshes it beside the requests
@@ -257,12 +260,9 @@ class Dispatcher:
         """Whether the pool's stream no longer exists, rather than being between two leaders (when
         publishes to it find no stream too): its info, asked with a short timeout, by one call per
         pool at a time. Not found: gone. An answer, an error or no answer: there (or unknown)."""
-        task = self._probing.get(pool)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._probe_stream(pool), name=f"probe-{pool}")
-            task.add_done_callback(_retrieved)
-            self._probing[pool] = task
-        return await asyncio.shield(task)
+        return await asyncio.shield(
+            _one_at_a_time(self._probing, pool, lambda: self._probe_stream(pool), f"probe-{pool}")
+        )
 
     async def _probe_stream(self, pool: str) -> bool:
         try:
@@ -273,8 +273,6 @@ class Dispatcher:
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             log.info("stream of pool %s not read (%s): taken as between two leaders", pool, exc)
             return False
-        finally:
-            self._probing.pop(pool, None)
 
     async def stream_pending(self, pool: str, *, fresh: bool = False) -> int:
         """Messages waiting in the pool stream, plus those admitted since it was read. Read at most once
@@ -285,28 +283,19 @@ class Dispatcher:
         age = time.monotonic() - cached[0] if cached else float("inf")
         if cached and age < STREAM_INFO_TTL_S:
             return cached[1] + self._admitted_since.get(pool, 0)
-        task = self._refreshing.get(pool)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(
-                self._read_pending(pool), name=f"stream-info-{pool}"
-            )
-            task.add_done_callback(_retrieved)  # when nobody waits for it, or every caller left
-            self._refreshing[pool] = task
+        task = _one_at_a_time(self._refreshing, pool, lambda: self._read_pending(pool), f"stream-info-{pool}")
         if cached and age < STREAM_INFO_MAX_STALE_S and not fresh:
             return cached[1] + self._admitted_since.get(pool, 0)
         # shielded: a caller that gives up (its client went away) does not cancel the others' call
         return await asyncio.shield(task) + self._admitted_since.get(pool, 0)
 
     async def _read_pending(self, pool: str) -> int:
-        try:
-            now = time.monotonic()
-            info = await self.js.stream_info(pool_stream_name(pool))
-            pending = int(info.state.messages)
-            self._pending_cache[pool] = (now, pending)
-            self._admitted_since[pool] = 0
-            return pending
-        finally:
-            self._refreshing.pop(pool, None)
+        now = time.monotonic()
+        info = await self.js.stream_info(pool_stream_name(pool))
+        pending = int(info.state.messages)
+        self._pending_cache[pool] = (now, pending)
+        self._admitted_since[pool] = 0
+        return pending
 
     # ---- requests --------------------------------------------------------------------------
     async def check_capacity(
@@ -549,6 +538,27 @@ class Dispatcher:
             self.metrics.inbox_skips.inc()
             return
         col.put(result)
+
+
+def _one_at_a_time(
+    calls: dict[str, asyncio.Task[T]], key: str, call: Callable[[], Awaitable[T]], name: str
+) -> asyncio.Task[T]:
+    """The call under way for ``key`` in ``calls``, or a new one started there: at most one per key
+    at a time, forgotten as it ends. Its outcome is retrieved even when nobody waits for it (callers
+    await it shielded, so one that gives up does not cancel the others' call)."""
+    task = calls.get(key)
+    if task is None:
+
+        async def run() -> T:
+            try:
+                return await call()
+            finally:
+                calls.pop(key, None)
+
+        task = asyncio.get_running_loop().create_task(run(), name=name)
+        task.add_done_callback(_retrieved)
+        calls[key] = task
+    return task
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
