@@ -126,6 +126,46 @@ async def test_a_publish_nobody_answers_yet_is_sent_again_until_its_stream_takes
         await nc.close()
 
 
+async def test_a_publish_to_a_stream_that_is_gone_recreates_it_and_is_stored(nats_server):
+    """A publish that finds no stream is sent again while the stream is only between two leaders;
+    when the stream is gone (here deleted; a NATS restart with memory storage does the same) the
+    gateway creates it again and the items are stored."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
+        d.publisher.no_stream_grace_s = 0.0  # the grace for an election: nothing to wait out here
+        await d.ensure_stream("default")
+        js = nc.jetstream()
+        await js.delete_stream(pool_stream_name("default"))
+        subject = work_subject("default", "cpu", "default", "m")
+        await d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-0"}], 5.0)
+        assert (await js.stream_info(pool_stream_name("default"))).state.messages == 1
+    finally:
+        await nc.close()
+
+
+async def test_a_publish_that_finds_no_stream_while_it_exists_is_sent_again_until_stored(nats_server):
+    """What a stream between two leaders looks like to a publish: no stream takes its subject, while
+    the stream's info still answers. The publish is sent again, and stored once a stream takes it
+    (here: once the stream that captures its subject is created), instead of failing."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
+        d.publisher.resend_after_s, d.publisher.no_stream_grace_s = 0.1, 0.05
+        await d.ensure_stream("default")  # what the probe reads: the stream is there
+        subject = work_subject("later", "cpu", "default", "m")  # no stream takes it yet
+        publish = asyncio.ensure_future(
+            d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-0"}], 10.0)
+        )
+        await asyncio.sleep(0.5)
+        assert not publish.done()
+        await d.ensure_stream("later")
+        await asyncio.wait_for(publish, 5.0)
+        assert (await nc.jetstream().stream_info(pool_stream_name("later"))).state.messages == 1
+    finally:
+        await nc.close()
+
+
 async def test_after_a_reconnect_items_still_unanswered_are_dispatched_again(nats_server):
     """A result published while the gateway was cut off is lost (core NATS keeps nothing): after the
     reconnect each stored item of a request still waiting goes out again under a new message id,

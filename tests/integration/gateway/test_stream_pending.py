@@ -17,15 +17,20 @@ from protocol.errors import ErrorCode, SIEError
 from protocol.subjects import pool_stream_name, work_subject
 
 
+async def stored(d: Dispatcher, n: int) -> None:
+    """``n`` items published to the default pool's stream, created first."""
+    await d.ensure_stream("default")
+    subject = work_subject("default", "cpu", "default", "m")
+    await d._publish(
+        subject, "default", [b"payload"] * n, [{"Nats-Msg-Id": f"item-{i}"} for i in range(n)], None
+    )
+
+
 async def test_requests_that_find_the_count_stale_share_one_stream_info_call(nats_server):
     nc = await nats.connect(nats_server.url)
     try:
         d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
-        await d.ensure_stream("default")
-        subject = work_subject("default", "cpu", "default", "m")
-        await d._publish(
-            subject, "default", [b"payload"] * 2, [{"Nats-Msg-Id": f"item-{i}"} for i in range(2)], None
-        )
+        await stored(d, 2)
 
         def sent() -> int:
             """Messages this connection has sent: here, only stream-info requests."""
@@ -57,9 +62,7 @@ async def test_a_count_older_than_the_staleness_bound_is_read_before_it_answers(
     nc = await nats.connect(nats_server.url)
     try:
         d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
-        await d.ensure_stream("default")
-        subject = work_subject("default", "cpu", "default", "m")
-        await d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-0"}], None)
+        await stored(d, 1)
         assert await d.stream_pending("default") == 1
         # a count read long ago (the stream-info calls failed or hung since) no longer answers
         d._pending_cache["default"] = (time.monotonic() - dispatch.STREAM_INFO_MAX_STALE_S - 1, 99)
@@ -84,11 +87,7 @@ async def test_a_stale_count_that_would_refuse_a_request_is_read_again_first(nat
     nc = await nats.connect(nats_server.url)
     try:
         d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory", max_stream_pending=3)
-        await d.ensure_stream("default")
-        subject = work_subject("default", "cpu", "default", "m")
-        await d._publish(
-            subject, "default", [b"payload"] * 2, [{"Nats-Msg-Id": f"item-{i}"} for i in range(2)], None
-        )
+        await stored(d, 2)
         assert await d.stream_pending("default") == 2
         await nc.jetstream().purge_stream(pool_stream_name("default"))  # the workers took both
         await asyncio.sleep(dispatch.STREAM_INFO_TTL_S + 0.05)
@@ -99,45 +98,5 @@ async def test_a_stale_count_that_would_refuse_a_request_is_read_again_first(nat
         with pytest.raises(SIEError) as refused:
             await d.check_capacity("default", 2)
         assert refused.value.code == ErrorCode.QUEUE_FULL
-    finally:
-        await nc.close()
-
-
-async def test_a_publish_to_a_stream_that_is_gone_recreates_it_and_is_stored(nats_server):
-    """A publish that finds no stream is sent again while the stream is only between two leaders;
-    when the stream is gone (here deleted; a NATS restart with memory storage does the same) the
-    gateway creates it again and the items are stored."""
-    nc = await nats.connect(nats_server.url)
-    try:
-        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
-        d.publisher.no_stream_grace_s = 0.0  # the grace for an election: nothing to wait out here
-        await d.ensure_stream("default")
-        js = nc.jetstream()
-        await js.delete_stream(pool_stream_name("default"))
-        subject = work_subject("default", "cpu", "default", "m")
-        await d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-0"}], 5.0)
-        assert (await js.stream_info(pool_stream_name("default"))).state.messages == 1
-    finally:
-        await nc.close()
-
-
-async def test_a_publish_that_finds_no_stream_while_it_exists_is_sent_again_until_stored(nats_server):
-    """What a stream between two leaders looks like to a publish: no stream takes its subject, while
-    the stream's info still answers. The publish is sent again, and stored once a stream takes it
-    (here: once the stream that captures its subject is created), instead of failing."""
-    nc = await nats.connect(nats_server.url)
-    try:
-        d = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory")
-        d.publisher.resend_after_s, d.publisher.no_stream_grace_s = 0.1, 0.05
-        await d.ensure_stream("default")  # what the probe reads: the stream is there
-        subject = work_subject("later", "cpu", "default", "m")  # no stream takes it yet
-        publish = asyncio.ensure_future(
-            d._publish(subject, "default", [b"payload"], [{"Nats-Msg-Id": "item-0"}], 10.0)
-        )
-        await asyncio.sleep(0.5)
-        assert not publish.done()
-        await d.ensure_stream("later")
-        await asyncio.wait_for(publish, 5.0)
-        assert (await nc.jetstream().stream_info(pool_stream_name("later"))).state.messages == 1
     finally:
         await nc.close()
