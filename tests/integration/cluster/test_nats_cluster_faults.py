@@ -49,22 +49,13 @@ def monitor_ports(up: SieUp) -> list[int]:
 
 def stream_leader(up: SieUp, stream: str = STREAM) -> str | None:
     """The member (``nats``, ``nats-2``, ``nats-3``) leading ``stream``, as a member that answers says."""
-    for port in monitor_ports(up):
-        try:
-            doc = httpx.get(f"http://127.0.0.1:{port}/jsz?accounts=true&streams=true", timeout=2).json()
-        except (httpx.HTTPError, ValueError):
-            continue
-        for account in doc.get("account_details") or []:
-            for detail in account.get("stream_detail") or []:
-                leader = (detail.get("cluster") or {}).get("leader")
-                if detail.get("name") == stream and leader:
-                    return str(leader)
-    return None
+    return leaders(up, stream).get("stream") or None
 
 
 def leaders(up: SieUp, stream: str = STREAM) -> dict[str, str]:
-    """Who leads what the requests need, as a member that answers says: JetStream's meta group
-    (``meta``), the work stream (``stream``) and each of its consumers (by durable name)."""
+    """Who leads what the requests need, as the first member that knows the stream's leader says:
+    JetStream's meta group (``meta``), the work stream (``stream``) and each of its consumers (by
+    durable name); empty when no member answers with a leader of the stream."""
     for port in monitor_ports(up):
         try:
             doc = httpx.get(
@@ -82,7 +73,7 @@ def leaders(up: SieUp, stream: str = STREAM) -> dict[str, str]:
                     found[str(consumer.get("name"))] = str(
                         (consumer.get("cluster") or {}).get("leader") or ""
                     )
-        if "stream" in found:
+        if found.get("stream"):
             return found
     return {}
 
