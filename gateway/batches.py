@@ -40,6 +40,7 @@ from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from gateway.kv import KeyValueMirror, bucket_keys
 from protocol.api import BatchBody
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.subjects import BULK
@@ -86,6 +87,7 @@ class BatchStore:
         self.files = files
         self.records = records
         self.leases = leases
+        self.lease_view = KeyValueMirror(leases, LEASES_BUCKET)  # what claims read; run by the runner
 
     @classmethod
     async def open(cls, js: JetStreamContext, *, storage: str = "file", replicas: int = 1) -> BatchStore:
@@ -152,12 +154,8 @@ class BatchStore:
         await self.records.delete(f"file.{file_id}")
 
     async def list_records(self, kind: str) -> list[dict[str, Any]]:
-        try:
-            keys = await self.records.keys()
-        except nats.js.errors.NoKeysError:
-            return []
         out = []
-        for key in keys:
+        for key in await bucket_keys(self.records):
             if key.startswith(kind + "."):
                 record = await self._get(key)
                 if record is not None:
@@ -199,18 +197,11 @@ class BatchStore:
         return json.loads(entry.value), int(entry.revision or 0)
 
     # leases
-    async def claimable(self, owner: str, now: float) -> list[tuple[str, int]]:
-        """Batches whose lease ran out (or is ``owner``'s own from an earlier life): id and revision."""
-        try:
-            keys = await self.leases.keys()
-        except nats.js.errors.NoKeysError:
-            return []
+    def claimable(self, owner: str, now: float) -> list[tuple[str, int]]:
+        """Batches whose lease ran out (or is ``owner``'s own from an earlier life): id and revision,
+        as the lease view holds them (a moment behind: taking a lease compares its revision)."""
         out = []
-        for key in keys:
-            try:
-                entry = await self.leases.get(key)
-            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                continue
+        for key, entry in list(self.lease_view.entries.items()):
             lease = json.loads(entry.value or b"{}")
             if lease.get("until", 0) < now or lease.get("owner") == owner:
                 out.append((key, int(entry.revision or 0)))
@@ -345,6 +336,7 @@ class BatchRunner:
 
     async def run(self) -> None:
         """Until cancelled: claim what is claimable, every ``poll_s``."""
+        view = asyncio.create_task(self.store.lease_view.run(), name="batch-lease-view")
         try:
             while True:
                 try:
@@ -353,9 +345,10 @@ class BatchRunner:
                     log.warning("batch claim pass failed: %s", exc)
                 await asyncio.sleep(self.poll_s)
         finally:
+            view.cancel()
             for task in self.running.values():
                 task.cancel()
-            for task in list(self.running.values()):
+            for task in [view, *self.running.values()]:
                 with contextlib.suppress(BaseException):
                     await task
             if self._session is not None:
@@ -364,7 +357,7 @@ class BatchRunner:
     async def claim(self) -> None:
         if self.base_url is None:
             return
-        for batch_id, revision in await self.store.claimable(self.owner, time.time()):
+        for batch_id, revision in self.store.claimable(self.owner, time.time()):
             if batch_id in self.running:
                 continue
             taken = await self.store.take_lease(batch_id, self.owner, time.time() + self.lease_s, revision)

@@ -21,6 +21,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
+from gateway.kv import bucket_keys
 from gateway.workers import WorkerRecord, WorkerRegistry
 from protocol.api import PoolBody
 from protocol.errors import ErrorCode, SIEError, invalid_input
@@ -118,10 +119,7 @@ class PoolStore:
             await self.kv.delete(name)
 
     async def _names(self) -> list[str]:
-        try:
-            return list(await self.kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+        return await bucket_keys(self.kv)
 
     # ---- validation ------------------------------------------------------------------------
     def _validate_spec(self, body: Any) -> dict[str, Any]:

@@ -1,0 +1,79 @@
+"""Reading key-value buckets (gateway/kv.py) against a real nats-server: what a listing and a
+mirror return, and that neither leaves consumers behind on the server (nats-py's own
+``KeyValue.keys`` left one per call for good: about 45 a minute from a gateway's loops)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+from nats.js.api import KeyValueConfig
+
+import gateway.kv
+from gateway.kv import LISTING_IDLE_S, KeyValueMirror, bucket_keys
+from tests.support.polling import wait_until
+
+
+@pytest.fixture
+async def js(nats_server):
+    nc = await nats.connect(nats_server.url)
+    yield nc.jetstream()
+    await nc.close()
+
+
+async def consumers(js, bucket: str) -> int:
+    return (await js.stream_info(f"KV_{bucket}")).state.consumer_count
+
+
+async def test_a_listing_names_the_live_keys_and_leaves_no_consumer(js):
+    kv = await js.create_key_value(KeyValueConfig(bucket="LISTED", history=1))
+    assert await bucket_keys(kv) == []  # an empty bucket is an empty list, not an error
+    for key in ("a", "b", "c", "d"):
+        await kv.put(key, key.encode())
+    await kv.delete("b")
+    await kv.purge("d")
+    for _ in range(10):
+        assert await bucket_keys(kv) == ["a", "c"]
+
+    async def none_left() -> bool:
+        return await consumers(js, "LISTED") == 0
+
+    # fails on kv.keys(): its ten consumers stay
+    await wait_until(
+        none_left, timeout_s=LISTING_IDLE_S + 30, interval_s=0.5, what="listings' consumers gone"
+    )
+
+
+async def test_a_mirror_follows_the_bucket_through_one_consumer(js, monkeypatch):
+    monkeypatch.setattr(gateway.kv, "MIRROR_IDLE_S", 1.0)
+    kv = await js.create_key_value(KeyValueConfig(bucket="MIRRORED", history=1))
+    before = await kv.put("before", b"1")
+    await kv.put("gone-before", b"x")
+    await kv.delete("gone-before")
+    mirror = KeyValueMirror(kv, "MIRRORED")
+    task = asyncio.create_task(mirror.run())
+    try:
+        await asyncio.wait_for(mirror.loaded.wait(), 10)
+        assert {k: (e.value, e.revision) for k, e in mirror.entries.items()} == {"before": (b"1", before)}
+        after = await kv.put("after", b"2")
+        changed = await kv.update("before", b"3", last=before)
+        await kv.put("brief", b"4")
+        await kv.delete("brief")
+
+        def follows() -> bool:
+            seen = {k: (e.value, e.revision) for k, e in mirror.entries.items()}
+            return seen == {"before": (b"3", changed), "after": (b"2", after)}
+
+        await wait_until(follows, timeout_s=10, what="the mirror to show the bucket's changes")
+        assert await consumers(js, "MIRRORED") == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def none_left() -> bool:
+        return await consumers(js, "MIRRORED") == 0
+
+    await wait_until(
+        none_left, timeout_s=30, interval_s=0.5, what="the mirror's consumer gone after it stopped"
+    )
