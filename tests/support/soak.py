@@ -5,8 +5,9 @@ of one of its processes every few minutes and now and then a NATS member restart
 Traffic goes through our SDK from a few threads at a steady rate: encode, score and extract, both
 priority classes, with the result cache used and skipped (``X-SIE-Cache: off``). Every answer is
 checked against a reference taken before the first fault. Once a minute a line says how many
-requests completed and failed in that minute, their p99, and each process's RSS and open file
-descriptors; the end prints a verdict.
+requests completed and failed in that minute, their p99, and each process's RSS, open file
+descriptors and established TCP connections (``name=RSS/descriptors+connections``, and the
+connections of all processes together); the end prints a verdict.
 
 Which processes die: ``VICTIMS`` (the second gateway, the second worker pod's worker and sidecar,
 the config service, two of the three NATS members), a NATS member only while all three are healthy
@@ -50,6 +51,7 @@ NATS_RESTARTS = ("nats-2", "nats-3")
 WITNESSES = ("gateway", "worker", "sidecar", "nats")
 GROWTH_LIMIT = 0.10  # RSS and descriptor count may grow at most this much from the baseline minute
 GROWTH_WINDOW = 5  # minutes whose median stands for each end of the comparison
+ALL_TCP = "tcp (all)"  # the growth line of the TCP connections over every process
 
 
 @dataclass
@@ -103,7 +105,13 @@ MAX_ERRORS = 10
 @dataclass
 class Sample:
     minute: int
-    procs: dict[str, tuple[int, int, int]]  # name → (pid, RSS kB, open fds)
+    procs: dict[str, tuple[int, int, int, int]]  # name → (pid, RSS kB, own descriptors, TCP connections)
+
+    @property
+    def connections(self) -> int:
+        """Established TCP connections over every sampled process (a connection between two of
+        them counts at both ends)."""
+        return sum(p[3] for p in self.procs.values())
 
 
 @dataclass
@@ -123,14 +131,37 @@ class Report:
         return self.requests > 0 and self.failed == 0 and self.wrong == 0 and not self.grew
 
 
-def proc_stats(pid: int) -> tuple[int, int] | None:
-    """(RSS kB, open file descriptors) of ``pid``; None when it is gone."""
+def established_sockets() -> set[int]:
+    """Inodes of this host's TCP sockets (IPv4 and IPv6) in state ESTABLISHED."""
+    out: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[3] == "01":
+                    out.add(int(fields[9]))
+    return out
+
+
+def proc_stats(pid: int, established: set[int]) -> tuple[int, int, int] | None:
+    """(RSS kB, open descriptors other than established TCP connections, established TCP
+    connections) of ``pid``; None when it is gone. ``established`` is :func:`established_sockets`."""
     try:
         rss = 0
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1])
-        return rss, len(os.listdir(f"/proc/{pid}/fd"))
+        own = tcp = 0
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue  # closed since the listing
+            if target.startswith("socket:[") and int(target[8:-1]) in established:
+                tcp += 1
+            else:
+                own += 1
+        return rss, own, tcp
     except (OSError, ValueError):
         return None
 
@@ -257,12 +288,13 @@ class Soak:
 
     # ---- sampling --------------------------------------------------------------------------
     def sample(self, minute: int) -> Sample:
-        procs: dict[str, tuple[int, int, int]] = {}
+        procs: dict[str, tuple[int, int, int, int]] = {}
+        established = established_sockets()
         pids = {name: row["pid"] for name, row in self.up.children().items() if row.get("pid")}
         pids["sie-up"] = self.up.proc.pid
         pids["driver"] = os.getpid()
         for name, pid in sorted(pids.items()):
-            stats = proc_stats(pid)
+            stats = proc_stats(pid, established)
             if stats is not None:
                 procs[name] = (pid, *stats)
         return Sample(minute, procs)
@@ -272,10 +304,10 @@ class Soak:
             lat, failed, wrong = self.outcomes.window(since, until)
         lat.sort()
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000 if lat else 0.0
-        procs = " ".join(f"{n}={rss // 1024}M/{fds}" for n, (_, rss, fds) in sample.procs.items())
+        procs = " ".join(f"{n}={rss // 1024}M/{fds}+{tcp}" for n, (_, rss, fds, tcp) in sample.procs.items())
         return (
             f"[soak] min {minute:3d}  req {len(lat):5d}  fail {failed}  wrong {wrong}  "
-            f"p99 {p99:6.0f} ms  | rss/fds {procs}"
+            f"p99 {p99:6.0f} ms  | rss/fds+tcp {procs}  tcp {sample.connections}"
         )
 
     # ---- the run ---------------------------------------------------------------------------
@@ -341,14 +373,21 @@ class Soak:
         """Per process: RSS and descriptors over the last minutes against the minutes from the
         baseline minute on, for the process that lived through both (a killed process's successor:
         from its second minute on, when that is at or after the baseline, and only when it lived at
-        least half of the measured span). Each side is the median of
-        up to GROWTH_WINDOW one-minute samples: a garbage-collected heap swings within a minute (the
-        first hour run saw nats-server's RSS go 32-40 MB minute to minute, no trend), so one sample
-        against one sample would judge the phase of its collector, not a leak."""
+        least half of the measured span). Each side is the median of up to GROWTH_WINDOW one-minute
+        samples: a garbage-collected heap swings within a minute (the first hour run saw
+        nats-server's RSS go 32-40 MB minute to minute, no trend), so one sample against one sample
+        would judge the phase of its collector, not a leak.
+
+        A process's descriptors are judged without its established TCP connections, and those are
+        judged over all processes together: a kill moves connections from the victim to a survivor
+        for good (the driver's keep-alive connections to the other gateway; a NATS member's clients
+        to the other members, which nothing moves back), which is a step in the survivor's count
+        but no leak; a connection leaked anywhere grows the total, a socket left open after its
+        peer closed is no longer established and counts among its process's own descriptors."""
         if not self.samples:
             return
         last = self.samples[-1]
-        for name, (pid, _, _) in last.procs.items():
+        for name, (pid, *_) in last.procs.items():
             alive = [s for s in self.samples if s.procs.get(name, (0,))[0] == pid]
             first = alive[0].minute
             base_minute = max(self.plan.baseline_minute, first + 1)
@@ -364,16 +403,29 @@ class Soak:
             window = max(1, min(GROWTH_WINDOW, span // 4))
             head = [s.procs[name] for s in alive if base_minute <= s.minute < base_minute + window]
             tail = [s.procs[name] for s in alive if s.minute > last.minute - window]
-            rss0, fds0 = median(p[1] for p in head), median(p[2] for p in head)
-            rss1, fds1 = median(p[1] for p in tail), median(p[2] for p in tail)
+            rss0, fds0, tcp0 = (median(p[i] for p in head) for i in (1, 2, 3))
+            rss1, fds1, tcp1 = (median(p[i] for p in tail) for i in (1, 2, 3))
             g_rss, g_fds = (rss1 - rss0) / max(rss0, 1), (fds1 - fds0) / max(fds0, 1)
             self.report.growth[name] = (
                 f"min {base_minute}-{base_minute + window - 1} → {last.minute - window + 1}-{last.minute} "
                 f"(medians): rss {rss0 / 1024:.0f}→{rss1 / 1024:.0f} MB ({g_rss:+.1%}), "
-                f"fds {fds0:g}→{fds1:g} ({g_fds:+.1%})"
+                f"fds {fds0:g}→{fds1:g} ({g_fds:+.1%}), tcp {tcp0:g}→{tcp1:g} (not judged alone)"
             )
             if g_rss > GROWTH_LIMIT or g_fds > GROWTH_LIMIT:
                 self.report.grew.append(name)
+        base = self.plan.baseline_minute
+        span = last.minute - base
+        if span >= 1:
+            window = max(1, min(GROWTH_WINDOW, span // 4))
+            tcp0 = median(s.connections for s in self.samples if base <= s.minute < base + window)
+            tcp1 = median(s.connections for s in self.samples if s.minute > last.minute - window)
+            g_tcp = (tcp1 - tcp0) / max(tcp0, 1)
+            self.report.growth[ALL_TCP] = (
+                f"min {base}-{base + window - 1} → {last.minute - window + 1}-{last.minute} (medians): "
+                f"established TCP connections of every process {tcp0:g}→{tcp1:g} ({g_tcp:+.1%})"
+            )
+            if g_tcp > GROWTH_LIMIT:
+                self.report.grew.append(ALL_TCP)
 
 
 def median(values: Any) -> float:
