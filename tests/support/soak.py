@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import heapq
 import os
 import random
 import signal
@@ -78,10 +79,14 @@ class Outcomes:
         self.latency = array("d")
         self.status = array("b")
         self.errors: set[str] = set()  # distinct error messages, at most MAX_ERRORS
+        self.slowest: list[tuple[float, float, str]] = []  # (latency, end, what): a heap of SLOWEST
 
-    def add(self, end: float, latency: float, status: str) -> None:
+    def add(self, end: float, latency: float, status: str, what: str = "") -> None:
         self.end.append(end)
         self.latency.append(latency)
+        heapq.heappush(self.slowest, (latency, end, what))
+        if len(self.slowest) > SLOWEST:
+            heapq.heappop(self.slowest)
         code = OK if status == "ok" else WRONG if status == "wrong" else ERROR
         self.status.append(code)
         if code == ERROR and len(self.errors) < MAX_ERRORS:
@@ -100,6 +105,7 @@ class Outcomes:
 
 
 MAX_ERRORS = 10
+SLOWEST = 5  # the verdict names this many slowest requests: when, and what they were
 
 
 @dataclass
@@ -178,6 +184,7 @@ class Soak:
         self.report = Report()
         self.samples: list[Sample] = []
         self.refs: dict[tuple[str, str], Any] = {}
+        self.started = time.monotonic()  # the traffic's start (run sets it)
 
     # ---- references and checks -------------------------------------------------------------
     def take_references(self) -> None:
@@ -196,10 +203,12 @@ class Soak:
     def _scores(r: dict[str, Any]) -> list[tuple[str, float]]:
         return sorted((s["item_id"], round(float(s["score"]), 5)) for s in r["scores"])
 
-    def one_request(self, client: SIEClient, rng: random.Random) -> bool:
-        """One request of a random operation and priority; True when its answer is the reference's."""
+    def one_request(self, client: SIEClient, rng: random.Random, what: list[str]) -> bool:
+        """One request of a random operation and priority (appended to ``what``); True when its
+        answer is the reference's."""
         priority = rng.choice(("interactive", "bulk"))
         op = rng.choices(("encode", "score", "extract"), weights=(2, 1, 1))[0]
+        what.append(f"{op} {priority}")
         if op == "encode":
             text = rng.choice(TEXTS)
             r = client.encode(MODEL, {"text": text}, priority=priority, provision_timeout_s=120)
@@ -230,14 +239,16 @@ class Soak:
         ):
             while not self.stop.is_set():
                 start = time.monotonic()
-                client = cached if rng.random() < 0.5 else uncached
+                use_cache = rng.random() < 0.5
+                what = [f"thread {k}, cache {'on' if use_cache else 'off'}"]
                 try:
-                    status = "ok" if self.one_request(client, rng) else "wrong"
+                    ok = self.one_request(cached if use_cache else uncached, rng, what)
+                    status = "ok" if ok else "wrong"
                 except Exception as exc:
                     status = f"error: {type(exc).__name__}: {exc}"[:300]
                 end = time.monotonic()
                 with self.lock:
-                    self.outcomes.add(end, end - start, status)
+                    self.outcomes.add(end, end - start, status, ", ".join(reversed(what)))
                 self.stop.wait(max(0.0, interval - (end - start)))
 
     def chaos(self) -> None:
@@ -322,7 +333,7 @@ class Soak:
             threading.Thread(target=self.traffic, args=(k,), daemon=True) for k in range(self.plan.threads)
         ]
         chaos = threading.Thread(target=self.chaos, daemon=True)
-        t0 = time.monotonic()
+        t0 = self.started = time.monotonic()
         for t in workers:
             t.start()
         chaos.start()
@@ -352,6 +363,7 @@ class Soak:
             r.wrong = o.status.count(WRONG)
             lat = sorted(o.latency)
             r.errors = sorted(o.errors)
+            slowest = sorted(o.slowest, reverse=True)
         r.longest_s = round(lat[-1], 2) if lat else 0.0
         r.p99_s = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3) if lat else 0.0
         self._growth()
@@ -365,6 +377,8 @@ class Soak:
             f"{r.wrong} wrong, p99 {r.p99_s * 1000:.0f} ms, longest {r.longest_s} s, "
             f"{len(r.events)} faults; over {GROWTH_LIMIT:.0%} growth: {', '.join(r.grew) or 'none'}"
         )
+        for latency, end, what in slowest:
+            self.say(f"[soak] slow: {latency:.2f} s, ended at minute {(end - self.started) / 60:.1f}: {what}")
         for error in r.errors:
             self.say(f"[soak] error: {error}")
         return r
