@@ -241,12 +241,13 @@ class Soak:
                 start = time.monotonic()
                 use_cache = rng.random() < 0.5
                 what = [f"thread {k}, cache {'on' if use_cache else 'off'}"]
+                client = cached if use_cache else uncached
                 try:
-                    ok = self.one_request(cached if use_cache else uncached, rng, what)
-                    status = "ok" if ok else "wrong"
+                    status = "ok" if self.one_request(client, rng, what) else "wrong"
                 except Exception as exc:
                     status = f"error: {type(exc).__name__}: {exc}"[:300]
                 end = time.monotonic()
+                what.append(f"{client.last_retry_count} retries by the SDK")
                 with self.lock:
                     self.outcomes.add(end, end - start, status, ", ".join(reversed(what)))
                 self.stop.wait(max(0.0, interval - (end - start)))
