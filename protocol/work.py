@@ -170,6 +170,9 @@ def text_cost(text: str | None) -> int:
     return len(text or "") // 4 + 2
 
 
+_MEDIA_KEYS = ("images", "image", "audio", "video", "document")
+
+
 def item_cost(
     operation: str,
     item: dict[str, Any] | None,
@@ -182,11 +185,12 @@ def item_cost(
         if not isinstance(value, dict):
             return 1
         text = value.get("text")
-        cost = text_cost(text) if isinstance(text, str) else 0
-        for key in ("images", "image", "audio", "video", "document"):
-            media = value.get(key)
-            if media:
-                cost += len(media) if isinstance(media, list) else 1
+        cost = len(text) // 4 + 2 if isinstance(text, str) else 0  # text_cost, inline: once per item
+        if len(value) > 1 or text is None:  # a text alone (most items) has no media to look for
+            for key in _MEDIA_KEYS:
+                media = value.get(key)
+                if media:
+                    cost += len(media) if isinstance(media, list) else 1
         return max(cost, 1)
 
     if operation == "score":

@@ -25,6 +25,7 @@ def test_text_cost_is_a_chars_over_four_proxy():
     assert text_cost("a" * 40) == 12
     assert item_cost("encode", {"text": "a" * 400}) == 102
     assert item_cost("encode", {"images": [b"x", b"y"]}) == 2
+    assert item_cost("encode", {"text": "a" * 40, "image": b"x"}) == 12 + 1  # text and media both count
     # score: the query counted once per pair
     assert item_cost("score", None, {"text": "a" * 8}, [{"text": "a" * 4}, {"text": ""}]) == (4 + 3) + (4 + 2)
 
