@@ -216,7 +216,6 @@ class Scheduler:
             try:
                 batcher = None
                 while True:
-                    await self._drop_cancelled(sched)
                     now = self.clock.now()
                     batchers = self._eligible(sched)
                     # a worker with a forward free (no interactive batch on it) gets what is pending
@@ -305,11 +304,6 @@ class Scheduler:
             return below_depth or (room_to_queue and b.full(sched.limits))
 
         return [b for b in sched.batchers.values() if eligible(b)]
-
-    async def _drop_cancelled(self, sched: ModelScheduler) -> None:
-        for b in sched.batchers.values():
-            for d in b.remove(lambda e: e.route.request_id in self.tombstones):
-                await self.settlement.ack(d, drop=True)
 
     def _update_saturation(self) -> None:
         cap = max(1, self.settings.max_concurrent_batches)

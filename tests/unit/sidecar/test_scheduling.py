@@ -223,7 +223,7 @@ async def test_cancelled_items_are_dropped_queued_or_cut():
         kept = r.submit(request_id="keep")
         await r.scheduler.cancel("gone")
         assert sorted(r.settler.actions("drop")) == sorted(gone)
-        r.tombstones.add("late")  # cancelled after intake: dropped when the batch is formed
+        r.tombstones.add("late")  # cancelled after intake: dropped from its batch before RunBatch
         late = r.submit(request_id="late")
         r.worker.gate.set()
         await wait_until(lambda: len(r.worker.batches) == 2, what="the second batch")
