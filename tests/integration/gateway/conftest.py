@@ -11,6 +11,8 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
 from gateway.app import GATEWAY_KEY, create_app
+from gateway.dispatch import Dispatcher
+from gateway.metrics import GatewayMetrics
 from gateway.registry import CatalogRegistry
 from gateway.settings import GatewaySettings
 
@@ -131,3 +133,22 @@ async def start_gateway(make_settings):
         await h.server.close()
         with contextlib.suppress(Exception):
             await h.nc.close()
+
+
+@pytest_asyncio.fixture
+async def dispatcher(nats_server):
+    """``await dispatcher(**kwargs)``: a gateway Dispatcher (its own metrics, memory storage unless
+    ``storage`` says) on a new connection to the test's nats-server (``connect``: nats.connect's
+    options), the connections closed after the test."""
+    connections: list[nats.NATS] = []
+
+    async def make(connect: dict | None = None, **kwargs) -> Dispatcher:
+        nc = await nats.connect(nats_server.url, **(connect or {}))
+        connections.append(nc)
+        kwargs.setdefault("metrics", GatewayMetrics())
+        kwargs.setdefault("storage", "memory")
+        return Dispatcher(nc, **kwargs)
+
+    yield make
+    for nc in connections:
+        await nc.close()
