@@ -7,7 +7,10 @@ runtime owns batching, quantisation and the wire format, so an adapter never see
 
 from __future__ import annotations
 
+import functools
 import json
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -63,9 +66,11 @@ class RequestContext:
     max_length: int | None = None
     truncate: bool = True
 
-    @property
-    def options(self) -> dict[str, Any]:
-        return json.loads(self.options_json)
+    @functools.cached_property
+    def options(self) -> Mapping[str, Any]:
+        """``options_json`` parsed once per context (read for every item of a batch: templates, the
+        query flag's options), read-only because every item of the context shares it."""
+        return types.MappingProxyType(json.loads(self.options_json))
 
     @staticmethod
     def canonical_options(options: dict[str, Any]) -> str:

@@ -54,7 +54,7 @@ class ZeroShotAdapter(HFTextAdapter):
         labels = [str(x) for x in ctx.labels or []]
         if not labels:
             raise invalid_input("zero-shot classification needs labels", param="labels")
-        options = ctx.options  # parsed from the context's JSON on each access: read once
+        options = ctx.options
         template = str(options.get("hypothesis_template") or DEFAULT_TEMPLATE)
         if "{}" not in template:
             raise invalid_input("hypothesis_template must contain {}", param="options.hypothesis_template")
