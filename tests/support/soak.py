@@ -7,7 +7,8 @@ priority classes, with the result cache used and skipped (``X-SIE-Cache: off``).
 checked against a reference taken before the first fault. Once a minute a line says how many
 requests completed and failed in that minute, their p99, and each process's RSS, open file
 descriptors and established TCP connections (``name=RSS/descriptors+connections``, and the
-connections of all processes together); the end prints a verdict.
+connections of all processes together) and the JetStream consumers on each NATS member; the end
+prints a verdict.
 
 Which processes die: ``VICTIMS`` (the second gateway, the second worker pod's worker and sidecar,
 the config service, two of the three NATS members), a NATS member only while all three are healthy
@@ -24,6 +25,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
+import json
 import os
 import random
 import signal
@@ -112,6 +114,7 @@ SLOWEST = 5  # the verdict names this many slowest requests: when, and what they
 class Sample:
     minute: int
     procs: dict[str, tuple[int, int, int, int]]  # name → (pid, RSS kB, own descriptors, TCP connections)
+    consumers: list[int | None] = field(default_factory=list)  # JetStream consumers on each NATS member
 
     @property
     def connections(self) -> int:
@@ -272,6 +275,19 @@ class Soak:
                 self._signal(self.rng.choice(NATS_RESTARTS), signal.SIGTERM, "restart (SIGTERM)", t0)
                 next_restart = now + self.rng.uniform(*self.plan.nats_restart_every_s)
 
+    def nats_consumers(self) -> list[int | None]:
+        """The JetStream consumers each NATS member holds (its ``/jsz``; None while it is down): a
+        client that leaves consumers behind shows here first (the gateway's key listings did, 45 a
+        minute, until 2026-11-27)."""
+        base, out = self.up.ports["nats"], []
+        for i in range(3):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{base + 6 + i}/jsz", timeout=2) as resp:
+                    out.append(int(json.load(resp).get("consumers", 0)))
+            except (OSError, ValueError):
+                out.append(None)
+        return out
+
     def nats_healthy(self) -> bool:
         """Every NATS member up and current with the JetStream meta leader (its ``/healthz``)."""
         base = self.up.ports["nats"]
@@ -309,7 +325,7 @@ class Soak:
             stats = proc_stats(pid, established)
             if stats is not None:
                 procs[name] = (pid, *stats)
-        return Sample(minute, procs)
+        return Sample(minute, procs, self.nats_consumers())
 
     def minute_line(self, minute: int, since: float, until: float, sample: Sample) -> str:
         with self.lock:
@@ -319,7 +335,8 @@ class Soak:
         procs = " ".join(f"{n}={rss // 1024}M/{fds}+{tcp}" for n, (_, rss, fds, tcp) in sample.procs.items())
         return (
             f"[soak] min {minute:3d}  req {len(lat):5d}  fail {failed}  wrong {wrong}  "
-            f"p99 {p99:6.0f} ms  | rss/fds+tcp {procs}  tcp {sample.connections}"
+            f"p99 {p99:6.0f} ms  | rss/fds+tcp {procs}  tcp {sample.connections}  "
+            f"consumers {'/'.join('-' if c is None else str(c) for c in sample.consumers)}"
         )
 
     # ---- the run ---------------------------------------------------------------------------
