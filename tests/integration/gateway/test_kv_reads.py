@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import nats
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.js.api import KeyValueConfig
 
@@ -77,3 +79,42 @@ async def test_a_mirror_follows_the_bucket_through_one_consumer(js, monkeypatch)
     await wait_until(
         none_left, timeout_s=30, interval_s=0.5, what="the mirror's consumer gone after it stopped"
     )
+
+
+async def test_a_mirror_follows_on_after_the_server_lost_its_consumer(nats_server, monkeypatch):
+    """kill -9 and a restart of the server (the mirror's consumer lived in its memory): nats-py
+    notices the heartbeats stopped and makes the consumer again from the next entry; the mirror
+    sees what was written after the restart, and the bucket's earlier state stays."""
+    monkeypatch.setattr(gateway.kv, "MIRROR_IDLE_S", 1.0)
+    nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket="SURVIVES", history=1))
+        await kv.put("before", b"1")
+        mirror = KeyValueMirror(kv, "SURVIVES")
+        task = asyncio.create_task(mirror.run())
+        try:
+            await asyncio.wait_for(mirror.loaded.wait(), 10)
+            nats_server.restart(kill=True)
+
+            async def written() -> bool:  # once JetStream has its streams back
+                try:
+                    await kv.put("after", b"2")
+                except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                    return False
+                return True
+
+            await wait_until(written, timeout_s=30, interval_s=0.2, what="a write after the restart")
+            await kv.delete("before")
+
+            def follows() -> bool:
+                return {k: e.value for k, e in mirror.entries.items()} == {"after": b"2"}
+
+            await wait_until(
+                follows, timeout_s=60, interval_s=0.2, what="the mirror to follow after the restart"
+            )
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await nc.close()
