@@ -39,7 +39,7 @@ from protocol.payloads import HEADER as PAYLOAD_HEADER
 from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
-from protocol.subjects import BULK, HEALTH_PREFIX, pin_subject
+from protocol.subjects import BULK, HEALTH_PREFIX, HEALTH_SOLICIT, pin_subject
 from protocol.work import RoutingHeader, WorkItem, WorkResult, chunk_plan, pack_items
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class Gateway:
         self.batch_runner: BatchRunner | None = None
         self.dlq = DLQForwarder(nc, self.dispatcher, self.metrics)
         self._subs: list[Any] = []
+        self._heard = asyncio.Event()  # a heartbeat came since the last solicit_heartbeats
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._stopping = False  # background loops end on this too: library code may swallow a cancel
@@ -143,6 +144,7 @@ class Gateway:
         await self.dispatcher.start()
         self._subs.append(await self.nc.subscribe(HEALTH_PREFIX + ".>", cb=self._on_heartbeat))
         self.heartbeats_since = time.monotonic()
+        await self.solicit_heartbeats()
         try:
             await js.add_stream(
                 StreamConfig(
@@ -226,6 +228,26 @@ class Gateway:
 
     def on_reconnect(self) -> None:
         self.dispatcher.on_reconnect()
+        self._spawn(self.solicit_heartbeats())  # workers gone stale while it was away: hear them now
+
+    async def solicit_heartbeats(self) -> None:
+        """Ask every sidecar for its heartbeat now. Until it hears one, a gateway knows no live
+        worker and answers PROVISIONING (Retry-After 10 s) for lanes that are served: up to a
+        heartbeat interval after it starts, and after a reconnect once its workers went stale."""
+        self._heard.clear()
+        try:
+            await self.nc.publish(HEALTH_SOLICIT, b"")
+        except Exception as exc:  # noqa: BLE001 - the periodic heartbeats come anyway
+            log.warning("asking the workers for their heartbeats failed: %s", exc)
+
+    async def hear_workers(self, wait_s: float, settle_s: float = 0.2) -> int:
+        """Wait (at most ``wait_s``) for the first heartbeat after :meth:`solicit_heartbeats`, and
+        ``settle_s`` more for the others; how many workers are healthy then. What ``serve`` does
+        before it listens: replicas sharing a port get connections as soon as they listen."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._heard.wait(), wait_s)
+            await asyncio.sleep(settle_s)
+        return len(self.workers.healthy())
 
     async def publish_pins(self) -> int:
         """Tell every healthy worker's sidecar which models its pools pin (an empty list: none), so
@@ -261,6 +283,7 @@ class Gateway:
     async def _on_heartbeat(self, msg: Msg) -> None:
         worker_id = msg.subject[len(HEALTH_PREFIX) + 1 :]
         self.workers.observe(worker_id, msg.data)
+        self._heard.set()
 
     # ---- routing ---------------------------------------------------------------------------
     def known_profiles(self) -> list[str]:

@@ -22,6 +22,7 @@ from protocol.logs import setup_logging
 from protocol.nats_url import failover_options
 
 log = logging.getLogger("gateway")
+HEAR_WORKERS_S = 1.0  # before it listens, a gateway waits at most this long for the first heartbeat
 
 
 def build_registry(settings: GatewaySettings) -> ModelRegistry:
@@ -76,7 +77,10 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     holder["app"] = app
     # no access log line per request (it cost ~9% of the gateway's CPU); metrics count requests
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
+    await runner.setup()  # the gateway starts: it asks every sidecar for its heartbeat
+    # listen once the live workers are known: replicas sharing a port (sie up --gateways N) get
+    # connections as soon as they listen, and a gateway that knows no worker answers PROVISIONING
+    await app[GATEWAY_KEY].hear_workers(HEAR_WORKERS_S)
     site = web.TCPSite(
         runner, settings.gateway_host, settings.gateway_port, reuse_port=settings.gateway_reuse_port or None
     )

@@ -7,6 +7,9 @@ import re
 
 WORK_PREFIX = "sie.work"
 HEALTH_PREFIX = "sie.health"
+# gateway → every sidecar: "publish your heartbeat now" (a gateway that starts or reconnects learns
+# the live workers at once instead of within a heartbeat interval); outside ``sie.health.>``
+HEALTH_SOLICIT = "sie.health_solicit"
 PIN_PREFIX = "sie.pin"  # gateway → sidecar: the pinned models of the pools a worker serves
 CONFIG_PREFIX = "sie.config.models"
 CONFIG_ALL = "sie.config.models._all"

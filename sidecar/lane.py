@@ -56,10 +56,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from protocol.clock import Clock, MonotonicClock
 from protocol.payloads import PayloadStore
-from protocol.subjects import BULK, INTERACTIVE
+from protocol.subjects import BULK, HEALTH_SOLICIT, INTERACTIVE
 from sidecar.barrier import ExecutionBarrier
 from sidecar.deliveries import Delivery, Held, ModelScheduler
 from sidecar.intake import Intake
@@ -209,6 +210,8 @@ class LaneConsumer:
         self.ipc.on_disconnect = self._worker_lost
         await self.intake.ensure_jetstream()
         await self.intake.start()
+        # a gateway that starts or reconnects asks for every heartbeat at once
+        await self.nc.subscribe(HEALTH_SOLICIT, cb=self._on_solicit)
         self._tasks = [
             asyncio.create_task(self.intake.pull_loop(INTERACTIVE), name="sidecar-pull"),
             asyncio.create_task(self.intake.pull_loop(BULK), name="sidecar-pull-bulk"),
@@ -216,6 +219,9 @@ class LaneConsumer:
             asyncio.create_task(self.readiness.ping_loop(self.liveness.announce), name="sidecar-ping"),
             asyncio.create_task(self.liveness.heartbeat_loop(), name="sidecar-heartbeat"),
         ]
+
+    async def _on_solicit(self, _msg: Msg) -> None:
+        await self.liveness.announce()  # nothing while stopping: the tombstone stays the last word
 
     def on_reconnect(self) -> None:
         """After a NATS reconnect: open new pull requests now (:meth:`Intake.forget_requests`)."""

@@ -20,7 +20,7 @@ from protocol.codec import packb
 from protocol.payloads import BUCKET as PAYLOAD_BUCKET
 from protocol.payloads import HEADER as PAYLOAD_HEADER
 from protocol.streams import lane_consumer_config, stream_config
-from protocol.subjects import INTERACTIVE, health_subject, lane_durable, pool_stream_name
+from protocol.subjects import HEALTH_SOLICIT, INTERACTIVE, health_subject, lane_durable, pool_stream_name
 from protocol.work import Heartbeat, RoutingHeader, WorkItem, WorkResult, pack_results, work_items_of
 
 DIM = 4
@@ -135,9 +135,14 @@ class FakeWorker:
             await self._bind()
             self._tasks.append(asyncio.create_task(self._pull_loop()))
         self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
+        await self.nc.subscribe(HEALTH_SOLICIT, cb=self._on_solicit)  # as a sidecar answers a gateway
         await self.nc.publish(health_subject(self.worker_id), self.heartbeat())
         await self.nc.flush()
         return self
+
+    async def _on_solicit(self, _msg) -> None:
+        if not self._stopping:
+            await self.nc.publish(health_subject(self.worker_id), self.heartbeat())
 
     async def _bind(self) -> None:
         js = self.nc.jetstream()

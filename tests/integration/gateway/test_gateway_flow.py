@@ -228,6 +228,23 @@ async def test_stale_worker_is_not_routed(nats_server, start_gateway):
         await w.stop()
 
 
+async def test_a_gateway_asks_for_the_heartbeats_when_it_starts_and_reconnects(nats_server, start_gateway):
+    """A worker that beats once a minute is known to a gateway started after its last beat at once
+    (the gateway asks every sidecar for its heartbeat), and again after a reconnect found it stale;
+    without asking, the gateway would answer PROVISIONING (Retry-After 10 s) until the next beat."""
+    w = await FakeWorker(nats_server.url, "w1", heartbeat_s=60).start()  # its first beat: before the gateway
+    try:
+        h = await start_gateway(gateway_worker_stale_s=1.0)
+        assert await h.gateway.hear_workers(10.0) == 1
+        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]})
+        assert status == 200, body
+        await wait_until(lambda: not h.gateway.workers.healthy(), what="the silent worker stale")
+        h.gateway.on_reconnect()  # what the NATS client's reconnected callback calls (gateway/main.py)
+        await wait_workers(h)
+    finally:
+        await w.stop()
+
+
 async def test_deadline_gives_504_and_cancels_work(nats_server, start_gateway):
     async def never(item, worker):
         return None

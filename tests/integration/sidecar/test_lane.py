@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from protocol.codec import unpackb
-from protocol.subjects import work_cancel_subject
+from protocol.subjects import HEALTH_SOLICIT, work_cancel_subject
 from protocol.work import Heartbeat, RoutingHeader
 from tests.integration.sidecar.support import (
     Gateway,
@@ -59,6 +59,32 @@ async def test_items_are_batched_answered_and_acked(nats_server):
             await stop_lane(lane, nc, client)
         await wait_until(lambda: health and health[-1].terminated, 5)
         assert health[-1].ready is False
+    await gw_nc.close()
+
+
+async def test_a_gateway_that_asks_gets_the_heartbeat_at_once(nats_server):
+    """Heartbeats once a minute, and one more whenever a gateway asks (it starts, or reconnected):
+    the answer names the worker as the periodic beat does."""
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    health: list[Heartbeat] = []
+
+    async def on_health(msg):
+        health.append(Heartbeat.parse(msg.data))
+
+    await gw_nc.subscribe("sie.health.>", cb=on_health)
+    async with InProcessWorker(sock, model_yaml(MODEL)):
+        settings = sidecar_settings(nats_server.url, sock, health_publish_interval_ms=60_000)
+        lane, nc, client = await start_lane(settings)
+        try:
+            await wait_until(lambda: health, 10, what="the first heartbeat")
+            await asyncio.sleep(1.0)  # readiness settles: no beat is due for a minute
+            before = len(health)
+            await gw_nc.publish(HEALTH_SOLICIT, b"")
+            await wait_until(lambda: len(health) > before, 10, what="the asked-for heartbeat")
+            assert health[-1].name == settings.worker_id and not health[-1].terminated
+        finally:
+            await stop_lane(lane, nc, client)
     await gw_nc.close()
 
 
