@@ -2,9 +2,10 @@
 
 A bucket is read key by key through a consumer on its stream. nats-py lists a bucket's keys
 (``KeyValue.keys``) through a watcher whose consumer it never deletes and gives no inactivity
-threshold, so the server keeps each one: the gateway that listed its batch leases every second
-and its pools every few seconds left about 45 consumers a minute on the NATS members (2,700 in
-the soak's hour, each assigned through the JetStream meta group and held in every member's memory).
+threshold, so the server keeps each one for minutes: the gateway that listed its batch leases
+every second and its pools every few seconds left about 45 consumers a minute on the NATS members,
+240-260 held on every member at a time under the soak's load (each one assigned through the
+JetStream meta group), and the members' memory grew with them.
 
 - :func:`bucket_keys` lists the keys once, through a consumer the server drops a few seconds after
   the listing ends: for reads that must see the bucket as it is now (the API's lists, a pool's
