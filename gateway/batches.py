@@ -43,6 +43,7 @@ from nats.js.object_store import ObjectStore
 from gateway.kv import KeyValueMirror, bucket_keys
 from protocol.api import BatchBody
 from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.payloads import drop_idle_readers
 from protocol.subjects import BULK
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class BatchStore:
                     FILES_BUCKET, ObjectStoreConfig(storage=st, replicas=replicas, description="batch files")
                 )
             files = await js.object_store(FILES_BUCKET)
+        await drop_idle_readers(js, FILES_BUCKET)  # a batch's end reads every chunk's objects
         kvs = []
         for bucket in (RECORDS_BUCKET, LEASES_BUCKET):
             try:

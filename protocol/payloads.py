@@ -13,15 +13,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Protocol
 
+import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import ObjectStoreConfig, StorageType
+from nats.js.api import ObjectStoreConfig, StorageType, StreamConsumerLimits
 from nats.js.object_store import ObjectStore
+
+log = logging.getLogger(__name__)
 
 BUCKET = "SIE_PAYLOADS"
 HEADER = "Sie-Payload"  # a work message whose body is the object of this name
+READER_IDLE_S = 5.0  # the server drops an object read's consumer this long after the read
+
+
+async def drop_idle_readers(js: JetStreamContext, bucket: str, idle_s: float = READER_IDLE_S) -> None:
+    """Have the server drop the consumers that read ``bucket``'s objects ``idle_s`` after a read.
+    nats-py reads an object through an ordered consumer that it never deletes and gives no
+    inactivity threshold, so each read left one on the server for minutes (a batch's end reads
+    every chunk's output object). The bucket's stream makes ``idle_s`` its consumers' default
+    (``consumer_limits``): an object store has no consumer of its own that must outlive a read.
+    Best effort: the objects are read as before when the stream cannot be changed."""
+    stream = f"OBJ_{bucket}"
+    try:
+        info = await js.stream_info(stream)
+        config = info.config
+        limits = config.consumer_limits
+        if limits is not None and limits.inactive_threshold == idle_s:
+            return
+        config.consumer_limits = StreamConsumerLimits(inactive_threshold=idle_s)
+        await js.update_stream(config)
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        log.warning("object reads of %s keep their consumers for minutes: %s", bucket, exc)
 
 
 class PayloadReader(Protocol):
@@ -57,6 +82,7 @@ class PayloadStore:
                         with contextlib.suppress(nats.js.errors.BadRequestError):  # made by another process
                             await self.js.create_object_store(BUCKET, config)
                         self._store = await self.js.object_store(BUCKET)
+                    await drop_idle_readers(self.js, BUCKET)
         return self._store
 
     async def put(self, name: str, data: bytes) -> None:

@@ -1,6 +1,7 @@
-"""Reading key-value buckets (gateway/kv.py) against a real nats-server: what a listing and a
-mirror return, and that neither leaves consumers behind on the server (nats-py's own
-``KeyValue.keys`` left one per call for good: about 45 a minute from a gateway's loops)."""
+"""Reading key-value buckets (gateway/kv.py) and object stores (protocol/payloads.py) against a
+real nats-server: what a listing and a mirror return, and that no read leaves consumers behind on
+the server (nats-py's own ``KeyValue.keys`` left one per call for minutes: about 45 a minute from a
+gateway's loops)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from nats.js.api import KeyValueConfig
 
 import gateway.kv
 from gateway.kv import LISTING_IDLE_S, KeyValueMirror, bucket_keys
+from protocol.payloads import BUCKET as PAYLOADS
+from protocol.payloads import READER_IDLE_S, PayloadStore
 from tests.support.polling import wait_until
 
 
@@ -118,3 +121,21 @@ async def test_a_mirror_follows_on_after_the_server_lost_its_consumer(nats_serve
             await asyncio.gather(task, return_exceptions=True)
     finally:
         await nc.close()
+
+
+async def test_object_reads_leave_no_consumer(js):
+    """The payload store (and the Batch API's files) read objects through nats-py, whose read
+    consumer is neither deleted nor given an inactivity threshold: the bucket's stream gives it one."""
+    store = PayloadStore(js, storage="memory")
+    await store.put("big", b"x" * 300_000)  # several chunks
+    for _ in range(5):
+        assert await store.get("big") == b"x" * 300_000
+    limits = (await js.stream_info(f"OBJ_{PAYLOADS}")).config.consumer_limits
+    assert limits is not None and limits.inactive_threshold == READER_IDLE_S
+
+    async def none_left() -> bool:
+        return (await js.stream_info(f"OBJ_{PAYLOADS}")).state.consumer_count == 0
+
+    await wait_until(
+        none_left, timeout_s=READER_IDLE_S + 30, interval_s=0.5, what="the reads' consumers gone"
+    )
