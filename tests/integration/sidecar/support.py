@@ -12,7 +12,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import nats
 import nats.errors
@@ -20,7 +22,7 @@ import nats.js.errors
 
 from protocol.catalog import Catalog
 from protocol.model_config import parse_model_yaml
-from protocol.subjects import reply_subject, results_subject, work_subject
+from protocol.subjects import HEALTH_PREFIX, reply_subject, results_subject, work_subject
 from protocol.work import RoutingHeader, WorkItem, WorkResult, unpack_results
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
@@ -29,6 +31,8 @@ from tests.support.polling import wait_until
 from worker.ipc.server import serve_ipc
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -248,6 +252,18 @@ async def stop_lane(lane: LaneConsumer, nc, client: IpcClient) -> None:
 
 async def connect(url: str):
     return await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
+async def heartbeats(nc, parse: Callable[[bytes], T]) -> list[T]:
+    """Every heartbeat published from now on (``sie.health.>``), each as ``parse`` reads it, in
+    the order they come."""
+    heard: list[T] = []
+
+    async def on_health(msg) -> None:
+        heard.append(parse(msg.data))
+
+    await nc.subscribe(f"{HEALTH_PREFIX}.>", cb=on_health)
+    return heard
 
 
 async def settled_consumer(js, stream: str, durable: str, timeout: float = 10.0):

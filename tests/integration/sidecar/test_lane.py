@@ -12,6 +12,7 @@ from tests.integration.sidecar.support import (
     Gateway,
     InProcessWorker,
     connect,
+    heartbeats,
     model_yaml,
     settled_consumer,
     sidecar_settings,
@@ -28,12 +29,7 @@ async def test_items_are_batched_answered_and_acked(nats_server):
     sock = socket_path()
     gw_nc = await connect(nats_server.url)
     gw = await Gateway(gw_nc).start()
-    health: list[Heartbeat] = []
-
-    async def on_health(msg):
-        health.append(Heartbeat.parse(msg.data))
-
-    await gw_nc.subscribe("sie.health.>", cb=on_health)
+    health = await heartbeats(gw_nc, Heartbeat.parse)
     async with InProcessWorker(sock, model_yaml(MODEL, load_delay_s=0.5)):
         lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock))
         try:
@@ -67,12 +63,7 @@ async def test_a_gateway_that_asks_gets_the_heartbeat_at_once(nats_server):
     the answer names the worker as the periodic beat does."""
     sock = socket_path()
     gw_nc = await connect(nats_server.url)
-    health: list[Heartbeat] = []
-
-    async def on_health(msg):
-        health.append(Heartbeat.parse(msg.data))
-
-    await gw_nc.subscribe("sie.health.>", cb=on_health)
+    health = await heartbeats(gw_nc, Heartbeat.parse)
     async with InProcessWorker(sock, model_yaml(MODEL)):
         settings = sidecar_settings(nats_server.url, sock, health_publish_interval_ms=60_000)
         lane, nc, client = await start_lane(settings)
@@ -196,12 +187,7 @@ async def test_oom_is_naked_without_publishing_then_served(nats_server):
 async def test_heartbeat_json_shape(nats_server):
     sock = socket_path()
     gw_nc = await connect(nats_server.url)
-    beats: list[dict] = []
-
-    async def on_health(msg):
-        beats.append(json.loads(msg.data))
-
-    await gw_nc.subscribe("sie.health.>", cb=on_health)
+    beats = await heartbeats(gw_nc, json.loads)
     async with InProcessWorker(sock, model_yaml(MODEL)):
         lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock, worker_id="pod-0"))
         try:
