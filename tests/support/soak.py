@@ -279,10 +279,10 @@ class Soak:
         """The JetStream consumers each NATS member holds (its ``/jsz``; None while it is down): a
         client that leaves consumers behind shows here first (the gateway's key listings did, 45 a
         minute, until 2026-11-27)."""
-        base, out = self.up.ports["nats"], []
-        for i in range(3):
+        out: list[int | None] = []
+        for port in self.up.nats_monitor_ports:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{base + 6 + i}/jsz", timeout=2) as resp:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/jsz", timeout=2) as resp:
                     out.append(int(json.load(resp).get("consumers", 0)))
             except (OSError, ValueError):
                 out.append(None)
@@ -290,10 +290,9 @@ class Soak:
 
     def nats_healthy(self) -> bool:
         """Every NATS member up and current with the JetStream meta leader (its ``/healthz``)."""
-        base = self.up.ports["nats"]
-        for i in range(3):
+        for port in self.up.nats_monitor_ports:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{base + 6 + i}/healthz", timeout=2) as resp:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
                     if resp.status != 200:
                         return False
             except OSError:

@@ -42,11 +42,6 @@ def sdk():
         pytest.skip(reason)
 
 
-def monitor_ports(up: SieUp) -> list[int]:
-    """The members' monitoring ports (deploy/launcher.py: after the client and route ports)."""
-    return [up.ports["nats"] + 6 + i for i in range(3)]
-
-
 def stream_leader(up: SieUp, stream: str = STREAM) -> str | None:
     """The member (``nats``, ``nats-2``, ``nats-3``) leading ``stream``, as a member that answers says."""
     return leaders(up, stream).get("stream") or None
@@ -56,7 +51,7 @@ def leaders(up: SieUp, stream: str = STREAM) -> dict[str, str]:
     """Who leads what the requests need, as the first member that knows the stream's leader says:
     JetStream's meta group (``meta``), the work stream (``stream``) and each of its consumers (by
     durable name); empty when no member answers with a leader of the stream."""
-    for port in monitor_ports(up):
+    for port in up.nats_monitor_ports:
         try:
             doc = httpx.get(
                 f"http://127.0.0.1:{port}/jsz?accounts=true&streams=true&consumers=true", timeout=2
@@ -80,7 +75,7 @@ def leaders(up: SieUp, stream: str = STREAM) -> dict[str, str]:
 
 def member_serving(up: SieUp, client: str) -> str | None:
     """The member (``nats``, ``nats-2``, ``nats-3``) a client named ``client`` is connected to."""
-    for i, port in enumerate(monitor_ports(up)):
+    for i, port in enumerate(up.nats_monitor_ports):
         try:
             doc = httpx.get(f"http://127.0.0.1:{port}/connz", timeout=2).json()
         except (httpx.HTTPError, ValueError):

@@ -63,6 +63,10 @@ class SieUp:
             }
         )
         self.gateway = f"http://127.0.0.1:{self.ports['gw']}"
+        # the members' monitoring ports (/healthz, /jsz), after their client and route ports
+        self.nats_monitor_ports = (
+            [nats + 2 * nats_replicas + i for i in range(nats_replicas)] if nats_replicas > 1 else []
+        )
         self.proc: subprocess.Popen | None = None
         self.pids: set[Identity] = set()  # every child it had, by pid and start time
 
