@@ -185,7 +185,7 @@ def item_cost(
         if not isinstance(value, dict):
             return 1
         text = value.get("text")
-        cost = len(text) // 4 + 2 if isinstance(text, str) else 0  # text_cost, inline: once per item
+        cost = text_cost(text) if isinstance(text, str) else 0
         if len(value) > 1 or text is None:  # a text alone (most items) has no media to look for
             for key in _MEDIA_KEYS:
                 media = value.get(key)
