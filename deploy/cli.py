@@ -26,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = WorkerSettings(**overrides)
     from deploy.state import port_in_use
 
-    if settings.serve_process_index == 0 and port_in_use(settings.port, settings.host):
+    if settings.process_index == 0 and port_in_use(settings.port, settings.host):
         print(
             f"sie serve: port {settings.port} is in use on {settings.host} (another sie serve or sie up?); "
             "pick another with --port",
@@ -40,10 +40,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.launcher import default_gateways, default_workers, up
+    from deploy.launcher import default_gateways, default_model_processes, default_workers, up
 
     if args.workers is None:
         args.workers = default_workers(dict(os.environ))
+    if args.model_processes is None:
+        args.model_processes = default_model_processes(dict(os.environ))
     if args.gateways is None:
         args.gateways = default_gateways(dict(os.environ))
     if args.nats_replicas not in (1, 3, 5):
@@ -55,6 +57,7 @@ def _up(args: argparse.Namespace) -> int:
     for flag, value in (
         ("--gateways", args.gateways),
         ("--workers", args.workers),
+        ("--model-processes", args.model_processes),
         ("--config-replicas", args.config_replicas),
     ):
         if value < 1:
@@ -73,6 +76,7 @@ def _up(args: argparse.Namespace) -> int:
         otlp_port=args.otlp_port,
         metrics_port=metrics_port,
         workers=args.workers,
+        model_processes=args.model_processes,
         nats_replicas=args.nats_replicas,
         config_replicas=args.config_replicas,
         config_db=args.config_db or "",
@@ -189,9 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--workers",
         type=int,
-        help="worker pods (a worker and its sidecar each) sharing the lane, as a Deployment's "
-        "replicas do; on a GPU host they share the device (default: 4 on a GPU host, as "
-        "sie serve's processes there; else 1)",
+        help="worker pods (a worker and its sidecar each) sharing the lane, as the chart's "
+        "replicas do; on a GPU host each gets the next GPU (default: one per GPU, as the chart "
+        "deploys them; else 1)",
+    )
+    up.add_argument(
+        "--model-processes",
+        type=int,
+        help="model processes in each worker pod, each a whole worker on the pod's device with a "
+        "sidecar of its own, as in the chart's pods (default: SIE_MODEL_PROCESSES, else 4 on a GPU "
+        "host, where one Python process cannot keep the GPU fed; else 1)",
     )
     up.add_argument(
         "--observe",

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from deploy.state import LOCK_FILE, port_in_use, remember, running, sie_command, take_lock
 from deploy.supervisor import RestartPolicy, Supervisor, fresh_log, read_status
+from protocol.siblings import process_socket
 from worker import (
     CUDA_PROCESSES,
     DEFAULT_BUNDLES_DIR,
@@ -115,9 +116,24 @@ def worker_runs_on_cpu(env: dict[str, str]) -> bool:
     return device == "cpu"
 
 
+def gpu_count() -> int:
+    """NVIDIA devices on this host (their device nodes)."""
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def default_workers(env: dict[str, str]) -> int:
-    """``sie up``'s worker pods when ``--workers`` is not given: on a GPU host as many as ``sie serve``
-    runs processes there (worker.CUDA_PROCESSES), so both front doors feed the device alike; else one."""
+    """``sie up``'s worker pods when ``--workers`` is not given: one per GPU, as the chart gives each
+    worker pod one GPU; one on a host without."""
+    return 1 if worker_runs_on_cpu(env) else max(1, gpu_count())
+
+
+def default_model_processes(env: dict[str, str]) -> int:
+    """Model processes in each worker pod when ``--model-processes`` is not given: the operator's
+    ``SIE_MODEL_PROCESSES``, else as the chart decides: worker.CUDA_PROCESSES on a GPU host (one Python
+    process cannot keep a GPU fed), one elsewhere."""
+    value = env.get("SIE_MODEL_PROCESSES", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
     return 1 if worker_runs_on_cpu(env) else CUDA_PROCESSES
 
 
@@ -143,17 +159,34 @@ def replica_name(kind: str, index: int) -> str:
 
 @dataclass(frozen=True)
 class Pod:
-    """One worker pod of ``sie up``: a worker process and its sidecar, on their own IPC socket."""
+    """One worker pod of ``sie up``: a worker process and its sidecar, on their own IPC socket; with
+    ``processes`` > 1 each starts its siblings, as in the chart's pod (protocol/siblings.py)."""
 
     worker: str
     sidecar: str
     socket: Path
     worker_id: str
     metrics_port: int
+    processes: int = 1
+    device: str = ""  # CUDA_VISIBLE_DEVICES of its worker ("" = as the host has it)
 
     @property
     def env(self) -> dict[str, str]:
-        return {"SIE_WORKER_ID": self.worker_id, "SIE_IPC_SOCKET_PATH": str(self.socket)}
+        return {
+            "SIE_WORKER_ID": self.worker_id,
+            "SIE_IPC_SOCKET_PATH": str(self.socket),
+            "SIE_MODEL_PROCESSES": str(self.processes),
+        }
+
+    @property
+    def sockets(self) -> list[Path]:
+        """The IPC socket of each of its model processes."""
+        return [Path(process_socket(str(self.socket), i)) for i in range(self.processes)]
+
+    @property
+    def metrics_ports(self) -> list[int]:
+        """Its sidecar processes' metrics ports (sidecar + worker each), none with metrics off."""
+        return [self.metrics_port + i for i in range(self.processes)] if self.metrics_port else []
 
 
 @dataclass
@@ -177,6 +210,7 @@ class Cluster:
     workers: int = (
         1  # worker pods (a worker and its sidecar each), sharing the lane as a Deployment's replicas do
     )
+    model_processes: int = 1  # model processes in each worker pod (SIE_MODEL_PROCESSES), a sidecar each
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     # --observe: an OTLP receiver in this process that every child exports its spans to
     observe: bool = False
@@ -361,10 +395,11 @@ class Cluster:
         say(f"config service  {self.config_url}{standbys}")
         omp = self.worker_omp_env()
         for pod in self.pods:  # the workers load their models side by side
+            device = {"CUDA_VISIBLE_DEVICES": pod.device} if pod.device else {}
             self._spawn(
                 pod.worker,
                 [py, "-m", "worker.ipc"],
-                {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp},
+                {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp, **device},
             )
         # the first worker's log is this run's alone (fresh_log): echo its progress from the start
         worker_log = self.supervisor.children[self.pods[0].worker].log_path
@@ -372,8 +407,9 @@ class Cluster:
             worker_log, PROGRESS_MARKS, lambda line: say(f"worker          {line}"), offset=0
         )
         for pod in self.pods:
-            self._wait(pod.worker, pod.socket.exists, 300)
-            say(f"{pod.worker:<15} {pod.socket}")
+            self._wait(pod.worker, lambda pod=pod: all(p.exists() for p in pod.sockets), 300)
+            more = f" (+{pod.processes - 1} model processes beside it)" if pod.processes > 1 else ""
+            say(f"{pod.worker:<15} {pod.socket}{more}")
         for pod in self.pods:
             metrics = {"SIE_METRICS_PORT": str(pod.metrics_port)} if pod.metrics_port else {}
             self._spawn(pod.sidecar, [py, "-m", "sidecar"], {**pod.env, **metrics})
@@ -396,9 +432,10 @@ class Cluster:
         replicas = f" ({self.gateways} replicas sharing the port)" if self.gateways > 1 else ""
         say(f"gateway         {self.gateway_url}{replicas}")
         if self.metrics_port:
-            ports = ", ".join(str(pod.metrics_port) for pod in self.pods)
+            ports = ", ".join(str(port) for pod in self.pods for port in pod.metrics_ports)
             say(
-                f"pod metrics     http://127.0.0.1:{ports}/metrics (sidecar + worker; one port per pod); "
+                f"pod metrics     http://127.0.0.1:{ports}/metrics (sidecar + worker; one port per "
+                "model process); "
                 f"gateway {self.gateway_url}/metrics; config {self.config_url}/metrics"
             )
 
@@ -416,7 +453,7 @@ class Cluster:
         parallel = (int(threads) if threads.isdigit() and int(threads) > 0 else os.cpu_count() or 1) > 1
         if "OMP_PROC_BIND" in env:
             out["OMP_PROC_BIND"] = env["OMP_PROC_BIND"]
-        elif self.workers == 1 and one_thread and parallel and worker_runs_on_cpu(env):
+        elif self.workers * self.model_processes == 1 and one_thread and parallel and worker_runs_on_cpu(env):
             out["OMP_PROC_BIND"] = POD_OMP_PROC_BIND
         return out
 
@@ -431,15 +468,19 @@ class Cluster:
     @property
     def pods(self) -> list[Pod]:
         """The worker pods: ``worker``/``sidecar`` on ``ipc.sock``, then ``worker-2``/``sidecar-2`` on
-        ``ipc-2.sock`` and so on, each with its own worker id and (with metrics on) the next port."""
+        ``ipc-2.sock`` and so on, each with its own worker id, (with metrics on) the next ports, one per
+        model process, and on a host with several GPUs the next GPU, as the chart gives each pod its own."""
         host = socket.gethostname()
+        gpus = 0 if "CUDA_VISIBLE_DEVICES" in os.environ or worker_runs_on_cpu(self.env()) else gpu_count()
         return [
             Pod(
                 worker=replica_name("worker", i),
                 sidecar=replica_name("sidecar", i),
                 socket=self.state_dir / ("ipc.sock" if i == 1 else f"ipc-{i}.sock"),
                 worker_id=f"{host}-worker-{i - 1}",
-                metrics_port=self.metrics_port + i - 1 if self.metrics_port else 0,
+                metrics_port=self.metrics_port + (i - 1) * self.model_processes if self.metrics_port else 0,
+                processes=self.model_processes,
+                device=str((i - 1) % gpus) if gpus > 1 else "",
             )
             for i in range(1, self.workers + 1)
         ]
@@ -566,6 +607,7 @@ def up(
     otlp_port: int = 4318,
     metrics_port: int = 0,
     workers: int = 1,
+    model_processes: int = 1,
     nats_replicas: int = 1,
     config_replicas: int = 1,
     config_db: str = "",
@@ -581,8 +623,8 @@ def up(
         ports[f"nats-server member port {i + 2}"] = port
     if observe:
         ports["OTLP receiver"] = otlp_port
-    for i in range(workers if metrics_port else 0):
-        ports["pod metrics" if i == 0 else f"pod {i + 1} metrics"] = metrics_port + i
+    for i in range(workers * model_processes if metrics_port else 0):
+        ports["pod metrics" if i == 0 else f"pod metrics port {i + 1}"] = metrics_port + i
     problem = preflight(state, ports)
     if problem:
         print(f"sie up: {problem}", file=sys.stderr)
@@ -600,6 +642,7 @@ def up(
             str(state),
         ]
         argv += ["--gateways", str(gateways), "--workers", str(workers), "--metrics-port", str(metrics_port)]
+        argv += ["--model-processes", str(model_processes)]
         argv += ["--nats-replicas", str(nats_replicas), "--config-replicas", str(config_replicas)]
         argv += ["--config-db", config_db] if config_db else []
         argv += ["--observe", "--otlp-port", str(otlp_port)] if observe else []
@@ -619,6 +662,7 @@ def up(
         preload=preload or "",
         gateways=gateways,
         workers=workers,
+        model_processes=model_processes,
         observe=observe,
         otlp_port=otlp_port,
         metrics_port=metrics_port,

@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
 from protocol.nats_url import failover_options
+from protocol.siblings import Siblings
 from protocol.subjects import WORKER_INBOX_PREFIX, pin_subject
 from sidecar.barrier import ExecutionBarrier
 from sidecar.config_sync import ConfigApplier
@@ -87,6 +88,19 @@ async def start_sidecar(settings: SidecarSettings) -> tuple[LaneConsumer, NatsCl
 
 
 async def run(settings: SidecarSettings) -> None:
+    # process 0 of a pod with several model processes runs a sidecar beside each further one
+    siblings = None
+    if settings.process_index == 0 and settings.model_processes > 1:
+        siblings = Siblings("sidecar", settings.model_processes, lambda _index: {}).start()
+    try:
+        await _serve(settings, siblings)
+    finally:
+        if siblings is not None:
+            siblings.terminate()
+            await asyncio.to_thread(siblings.wait, settings.drain_timeout_s + 5)
+
+
+async def _serve(settings: SidecarSettings, siblings: Siblings | None) -> None:
     attempt = 0
     while True:
         try:
@@ -114,6 +128,8 @@ async def run(settings: SidecarSettings) -> None:
         log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
     await eventloop.stop_event().wait()
     log.info("shutting down: tombstone, drain")
+    if siblings is not None:
+        siblings.terminate()  # they drain beside this one
     try:
         await lane.stop()
     finally:
@@ -125,7 +141,7 @@ async def run(settings: SidecarSettings) -> None:
 
 
 def main() -> None:
-    settings = SidecarSettings()
+    settings = SidecarSettings().for_process()
     setup_logging(settings.log_level, settings.log_format)
     tracing.setup_tracing("sie-sidecar")
     try:

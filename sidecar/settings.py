@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.nats_url import nats_servers
+from protocol.siblings import process_socket, process_worker_id
 from protocol.streams import (
     DEFAULT_ACK_WAIT_S,
     DEFAULT_MAX_ACK_PENDING,
@@ -37,6 +38,12 @@ class SidecarSettings(BaseSettings):
     )  # identity in heartbeats (sie.health.<id>) and results; default hostname
     # worker IPC
     ipc_socket_path: str = "/tmp/sie-ipc.sock"  # Unix socket of the worker's IPC server
+    model_processes: int = Field(
+        default=1, ge=1
+    )  # worker processes in this pod (the worker's SIE_MODEL_PROCESSES, decided: the chart and sie up set both): one sidecar process each, process i on the worker's socket i, worker id <id>-p<i> and metrics port +i (protocol/siblings.py)
+    process_index: int = Field(
+        default=0, ge=0
+    )  # set by the first sidecar process for the siblings it starts (0 = the first, which starts and restarts the others)
     ipc_request_timeout_s: float = (
         60.0  # limit of an ordinary IPC call (RunBatch: up to the items' deadlines)
     )
@@ -152,6 +159,20 @@ class SidecarSettings(BaseSettings):
         if v not in ("file", "memory"):
             raise ValueError("SIE_STREAM_STORAGE must be file or memory")
         return v
+
+    def for_process(self) -> SidecarSettings:
+        """These settings as sidecar process ``process_index`` of the pod uses them: its worker's socket,
+        its worker id and its metrics port."""
+        i = self.process_index
+        if i == 0:
+            return self
+        return self.model_copy(
+            update={
+                "ipc_socket_path": process_socket(self.ipc_socket_path, i),
+                "worker_id": process_worker_id(self.worker_id, i),
+                "metrics_port": self.metrics_port + i if self.metrics_port else 0,
+            }
+        )
 
     @property
     def progress_interval_s(self) -> float:

@@ -9,8 +9,9 @@ words are each one token, so every text has an exact token count. Then, in one r
 - in-process baselines on the same inputs: transformers (padded, SDPA) and our packed forward;
 - ``sie serve`` on CUDA (bf16), clients in separate processes on the same host: 512-token,
   mixed 8–512, 32-token at 1 and 32 texts per request, msgpack and JSON;
-- the same rows through the cluster path (``sie up``'s launcher: NATS, gateway, and as many worker
-  pods, each a sidecar and a worker, as the most ``sie serve`` processes measured; ``--cluster-workers``);
+- the same rows through the cluster as deployed (``sie up``'s launcher as it runs on this host: NATS,
+  its gateways, one worker pod per GPU with its model processes, each a worker with a sidecar of its
+  own, as the chart deploys them; ``--cluster-pods`` for other shapes);
 - correctness: min cosine of served bf16 vectors against an fp32 transformers reference.
 
 Every round is printed (a stall must show), then the table of medians with GPU utilisation. Each
@@ -534,53 +535,62 @@ def measure_clusters(
 ) -> None:
     """The cluster rows: one cluster per (gateway count, variables variant), all up at once and
     measured in turn (``measure``), so variants compare within one run."""
-    from deploy.launcher import default_gateways
+    from deploy.launcher import default_gateways, default_model_processes, default_workers
     from tests.benchmarks.cluster_ab import VariantCluster, parse_env
     from tests.support.nats_server import free_port
 
     os.environ.update(ENV)
-    pods = args.cluster_workers or max(int(p) for p in str(args.serve_processes).split(","))
+    shapes = str(args.cluster_pods or f"{default_workers(ENV)}x{default_model_processes(ENV)}")
     variants = [parse_env(v) for v in str(args.cluster_env).split("|")]
     clusters: list[tuple[str, VariantCluster]] = []
     try:
         counts = str(args.cluster_gateways or default_gateways(ENV))
-        for gateways in (int(g) for g in counts.split(",")):
-            for i, extra in enumerate(variants):
-                name = (
-                    f"cluster x{pods}"
-                    + (f" g{gateways}" if gateways > 1 else "")
-                    + (f" v{i + 1}" if len(variants) > 1 else "")
-                )
-                print(
-                    f"{name}: {pods} worker pod(s), {gateways} gateway(s), {extra or 'default settings'}",
-                    flush=True,
-                )
-                cluster = VariantCluster(
-                    state_dir=root / f"state-{len(clusters)}",
-                    gateway_port=free_port(),
-                    config_port=free_port(),
-                    nats_port=free_port(),
-                    models_dir=str(models_dir),
-                    preload="bench/bge-base,bench/minilm",
-                    workers=pods,
-                    gateways=gateways,
-                    metrics_port=free_ports(pods),
-                    extra=extra,
-                )
-                clusters.append((name, cluster))
-                cluster.start(say=lambda line: print("cluster:", line, flush=True))
+        for shape in shapes.split(","):
+            pods, processes = (int(n) for n in shape.split("x"))
+            for gateways in (int(g) for g in counts.split(",")):
+                for i, extra in enumerate(variants):
+                    name = (
+                        f"cluster {pods}x{processes}"
+                        + (f" g{gateways}" if gateways > 1 else "")
+                        + (f" v{i + 1}" if len(variants) > 1 else "")
+                    )
+                    print(
+                        f"{name}: {pods} worker pod(s) of {processes} model process(es), {gateways} "
+                        f"gateway(s), {extra or 'default settings'}",
+                        flush=True,
+                    )
+                    cluster = VariantCluster(
+                        state_dir=root / f"state-{len(clusters)}",
+                        gateway_port=free_port(),
+                        config_port=free_port(),
+                        nats_port=free_port(),
+                        models_dir=str(models_dir),
+                        preload="bench/bge-base,bench/minilm",
+                        workers=pods,
+                        model_processes=processes,
+                        gateways=gateways,
+                        metrics_port=free_ports(pods * processes),
+                        extra=extra,
+                    )
+                    clusters.append((name, cluster))
+                    cluster.start(say=lambda line: print("cluster:", line, flush=True))
         targets = []
         for name, cluster in clusters:
             groups: dict[str, list[int]] = {}
             for child_name, child in cluster.supervisor.children.items():
                 if child.proc is not None and child_name != "config":
-                    groups.setdefault(child_name.split("-")[0], []).append(child.proc.pid)
+                    # a pod's sibling processes are children of its process 0
+                    groups.setdefault(child_name.split("-")[0], []).extend(descendants(child.proc.pid))
             targets.append(
                 Target(
                     name,
                     cluster.gateway_url,
                     groups,
-                    [f"http://127.0.0.1:{pod.metrics_port}/metrics" for pod in cluster.pods],
+                    [
+                        f"http://127.0.0.1:{port}/metrics"
+                        for pod in cluster.pods
+                        for port in pod.metrics_ports
+                    ],
                 )
             )
         measure(targets, ws, load, args.rounds, args.seconds, rows, peak)
@@ -620,7 +630,7 @@ def start_serve(models_dir: Path, processes: int) -> ServeProcess:
         env={
             **ENV,
             "SIE_MODELS_DIR": str(models_dir),
-            "SIE_SERVE_PROCESSES": str(processes),
+            "SIE_MODEL_PROCESSES": str(processes),
             "SIE_PRELOAD_MODELS": "bench/bge-base,bench/minilm",
         }
     )
@@ -641,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--serve-processes",
         default="4",
-        help="SIE_SERVE_PROCESSES of sie serve; a comma-separated list measures each",
+        help="SIE_MODEL_PROCESSES of sie serve; a comma-separated list measures each",
     )
     ap.add_argument(
         "--only",
@@ -651,11 +661,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-path rows")
     ap.add_argument(
-        "--cluster-workers",
-        type=int,
-        default=0,
-        help="worker pods of the cluster on the GPU (sie up --workers); 0 = as many as the most "
-        "sie serve processes measured, so both front doors run as many model processes",
+        "--cluster-pods",
+        default="",
+        help="the cluster's worker pods as PODSxPROCESSES (sie up --workers, --model-processes), "
+        "comma-separated to measure each, e.g. '1x4,4x1'; default: as sie up deploys them on this "
+        "host, as the chart does (one pod per GPU, 4 model processes in it)",
     )
     ap.add_argument(
         "--cluster-gateways",
@@ -750,8 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"GPU benchmark: {device_name}, bf16, ceiling {peak:.0f} TFLOP/s (matmul measured in "
         f"this run); {args.rounds} rounds x {args.seconds:.0f} s, medians; texts/s; 'serve xN' = sie serve with "
-        f"SIE_SERVE_PROCESSES=N; 'cluster xN' = sie up --workers N (gK: --gateways K; vK: --cluster-env's Kth "
-        f"variant); 'vs serve' = cluster / the best serve row"
+        f"SIE_MODEL_PROCESSES=N; 'cluster PxN' = sie up --workers P --model-processes N (gK: --gateways K; "
+        f"vK: --cluster-env's Kth variant); 'vs serve' = cluster / the best serve row"
     )
     head = (
         f"{'target':16} {'workload':40} {'texts/s':>9} {'MFU':>6} {'p50 ms':>8} {'p99 ms':>8} {'GPU %':>6} "

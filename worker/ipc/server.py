@@ -7,6 +7,9 @@ request's ``request_id``.
 
 ``python -m worker.ipc`` builds the worker settings and runtime like ``sie serve`` does and
 serves ``WorkerSettings.ipc_socket_path`` (``SIE_IPC_SOCKET_PATH``, default ``/tmp/sie-ipc.sock``) until SIGTERM/SIGINT.
+With ``SIE_MODEL_PROCESSES=N`` (default: 4 on CUDA, 1 on CPU) it starts N-1 sibling workers on the
+same device, process ``i`` on its own socket and worker id (protocol/siblings.py), each served by the
+sidecar process of the same index.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from protocol import eventloop, ipc, tracing
 from protocol.errors import ErrorCode, SIEError
 from protocol.logs import setup_logging
 from protocol.priority import INTERACTIVE, PRIORITIES
+from protocol.siblings import process_socket, process_worker_id
 from protocol.work import WorkItem, WorkResult
 from worker.ipc.config_calls import ConfigCalls, ConfigRuntime
 from worker.metrics import WorkerMetrics
@@ -377,21 +381,34 @@ async def serve_ipc(runtime: WorkerRuntime, socket_path: str, *, worker_id: str 
 
 
 async def _amain(settings: WorkerSettings) -> None:
+    from worker.processes import resolve_processes, start_siblings
     from worker.runtime import Runtime
 
+    settings = resolve_processes(settings)
+    index = settings.process_index
+    socket_path = process_socket(settings.ipc_socket_path or DEFAULT_SOCKET_PATH, index)
+    worker_id = process_worker_id(settings.worker_id, index)
+    siblings = start_siblings(settings, "worker.ipc")
+    if siblings:
+        log.info("%d model processes on this device; this one on %s", settings.model_processes, socket_path)
     runtime = Runtime(settings)  # as sie serve builds it
-    socket_path = settings.ipc_socket_path or DEFAULT_SOCKET_PATH
-    worker_id = settings.worker_id
-    await runtime.start()
-    server = await serve_ipc(runtime, socket_path, worker_id=worker_id)
-    stop = eventloop.stop_event()
     try:
-        await stop.wait()
-        log.info("shutting down: draining in-flight batches")
-        await server.handler.drain({})
+        await runtime.start()
+        server = await serve_ipc(runtime, socket_path, worker_id=worker_id)
+        stop = eventloop.stop_event()
+        try:
+            await stop.wait()
+            log.info("shutting down: draining in-flight batches")
+            if siblings:
+                siblings.terminate()  # they drain beside this one
+            await server.handler.drain({})
+        finally:
+            await server.close()
+            await runtime.close()
     finally:
-        await server.close()
-        await runtime.close()
+        if siblings:
+            siblings.terminate()
+            await asyncio.to_thread(siblings.wait, DRAIN_MAX_S + 5)
 
 
 def main() -> None:

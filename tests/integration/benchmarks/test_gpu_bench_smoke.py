@@ -27,6 +27,8 @@ def test_the_gpu_benchmark_runs_through_on_the_cpu():
             "--no-inprocess",
             "--cluster-env",
             "|SIE_BATCHER_MAX_BATCH_WAIT_MS=5",
+            "--cluster-pods",
+            "1x2",  # a pod of two model processes, as on a GPU (4 there)
         ],
         cwd=REPO,
         capture_output=True,
@@ -37,8 +39,10 @@ def test_the_gpu_benchmark_runs_through_on_the_cpu():
     assert proc.returncode == 0, out[-3000:]
     assert "failed" not in out, out[-3000:]
     # the table: sie serve, then a cluster per --cluster-env variant (measured in turn)
-    rows = re.findall(r"^(serve x1|cluster x1 v\d)\s+MiniLM 32 tok, 1/req x 64 clients\s+([\d.]+)", out, re.M)
-    assert [r[0] for r in rows] == ["serve x1", "cluster x1 v1", "cluster x1 v2"], out[-3000:]
+    rows = re.findall(
+        r"^(serve x1|cluster 1x2 v\d)\s+MiniLM 32 tok, 1/req x 64 clients\s+([\d.]+)", out, re.M
+    )
+    assert [r[0] for r in rows] == ["serve x1", "cluster 1x2 v1", "cluster 1x2 v2"], out[-3000:]
     assert all(float(rate) > 0 for _, rate in rows)
     # every measured round says where the CPU went; the cluster's also its pods' forwards
     assert re.search(r"CPU cores: clients [\d.]+, sie serve [\d.]+", out)

@@ -32,6 +32,7 @@ class SieUp:
         preload: str = "sie-fake",
         gateways: int = 1,
         workers: int = 1,
+        model_processes: int = 1,
         metrics_port: int = 0,
         nats_replicas: int = 1,
         extra_env: dict[str, str] | None = None,
@@ -45,6 +46,7 @@ class SieUp:
         self.preload = preload
         self.gateways = gateways
         self.workers = workers
+        self.model_processes = model_processes
         self.metrics_port = metrics_port
         # a cluster's members take the 3 × replicas ports from --nats-port on (clients, routes, monitoring)
         nats = free_port() if nats_replicas == 1 else free_port_run(3 * nats_replicas)
@@ -90,6 +92,8 @@ class SieUp:
             str(self.gateways),
             "--workers",
             str(self.workers),
+            "--model-processes",
+            str(self.model_processes),
             "--metrics-port",
             str(self.metrics_port),
             "--nats-replicas",
