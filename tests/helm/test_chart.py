@@ -532,6 +532,34 @@ def test_gke_and_eks_specifics(render):
     assert nats["spec"]["replicas"] == 3
 
 
+def test_gpu_pods_run_model_processes_with_a_sidecar_each(render):
+    docs = render.template("values-gke.yaml", crds=True)
+    sets = worker_sets(docs)
+    gpu, cpu = pod_spec(sets["sie-w-default-l4"]), pod_spec(sets["sie-w-default-cpu"])
+    for spec, processes in ((gpu, "4"), (cpu, "1")):
+        by_name = {c["name"]: c for c in spec["containers"]}
+        # both containers are told: the sidecar runs one process per worker process
+        assert env_of(by_name["worker"])["SIE_MODEL_PROCESSES"]["value"] == processes
+        assert env_of(by_name["sidecar"])["SIE_MODEL_PROCESSES"]["value"] == processes
+        ports = [(p["name"], p["containerPort"]) for p in by_name["sidecar"]["ports"]]
+        assert ports == [("metrics", 9095)] + [(f"metrics-p{i}", 9095 + i) for i in range(1, int(processes))]
+    sidecar = next(c for c in gpu["containers"] if c["name"] == "sidecar")
+    assert sidecar["resources"]["limits"]["cpu"] == "4"  # room for its 4 processes
+    (monitor,) = by_kind(docs, "PodMonitor")
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [
+        "metrics",
+        "metrics-p1",
+        "metrics-p2",
+        "metrics-p3",
+    ]
+    # a profile's own count wins
+    docs = render.template("values-gke.yaml", sets={"machineProfiles.l4.modelProcesses": "2"})
+    worker = next(
+        c for c in pod_spec(worker_sets(docs)["sie-w-default-l4"])["containers"] if c["name"] == "worker"
+    )
+    assert env_of(worker)["SIE_MODEL_PROCESSES"]["value"] == "2"
+
+
 def test_dashboard_configmap_is_json(render):
     import json
 
