@@ -68,19 +68,43 @@ def test_auto_device_means_cpu_only_without_an_nvidia_device_node():
     assert worker_runs_on_cpu({"SIE_DEVICE": "cuda:1"}) is False
 
 
-def test_sie_up_runs_as_many_worker_pods_on_a_gpu_host_as_sie_serve_runs_processes():
-    """``sie up`` without ``--workers``: one pod on a CPU host; on a GPU host as many as ``sie serve``
-    runs processes there (one Python process cannot keep the GPU fed), so both front doors match."""
+def test_sie_up_deploys_as_the_chart_one_pod_per_gpu_of_several_model_processes(tmp_path, monkeypatch):
+    """``sie up`` without ``--workers`` / ``--model-processes``: one pod of one process on a CPU host;
+    on a GPU host one pod per GPU (each with the next GPU), CUDA_PROCESSES model processes in each
+    (one Python process cannot keep a GPU fed), as the chart deploys them."""
+    from deploy import launcher
     from deploy.cli import build_parser
-    from deploy.launcher import default_workers
     from worker import CUDA_PROCESSES
 
     assert CUDA_PROCESSES > 1
-    assert default_workers({"SIE_DEVICE": "cpu"}) == 1
-    assert default_workers({"SIE_DEVICE": "cuda"}) == CUDA_PROCESSES
-    assert default_workers({}) == (1 if worker_runs_on_cpu({}) else CUDA_PROCESSES)
+    assert launcher.default_workers({"SIE_DEVICE": "cpu"}) == 1
+    assert launcher.default_model_processes({"SIE_DEVICE": "cpu"}) == 1
+    assert launcher.default_model_processes({"SIE_DEVICE": "cuda"}) == CUDA_PROCESSES
+    assert launcher.default_model_processes({"SIE_DEVICE": "cuda", "SIE_MODEL_PROCESSES": "2"}) == 2
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("SIE_DEVICE", "cuda")
+    assert launcher.default_workers({"SIE_DEVICE": "cuda"}) == 2
+    cluster = launcher.Cluster(state_dir=tmp_path, workers=3, model_processes=4, metrics_port=9100)
+    pods = cluster.pods
+    assert [p.device for p in pods] == ["0", "1", "0"]
+    assert [p.metrics_ports for p in pods] == [
+        [9100, 9101, 9102, 9103],
+        [9104, 9105, 9106, 9107],
+        [9108, 9109, 9110, 9111],
+    ]
+    assert [s.name for s in pods[1].sockets] == [
+        "ipc-2.sock",
+        "ipc-2.p1.sock",
+        "ipc-2.p2.sock",
+        "ipc-2.p3.sock",
+    ]
+    assert pods[0].env["SIE_MODEL_PROCESSES"] == "4"
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 0)  # the device nodes are not visible
+    assert launcher.default_workers({"SIE_DEVICE": "cuda"}) == 1
     assert build_parser().parse_args(["up"]).workers is None  # resolved by default_workers at start
-    assert build_parser().parse_args(["up", "--workers", "2"]).workers == 2
+    assert build_parser().parse_args(["up"]).model_processes is None
+    assert build_parser().parse_args(["up", "--workers", "2", "--model-processes", "3"]).model_processes == 3
 
 
 def test_sie_up_runs_two_gateways_on_a_gpu_host():

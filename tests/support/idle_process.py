@@ -1,0 +1,5 @@
+"""A process that waits until it is signalled (``python -m tests.support.idle_process``)."""
+
+import signal
+
+signal.pause()
