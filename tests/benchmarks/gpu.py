@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import multiprocessing as mp
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -481,6 +483,8 @@ class Target:
     url: str
     groups: dict[str, list[int]]
     pod_metrics: list[str] = field(default_factory=list)
+    json: bool = True  # also the JSON workloads (sie serve; the cluster rows compare msgpack)
+    logs: Callable[[], str] = lambda: ""  # the tails of its logs, printed when measuring fails
 
 
 def measure(
@@ -492,16 +496,18 @@ def measure(
     rows: dict[tuple[str, str], Row],
     peak: float,
 ) -> None:
-    """``rounds`` of every workload against every target; with several targets (variants of the
-    cluster) each workload runs on each in turn, in an order that flips every round, so they share
-    the host's moments alike. Each measurement's line, then where the CPU went and, for a cluster,
+    """``rounds`` of every workload against every target: each workload runs on each target in turn,
+    in an order that flips every round, so that they share the host's moments alike. Each measurement's line, then where the CPU went and, for a cluster,
     its pods' forwards."""
     for t in targets:
         for w in ws:  # warm-up: model load and first shapes
-            load.run(t.url, w, 2.0)
+            if t.json or not w.json:
+                load.run(t.url, w, 2.0)
     for rnd in range(rounds):
         for w in ws:
             for t in targets if rnd % 2 == 0 else targets[::-1]:
+                if w.json and not t.json:
+                    continue
                 groups = {"clients": load.pids(), **t.groups}
                 with (
                     GpuBusy() as busy,
@@ -524,17 +530,11 @@ def measure(
 ENV = {"SIE_DEVICE": "cuda", "SIE_TORCH_THREADS": "0", "SIE_HF_OFFLINE": "1", "SIE_MAX_BATCH_COST": "32768"}
 
 
-def measure_clusters(
-    args: argparse.Namespace,
-    root: Path,
-    models_dir: Path,
-    ws: list[Workload],
-    load: Load,
-    rows: dict[tuple[str, str], Row],
-    peak: float,
-) -> None:
-    """The cluster rows: one cluster per (gateway count, variables variant), all up at once and
-    measured in turn (``measure``), so variants compare within one run."""
+def start_clusters(
+    args: argparse.Namespace, root: Path, models_dir: Path, stack: contextlib.ExitStack
+) -> list[Target]:
+    """The clusters to measure: one per (pod shape, gateway count, variables variant), all up at once
+    (stopped by ``stack``) and measured in turn with ``sie serve`` (``measure``)."""
     from deploy.launcher import default_gateways, default_model_processes, default_workers
     from tests.benchmarks.cluster_ab import VariantCluster, parse_env
     from tests.support.nats_server import free_port
@@ -543,69 +543,69 @@ def measure_clusters(
     shapes = str(args.cluster_pods or f"{default_workers(ENV)}x{default_model_processes(ENV)}")
     variants = [parse_env(v) for v in str(args.cluster_env).split("|")]
     clusters: list[tuple[str, VariantCluster]] = []
-    try:
-        counts = str(args.cluster_gateways or default_gateways(ENV))
-        for shape in shapes.split(","):
-            pods, processes = (int(n) for n in shape.split("x"))
-            for gateways in (int(g) for g in counts.split(",")):
-                for i, extra in enumerate(variants):
-                    name = (
-                        f"cluster {pods}x{processes}"
-                        + (f" g{gateways}" if gateways > 1 else "")
-                        + (f" v{i + 1}" if len(variants) > 1 else "")
-                    )
-                    print(
-                        f"{name}: {pods} worker pod(s) of {processes} model process(es), {gateways} "
-                        f"gateway(s), {extra or 'default settings'}",
-                        flush=True,
-                    )
-                    cluster = VariantCluster(
-                        state_dir=root / f"state-{len(clusters)}",
-                        gateway_port=free_port(),
-                        config_port=free_port(),
-                        nats_port=free_port(),
-                        models_dir=str(models_dir),
-                        preload="bench/bge-base,bench/minilm",
-                        workers=pods,
-                        model_processes=processes,
-                        gateways=gateways,
-                        metrics_port=free_ports(pods * processes),
-                        extra=extra,
-                    )
-                    clusters.append((name, cluster))
-                    cluster.start(say=lambda line: print("cluster:", line, flush=True))
-        targets = []
-        for name, cluster in clusters:
-            groups: dict[str, list[int]] = {}
-            for child_name, child in cluster.supervisor.children.items():
-                if child.proc is not None and child_name != "config":
-                    # a pod's sibling processes are children of its process 0
-                    groups.setdefault(child_name.split("-")[0], []).extend(descendants(child.proc.pid))
-            targets.append(
-                Target(
-                    name,
-                    cluster.gateway_url,
-                    groups,
-                    [
-                        f"http://127.0.0.1:{port}/metrics"
-                        for pod in cluster.pods
-                        for port in pod.metrics_ports
-                    ],
+    counts = str(args.cluster_gateways or default_gateways(ENV))
+    for shape in shapes.split(","):
+        pods, processes = (int(n) for n in shape.split("x"))
+        for gateways in (int(g) for g in counts.split(",")):
+            for i, extra in enumerate(variants):
+                name = (
+                    f"cluster {pods}x{processes}"
+                    + (f" g{gateways}" if gateways > 1 else "")
+                    + (f" v{i + 1}" if len(variants) > 1 else "")
                 )
+                print(
+                    f"{name}: {pods} worker pod(s) of {processes} model process(es), {gateways} "
+                    f"gateway(s), {extra or 'default settings'}",
+                    flush=True,
+                )
+                cluster = VariantCluster(
+                    state_dir=root / f"state-{len(clusters)}",
+                    gateway_port=free_port(),
+                    config_port=free_port(),
+                    nats_port=free_port(),
+                    models_dir=str(models_dir),
+                    preload="bench/bge-base,bench/minilm",
+                    workers=pods,
+                    model_processes=processes,
+                    gateways=gateways,
+                    metrics_port=free_ports(pods * processes),
+                    extra=extra,
+                )
+                stack.callback(cluster.stop)
+                try:
+                    cluster.start(say=lambda line: print("cluster:", line, flush=True))
+                except Exception as exc:  # the other rows still run: one failure should not cost the lease
+                    print(f"{name} failed to start: {exc!r}\n{cluster_logs(cluster)}", flush=True)
+                    continue
+                clusters.append((name, cluster))
+    targets = []
+    for name, cluster in clusters:
+        groups: dict[str, list[int]] = {}
+        for child_name, child in cluster.supervisor.children.items():
+            if child.proc is not None and child_name != "config":
+                # a pod's sibling processes are children of its process 0
+                groups.setdefault(child_name.split("-")[0], []).extend(descendants(child.proc.pid))
+        targets.append(
+            Target(
+                name,
+                cluster.gateway_url,
+                groups,
+                [f"http://127.0.0.1:{port}/metrics" for pod in cluster.pods for port in pod.metrics_ports],
+                json=False,
+                logs=functools.partial(cluster_logs, cluster),
             )
-        measure(targets, ws, load, args.rounds, args.seconds, rows, peak)
-    except Exception as exc:
-        print(f"cluster path failed: {exc!r}", flush=True)
-        for _, cluster in clusters:
-            for name in [
-                n for pod in cluster.pods for n in (pod.worker, pod.sidecar)
-            ] + cluster.gateway_names:
-                log = cluster.state_dir / "logs" / f"{name}.log"
-                if log.exists():
-                    print(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:], flush=True)
-    finally:
-        for _, cluster in clusters:
-            cluster.stop()
+        )
+    return targets
+
+
+def cluster_logs(cluster) -> str:
+    """The tails of a cluster's worker, sidecar and gateway logs."""
+    out = []
+    for name in [n for pod in cluster.pods for n in (pod.worker, pod.sidecar)] + cluster.gateway_names:
+        log = cluster.state_dir / "logs" / f"{name}.log"
+        if log.exists():
+            out.append(f"--- {name}.log (tail)\n" + log.read_text(errors="replace")[-3000:])
+    return "\n".join(out)
 
 
 def free_ports(n: int) -> int:
@@ -731,30 +731,35 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
         cosines = {}
-        for procs in (int(p) for p in str(args.serve_processes).split(",")):
-            server = None
+        targets: list[Target] = []
+        with contextlib.ExitStack() as stack:
+            for procs in (int(p) for p in str(args.serve_processes).split(",")):
+                server = None
+                try:
+                    server = start_serve(models_dir, procs)
+                    stack.callback(server.stop)
+                    cosines = cosines or {m: served_min_cosine(server.url, root, m) for m in SHAPES}
+                    assert server.proc is not None
+                    targets.append(
+                        Target(
+                            f"serve x{procs}",
+                            server.url,
+                            {"sie serve": descendants(server.proc.pid)},
+                            logs=server.output,
+                        )
+                    )
+                except Exception as exc:  # the other rows still run: one failure should not cost the lease
+                    print(f"sie serve x{procs} failed: {exc!r}", flush=True)
+                    if server is not None:
+                        print("--- sie serve log (tail)\n" + server.output(), flush=True)
+            if not args.no_cluster:
+                targets += start_clusters(args, root, models_dir, stack)
             try:
-                server = start_serve(models_dir, procs)
-                cosines = cosines or {m: served_min_cosine(server.url, root, m) for m in SHAPES}
-                assert server.proc is not None
-                measure(
-                    [Target(f"serve x{procs}", server.url, {"sie serve": descendants(server.proc.pid)})],
-                    ws,
-                    load,
-                    args.rounds,
-                    args.seconds,
-                    rows,
-                    peak,
-                )
-            except Exception as exc:  # the cluster rows still run: one failure should not cost the lease
-                print(f"sie serve x{procs} failed: {exc!r}", flush=True)
-                if server is not None:
-                    print("--- sie serve log (tail)\n" + server.output(), flush=True)
-            finally:
-                if server is not None:
-                    server.stop()
-        if not args.no_cluster:
-            measure_clusters(args, root, models_dir, [w for w in ws if not w.json], load, rows, peak)
+                measure(targets, ws, load, args.rounds, args.seconds, rows, peak)
+            except Exception as exc:
+                print(f"measuring failed: {exc!r}", flush=True)
+                for t in targets:
+                    print(f"=== {t.name}\n{t.logs()}", flush=True)
     load.close()
     print()
     print(
