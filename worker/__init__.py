@@ -6,10 +6,10 @@ CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
 DEFAULT_MODELS_DIR = CATALOG_DIR / "models"
 DEFAULT_BUNDLES_DIR = CATALOG_DIR / "bundles"
 
-# Model processes on a GPU host by default: ``sie serve``'s processes (SIE_SERVE_PROCESSES) and ``sie up``'s
-# worker pods (--workers). One Python process cannot keep an H100 busy with small encoders: its one GIL
-# tokenises, launches kernels and answers (measured: 512-token texts, bge-base shape, 1 process 57% GPU
-# busy, 4 processes 90-95%).
+# Model processes on a GPU device by default (SIE_MODEL_PROCESSES): ``sie serve``'s processes and a worker
+# pod's (the chart's workers.gpuModelProcesses, ``sie up --model-processes``). One Python process cannot
+# keep an H100 busy with small encoders: its one GIL tokenises, launches kernels and answers (measured:
+# 512-token texts, bge-base shape, 1 process 57% GPU busy, 4 processes 90-95%).
 CUDA_PROCESSES = 4
 
 # GOMP_SPINCOUNT of the worker process in a pod (``sie up``, the chart, compose; an operator's own value

@@ -27,7 +27,7 @@ class WorkerSettings(BaseSettings):
         default=0, ge=0, validation_alias=AliasChoices("SIE_MODEL_PROCESSES", "SIE_SERVE_PROCESSES")
     )  # whole workers on this device, each its own process (one Python process cannot keep a GPU busy): sie serve's share the port (SO_REUSEPORT), a pod's (python -m worker.ipc) each serve their own IPC socket to their own sidecar; 0 = 4 on CUDA, 1 on CPU; metrics are per process (SIE_SERVE_PROCESSES is its deprecated former name)
     process_index: int = Field(
-        default=0, ge=0, validation_alias=AliasChoices("SIE_PROCESS_INDEX", "SIE_SERVE_PROCESS_INDEX")
+        default=0, ge=0
     )  # set by the first process for the sibling processes it starts (0 = the first, which starts and restarts the others)
     # catalog
     models_dir: str = str(DEFAULT_MODELS_DIR)  # directory of model YAML files
