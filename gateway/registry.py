@@ -76,12 +76,28 @@ class CatalogRegistry:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self._hashes: dict[str, str] = {}
+        # every request resolves its model: the routes of the catalog's current version, by
+        # (spec, options.profile); a write to the catalog empties it
+        self._routes: dict[tuple[str, str | None], Route] = {}
+        self._routes_version = -1
 
     @classmethod
     def from_dirs(cls, models_dir: str | None, bundles_dir: str | None) -> CatalogRegistry:
         return cls(Catalog.from_dirs(models_dir, bundles_dir))
 
     def resolve(self, spec: str, options: dict[str, Any] | None = None) -> Route:
+        requested = (options or {}).get("profile")
+        if requested is not None and not isinstance(requested, str):
+            return self._resolve(spec, options)  # refused with the catalog's own error
+        if self._routes_version != self.catalog.version:
+            self._routes, self._routes_version = {}, self.catalog.version
+        key = (spec, requested)
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = self._resolve(spec, options)
+        return route
+
+    def _resolve(self, spec: str, options: dict[str, Any] | None) -> Route:
         resolved = self.catalog.resolve(spec, options)
         bundles = [b.name for b in self.catalog.bundles_for(resolved.config, resolved.profile_name)]
         if not bundles:

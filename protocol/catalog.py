@@ -89,6 +89,7 @@ class Catalog:
         self._lock = threading.Lock()
         self._models: dict[str, ModelConfig] = {m.sie_id: m for m in models or []}
         self._bundles: dict[str, Bundle] = {b.name: b for b in bundles or []}
+        self.version = 0  # increases with every write: what a reader derived from it is stale once it moves
 
     # ---- loading ---------------------------------------------------------------------------
     @classmethod
@@ -137,20 +138,24 @@ class Catalog:
     def put(self, config: ModelConfig) -> None:
         with self._lock:
             self._models[config.sie_id] = config
+            self.version += 1
 
     def remove(self, model_id: str) -> None:
         with self._lock:
             self._models.pop(model_id, None)
+            self.version += 1
 
     def put_bundle(self, bundle: Bundle) -> None:
         with self._lock:
             self._bundles[bundle.name] = bundle
+            self.version += 1
 
     def replace(self, models: list[ModelConfig], bundles: list[Bundle] | None = None) -> None:
         with self._lock:
             self._models = {m.sie_id: m for m in models}
             if bundles is not None:
                 self._bundles = {b.name: b for b in bundles}
+            self.version += 1
 
     # ---- resolution ------------------------------------------------------------------------
     def split_spec(self, spec: str) -> tuple[ModelConfig, str | None]:
