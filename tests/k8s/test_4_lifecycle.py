@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from tests.k8s.support import CHART, MINILM, Cluster, log, run_load
@@ -57,6 +58,16 @@ def test_scale_from_zero_through_the_gateways_scaler(cluster: Cluster, sdk, tabl
     assert replicas(cluster, SPARE) == 1
     logs = "".join(cluster.kubectl("logs", p, "-c", "gateway") for p in cluster.pod_names("gateway"))
     assert f"scaled {cluster.namespace}/{SPARE} from 0 to 1" in logs
+    # its pod runs two model processes (deploy/k8s-local/values.yaml), each a worker of its own
+    spare = {f"{SPARE}-0", f"{SPARE}-0-p1"}
+    deadline = time.monotonic() + 180  # generous: the second process loads the model on its own
+    while time.monotonic() < deadline:
+        health = httpx.get(cluster.gateway_url + "/health", timeout=10).json()
+        healthy = {w["url"].removeprefix("nats:") for w in health["workers"] if w["healthy"]}
+        if spare <= healthy:
+            break
+        time.sleep(2)
+    assert spare <= healthy, health["workers"]
     table.row(
         "scale from zero (gateway scaler, chart RBAC)",
         f"PROVISIONING, then {SPARE} 0 -> 1 by the gateway; served after {out['waited_s']:.1f} s, "
