@@ -178,7 +178,8 @@ def test_a_model_config_change_never_serves_an_old_result(cluster):
 
 def test_entries_expire_after_the_ttl(cluster):
     bucket = "SIE_RESULTS_SHORT"
-    url = cluster.spawn_gateway("gw-cache-ttl", SIE_RESULT_CACHE_BUCKET=bucket, SIE_RESULT_CACHE_TTL_S="1")
+    # long enough that the second request surely comes within it, on a slow host too (1 s once did not)
+    url = cluster.spawn_gateway("gw-cache-ttl", SIE_RESULT_CACHE_BUCKET=bucket, SIE_RESULT_CACHE_TTL_S="5")
 
     async def stored(js):
         return (await js.stream_info(f"KV_{bucket}")).state.messages
