@@ -115,6 +115,8 @@ class Liveness:
         ping = self.worker.health.ping
         return Heartbeat(
             name=s.worker_id,
+            # a pod's model processes share its device: its first counts the GPU, the others none
+            gpu_count=0 if s.process_index else 1,
             ready=False if terminated else self.worker.ready,
             terminated=terminated,
             machine_profile=s.machine_profile,

@@ -57,6 +57,8 @@ def test_a_killed_sibling_is_restarted_and_loses_nothing(tmp_path, sdk, victim):
         ids = wait_for(lambda: (ws := healthy_workers(up.gateway)) and len(ws) == 2 and ws, what="2 workers")
         assert sorted(ids, key=len)[1] == sorted(ids, key=len)[0] + "-p1"  # <pod>, <pod>-p1
         assert (up.state / "ipc.sock").is_socket() and (up.state / "ipc.p1.sock").is_socket()
+        # two workers, one device: /health counts the pod's device once
+        assert httpx.get(up.gateway + "/health", timeout=5).json()["cluster"]["gpu_count"] == 1
         first = up.children()[victim]["pid"]
         [sibling] = children(first)
         killed: dict[str, float] = {}

@@ -238,6 +238,9 @@ async def test_a_heartbeat_says_what_the_parts_know():
     assert last.terminated and not last.ready
     live.config = None  # no config deltas applied: the worker's own hash
     assert live.heartbeat().bundle_config_hash == "worker's"
+    assert beat.gpu_count == 1
+    live.settings = SETTINGS.model_copy(update={"process_index": 2})  # a pod's third model process
+    assert live.heartbeat().gpu_count == 0  # the pod's device is counted once, by its first
 
 
 async def test_leases_are_renewed_every_progress_interval_while_the_worker_answers():
