@@ -3,8 +3,9 @@
 nats-server (JetStream, file storage under the state directory) → config service (SQLite under
 the state directory) → worker (IPC front door on a Unix socket) → sidecar → gateway on :8080.
 ``--workers N`` runs N worker pods (a worker and its sidecar each) on one lane, as N replicas of the
-chart's worker Deployment would: on a GPU host, several pods share the device, as ``sie serve``'s
-processes do. ``--gateways N`` runs N gateways on the one port.
+chart's worker StatefulSet would (on a GPU host one per GPU by default), ``--model-processes N`` N
+model processes in each, a sidecar process each, as the chart's GPU pods run 4 (protocol/siblings.py).
+``--gateways N`` runs N gateways on the one port.
 Each process logs to ``<state>/logs/<name>.log``. Once the cluster is up, the launcher supervises
 it (deploy/supervisor.py): a child that exits is restarted with backoff while the others keep
 running; only a crash loop stops the cluster. ``sie status`` shows the children and their

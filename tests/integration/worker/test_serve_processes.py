@@ -1,4 +1,4 @@
-"""``SIE_SERVE_PROCESSES=2``: two whole workers share the port, and both go when the first goes."""
+"""``SIE_MODEL_PROCESSES=2``: two whole workers share the port, and both go when the first goes."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def alive(pid: int) -> bool:
 
 
 def test_sibling_processes_share_the_port_and_stop_with_the_first():
-    with ServeProcess(env={"SIE_SERVE_PROCESSES": "2", "SIE_PRELOAD_MODELS": "sie-fake"}) as srv:
+    with ServeProcess(env={"SIE_MODEL_PROCESSES": "2", "SIE_PRELOAD_MODELS": "sie-fake"}) as srv:
         kids = children(srv.proc.pid)
         assert len(kids) == 1 and alive(kids[0])
         deadline = time.monotonic() + 120

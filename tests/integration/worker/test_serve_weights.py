@@ -31,6 +31,7 @@ CONTRACT_FIELDS = {
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
     disk = tmp_path_factory.mktemp("weights-disk-cache")  # an empty disk cache: nothing held before
+    # SIE_SERVE_PROCESSES: the deprecated name of SIE_MODEL_PROCESSES still works
     with ServeProcess(env={"SIE_DISK_CACHE_DIR": str(disk), "SIE_SERVE_PROCESSES": "1"}) as server:
         yield server, disk
 
