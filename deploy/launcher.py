@@ -472,7 +472,10 @@ class Cluster:
         ``ipc-2.sock`` and so on, each with its own worker id, (with metrics on) the next ports, one per
         model process, and on a host with several GPUs the next GPU, as the chart gives each pod its own."""
         host = socket.gethostname()
-        gpus = 0 if "CUDA_VISIBLE_DEVICES" in os.environ or worker_runs_on_cpu(self.env()) else gpu_count()
+        gpus = gpu_count()
+        if gpus > 1:  # the operator's own device choice, or none, wins
+            env = self.env()
+            gpus = 0 if "CUDA_VISIBLE_DEVICES" in env or worker_runs_on_cpu(env) else gpus
         return [
             Pod(
                 worker=replica_name("worker", i),

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 log = logging.getLogger("sie.siblings")
@@ -59,12 +59,13 @@ def _die_with_parent() -> None:
 
 
 class Siblings:
-    """Processes 1..count-1 of ``python -m module``, each with ``env_for(index)``, kept running."""
+    """Processes 1..count-1 of ``python -m module`` with ``env`` added to this one's environment
+    (and ``SIE_PROCESS_INDEX``), kept running."""
 
-    def __init__(self, module: str, count: int, env_for: Callable[[int], Mapping[str, str]]) -> None:
+    def __init__(self, module: str, count: int, env: Mapping[str, str] | None = None) -> None:
         self.module = module
         self.indexes = list(range(1, count))
-        self.env_for = env_for
+        self.env = {**os.environ, **(env or {})}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts = 0
         self._started_at: dict[int, float] = {}
@@ -76,7 +77,7 @@ class Siblings:
     def _spawn(self, index: int) -> None:
         self.procs[index] = subprocess.Popen(
             [sys.executable, "-m", self.module],
-            env={**os.environ, **self.env_for(index), "SIE_PROCESS_INDEX": str(index)},
+            env={**self.env, "SIE_PROCESS_INDEX": str(index)},
             preexec_fn=_die_with_parent,
         )
         self._started_at[index] = time.monotonic()

@@ -91,7 +91,7 @@ async def run(settings: SidecarSettings) -> None:
     # process 0 of a pod with several model processes runs a sidecar beside each further one
     siblings = None
     if settings.process_index == 0 and settings.model_processes > 1:
-        siblings = Siblings("sidecar", settings.model_processes, lambda _index: {}).start()
+        siblings = Siblings("sidecar", settings.model_processes).start()
     try:
         await _serve(settings, siblings)
     finally:

@@ -31,5 +31,4 @@ def start_siblings(settings: WorkerSettings, module: str) -> Siblings | None:
     """Processes 1..N-1 of ``python -m module`` when this is process 0 of N > 1; else None."""
     if settings.process_index != 0 or settings.model_processes <= 1:
         return None
-    env = sibling_env(settings)
-    return Siblings(module, settings.model_processes, lambda _index: env).start()
+    return Siblings(module, settings.model_processes, sibling_env(settings)).start()

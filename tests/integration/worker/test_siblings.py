@@ -17,7 +17,7 @@ def test_process_i_is_named_from_the_pods_own_settings():
 
 def test_a_sibling_that_exits_is_restarted_with_a_growing_delay_and_stop_ends_them_all():
     # a module that does not exist: each start exits at once with an error
-    crashing = Siblings("sie_no_such_module", 2, lambda i: {}).start()
+    crashing = Siblings("sie_no_such_module", 2).start()
     try:
         time.sleep(RESTART_DELAY_S * 4)
         # restarted after 1 s, then 2 s: two or three restarts in 4 s, not one per watcher tick
@@ -30,7 +30,7 @@ def test_a_sibling_that_exits_is_restarted_with_a_growing_delay_and_stop_ends_th
 
 
 def test_stop_terminates_running_siblings():
-    running = Siblings("tests.support.idle_process", 3, lambda i: {}).start()
+    running = Siblings("tests.support.idle_process", 3).start()
     procs = list(running.procs.values())
     assert sorted(running.procs) == [1, 2]  # processes 1 and 2; this one is process 0
     time.sleep(0.5)
