@@ -45,3 +45,21 @@ def ctrl_c_at_default() -> None:
     a script), every child inherits that, and Python then keeps ignoring it: ``sie up`` would never
     see the test's Ctrl-C."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of every thread of ``pid`` (a child started from a thread other than the
+    main one is listed under that thread's task)."""
+    return [
+        int(c)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for c in (task / "children").read_text().split()
+    ]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -5,34 +5,20 @@ siblings along when it stops."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.integration.cluster.test_sie_up_faults import LOAD, sdk  # noqa: F401 - the fixture
 from tests.integration.cluster.test_sie_up_supervision import SieUp
+from tests.support.polling import wait_until
+from tests.support.processes import alive, children
 from tests.support.sdk312 import run_sdk
-
-
-def children(pid: int) -> list[int]:
-    """Children of every thread of ``pid`` (a restarted sibling is the watcher thread's child)."""
-    return [
-        int(c)
-        for task in Path(f"/proc/{pid}/task").iterdir()
-        for c in (task / "children").read_text().split()
-    ]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def healthy_workers(gateway: str) -> set[str]:
@@ -40,14 +26,9 @@ def healthy_workers(gateway: str) -> set[str]:
     return {w["url"].removeprefix("nats:") for w in body["workers"] if w["healthy"]}
 
 
-def wait_for(check, timeout_s: float = 60.0, what: str = ""):
-    deadline = time.monotonic() + timeout_s  # generous: only guards against a hang
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
+def wait_for(check, what: str):
+    """:func:`tests.support.polling.wait_until` from this synchronous test (60 s: only against a hang)."""
+    return asyncio.run(wait_until(check, 60.0, interval_s=0.2, what=what))
 
 
 @pytest.mark.parametrize("victim", ["worker", "sidecar"])

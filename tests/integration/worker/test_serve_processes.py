@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 
 from protocol.codec import packb, unpackb
+from tests.support.processes import alive, children
 from tests.support.serve import ServeProcess
-
-
-def children(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_sibling_processes_share_the_port_and_stop_with_the_first():
