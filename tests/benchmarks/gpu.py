@@ -486,6 +486,9 @@ class Target:
     json: bool = True  # also the JSON workloads (sie serve; the cluster rows compare msgpack)
     logs: Callable[[], str] = lambda: ""  # the tails of its logs, printed when measuring fails
 
+    def runs(self, w: Workload) -> bool:
+        return self.json or not w.json
+
 
 def measure(
     targets: list[Target],
@@ -497,16 +500,16 @@ def measure(
     peak: float,
 ) -> None:
     """``rounds`` of every workload against every target: each workload runs on each target in turn,
-    in an order that flips every round, so that they share the host's moments alike. Each measurement's line, then where the CPU went and, for a cluster,
-    its pods' forwards."""
+    in an order that flips every round, so that they share the host's moments alike. Each
+    measurement's line, then where the CPU went and, for a cluster, its pods' forwards."""
     for t in targets:
         for w in ws:  # warm-up: model load and first shapes
-            if t.json or not w.json:
+            if t.runs(w):
                 load.run(t.url, w, 2.0)
     for rnd in range(rounds):
         for w in ws:
             for t in targets if rnd % 2 == 0 else targets[::-1]:
-                if w.json and not t.json:
+                if not t.runs(w):
                     continue
                 groups = {"clients": load.pids(), **t.groups}
                 with (
@@ -542,7 +545,7 @@ def start_clusters(
     os.environ.update(ENV)
     shapes = str(args.cluster_pods or f"{default_workers(ENV)}x{default_model_processes(ENV)}")
     variants = [parse_env(v) for v in str(args.cluster_env).split("|")]
-    clusters: list[tuple[str, VariantCluster]] = []
+    targets: list[Target] = []
     counts = str(args.cluster_gateways or default_gateways(ENV))
     for shape in shapes.split(","):
         pods, processes = (int(n) for n in shape.split("x"))
@@ -559,7 +562,7 @@ def start_clusters(
                     flush=True,
                 )
                 cluster = VariantCluster(
-                    state_dir=root / f"state-{len(clusters)}",
+                    state_dir=Path(tempfile.mkdtemp(prefix="state-", dir=root)),
                     gateway_port=free_port(),
                     config_port=free_port(),
                     nats_port=free_port(),
@@ -577,24 +580,14 @@ def start_clusters(
                 except Exception as exc:  # the other rows still run: one failure should not cost the lease
                     print(f"{name} failed to start: {exc!r}\n{cluster_logs(cluster)}", flush=True)
                     continue
-                clusters.append((name, cluster))
-    targets = []
-    for name, cluster in clusters:
-        groups: dict[str, list[int]] = {}
-        for child_name, child in cluster.supervisor.children.items():
-            if child.proc is not None and child_name != "config":
-                # a pod's sibling processes are children of its process 0
-                groups.setdefault(child_name.split("-")[0], []).extend(descendants(child.proc.pid))
-        targets.append(
-            Target(
-                name,
-                cluster.gateway_url,
-                groups,
-                [f"http://127.0.0.1:{port}/metrics" for pod in cluster.pods for port in pod.metrics_ports],
-                json=False,
-                logs=functools.partial(cluster_logs, cluster),
-            )
-        )
+                groups: dict[str, list[int]] = {}
+                for child_name, child in cluster.supervisor.children.items():
+                    if child.proc is not None and child_name != "config":
+                        # a pod's sibling processes are children of its process 0
+                        groups.setdefault(child_name.split("-")[0], []).extend(descendants(child.proc.pid))
+                metrics = [f"http://127.0.0.1:{p}/metrics" for pod in cluster.pods for p in pod.metrics_ports]
+                logs = functools.partial(cluster_logs, cluster)
+                targets.append(Target(name, cluster.gateway_url, groups, metrics, json=False, logs=logs))
     return targets
 
 
