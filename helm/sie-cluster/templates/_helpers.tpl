@@ -191,12 +191,16 @@ endpoint its spans are exported to. Called with (dict "ctx" $ "traced" true|fals
 {{- end }}
 {{- end }}
 
-{{/* Model processes in a worker pod of a machine profile: its modelProcesses, else
-workers.gpuModelProcesses on a cuda device (a profile with GPUs and no device), else 1.
+{{/* The device of a machine profile's workers: its device, else cuda with GPUs and cpu without.
 Called with (dict "ctx" $ "profile" NAME). */}}
+{{- define "sie.device" -}}
+{{- $mp := get .ctx.Values.machineProfiles .profile }}
+{{- $mp.device | default (ternary "cuda" "cpu" (gt (int (($mp.gpu).count | default 0)) 0)) }}
+{{- end }}
+
+{{/* Model processes in a worker pod of a machine profile: its modelProcesses, else
+workers.gpuModelProcesses on a cuda device, else 1. Called with (dict "ctx" $ "profile" NAME). */}}
 {{- define "sie.modelProcesses" -}}
 {{- $mp := get .ctx.Values.machineProfiles .profile }}
-{{- $gpus := int (($mp.gpu).count | default 0) }}
-{{- $device := $mp.device | default (ternary "cuda" "cpu" (gt $gpus 0)) }}
-{{- $mp.modelProcesses | default (ternary .ctx.Values.workers.gpuModelProcesses 1 (eq $device "cuda")) }}
+{{- $mp.modelProcesses | default (ternary .ctx.Values.workers.gpuModelProcesses 1 (eq (include "sie.device" .) "cuda")) }}
 {{- end }}
