@@ -6,6 +6,9 @@ import functools
 import re
 
 WORK_PREFIX = "sie.work"
+# gateway → a lane's sidecars on core NATS (a queue group per durable), while the lane's stream or
+# durable has no leader: the work subject behind this prefix (docs/ha.md, "The direct path")
+DIRECT_PREFIX = "sie.direct"
 HEALTH_PREFIX = "sie.health"
 # gateway → every sidecar: "publish your heartbeat now" (a gateway that starts or reconnects learns
 # the live workers at once instead of within a heartbeat interval); outside ``sie.health.>``
@@ -73,6 +76,17 @@ def lane_filter(pool: str, machine_profile: str, bundle: str, priority: str = IN
     return prefix + "*.bulk" if _check_priority(priority) == BULK else prefix + "*"
 
 
+def direct_subject(work: str) -> str:
+    """The direct-path subject of work subject ``work``: ``sie.direct.`` and the work subject."""
+    return f"{DIRECT_PREFIX}.{work}"
+
+
+def work_subject_of_direct(subject: str) -> str | None:
+    """The work subject a direct-path subject carries, or None when it is not one."""
+    prefix = DIRECT_PREFIX + "."
+    return subject[len(prefix) :] if subject.startswith(prefix) else None
+
+
 def in_lane(subject: str, prefix: str) -> bool:
     """True when ``subject`` is a work subject (either class) of the lane ``prefix`` (see :func:`lane_prefix`)."""
     tokens = (subject[len(prefix) :] if subject.startswith(prefix) else "").split(".")
@@ -93,6 +107,9 @@ def pool_stream_subjects(pool: str) -> list[str]:
     return [f"{WORK_PREFIX}.{lane_token(pool)}.*.*.*", f"{WORK_PREFIX}.{lane_token(pool)}.*.*.*.{BULK}"]
 
 
+@functools.lru_cache(
+    maxsize=1024
+)  # pure; the gateway asks for each request in flight while it looks for stalls
 def lane_durable(pool: str, machine_profile: str, bundle: str, priority: str = INTERACTIVE) -> str:
     name = f"{lane_token(pool)}_{lane_token(machine_profile)}_{lane_token(bundle)}"
     return name + "_bulk" if _check_priority(priority) == BULK else name

@@ -28,10 +28,13 @@ from protocol.subjects import (
     BULK,
     INTERACTIVE,
     WORK_CANCEL_PREFIX,
+    direct_subject,
     in_lane,
     is_valid_reply_subject,
+    lane_filter,
     lane_prefix,
     subject_priority,
+    work_subject_of_direct,
 )
 from protocol.work import OPERATIONS, RoutingHeader, WorkResult, unpack_items
 from sidecar.deliveries import Delivery, Held, Lease
@@ -115,6 +118,7 @@ class Intake:
         self._wakes: dict[str, asyncio.Event] = {INTERACTIVE: asyncio.Event(), BULK: asyncio.Event()}
         self._pullers: dict[str, Puller] = {}
         self._cancel_sub: Subscription | None = None
+        self._direct_subs: list[Subscription] = []
         self._reensure: asyncio.Task[None] | None = None
         self._items_per_message = 1.0  # a running average over the last ten or so messages
 
@@ -125,9 +129,20 @@ class Intake:
         self.bulk_durable = await ensure_lane_consumer(self.js, self.stream, self.settings, BULK)
 
     async def start(self) -> None:
-        """Subscribe to cancellations and open the two pullers (their loops are :meth:`pull_loop`)."""
+        """Subscribe to cancellations and to the lane's direct path, and open the two pullers (their
+        loops are :meth:`pull_loop`)."""
         self._cancel_sub = await self.nc.subscribe(f"{WORK_CANCEL_PREFIX}.>", cb=self.on_cancel)
+        s = self.settings
         for priority, durable in ((INTERACTIVE, self.durable), (BULK, self.bulk_durable)):
+            # one queue group per durable: a work message the gateway sends this way (while the lane's
+            # stream or durable has no leader) reaches one pod of the lane, like a delivery
+            self._direct_subs.append(
+                await self.nc.subscribe(
+                    direct_subject(lane_filter(s.pool, s.machine_profile, s.bundle, priority)),
+                    queue=durable,
+                    cb=self.delivered_direct,
+                )
+            )
             puller = Puller(
                 self.nc,
                 self.stream,
@@ -146,7 +161,12 @@ class Intake:
             puller.forget()
 
     async def stop(self) -> None:
-        """Close the pullers and the cancel subscription (the pull loops are stopped already)."""
+        """Close the pullers and the cancel and direct subscriptions (the pull loops are stopped
+        already)."""
+        for sub in self._direct_subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._direct_subs.clear()
         for puller in self._pullers.values():
             with contextlib.suppress(Exception):
                 await puller.stop()
@@ -237,6 +257,19 @@ class Intake:
             await self.intake(msg)
         except Exception:  # noqa: BLE001 - one bad message never stops the deliveries
             log.exception("intake failed")
+
+    async def delivered_direct(self, msg: Msg) -> None:
+        """A work message the gateway sent on the direct path: taken like a delivery from the lane's
+        stream, under its work subject. It has no reply subject, so there is nothing to ACK, NAK or
+        progress-ACK (:mod:`sidecar.settlement`): an item refused or lost here is sent again by the
+        gateway, which waits for its result."""
+        work = work_subject_of_direct(msg.subject)
+        if work is None or msg.reply:
+            log.warning("dropping a direct work message on %s with reply %r", msg.subject, msg.reply)
+            return
+        self.stats["direct"] += 1
+        msg.subject = work
+        await self.delivered(msg)
 
     async def intake(self, msg: Msg) -> None:
         """Validate one delivery and queue its items on their model's scheduler (or settle it right

@@ -81,7 +81,17 @@ log = logging.getLogger("sie.sidecar")
 
 __all__ = ["Delivery", "LaneConsumer", "ModelScheduler", "WorkerHealth"]
 
-STATS = ("received", "published", "acked", "naked", "dropped", "batches", "progress", "dead_lettered")
+STATS = (
+    "received",
+    "published",
+    "acked",
+    "naked",
+    "dropped",
+    "batches",
+    "progress",
+    "dead_lettered",
+    "direct",
+)
 
 
 class LaneConsumer:

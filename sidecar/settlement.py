@@ -256,6 +256,8 @@ class Settlement:
         if lease.open <= 0:
             return
         lease.last_progress = self.clock.now()
+        if not lease.msg.reply:  # the direct path: no lease on the stream to keep
+            return
         try:
             await lease.msg.in_progress()
             self.stats["progress"] += 1
@@ -263,8 +265,12 @@ class Settlement:
             log.debug("progress ack failed: %s", exc)
 
     # ------------------------------------------------------------------ settling a message not held
+    # A message without a reply subject came on the direct path (Intake.delivered_direct): nothing
+    # to settle on the stream; the gateway sends again what it does not get a result for.
     async def ack_msg(self, msg: Msg, *, drop: bool = False) -> None:
         self.stats["dropped" if drop else "acked"] += 1
+        if not msg.reply:
+            return
         try:
             await msg.ack()
         except Exception as exc:  # noqa: BLE001 - redelivered later; nothing else to do
@@ -272,6 +278,8 @@ class Settlement:
 
     async def nak_msg(self, msg: Msg, delay_s: float) -> None:
         self.stats["naked"] += 1
+        if not msg.reply:
+            return
         try:
             await msg.nak(delay=delay_s if delay_s > 0 else None)
         except Exception as exc:  # noqa: BLE001
@@ -298,6 +306,8 @@ class Settlement:
             )
         except Exception as exc:  # noqa: BLE001 - still terminate: a poison message must not circulate
             log.warning("DLQ publish of a dead work message failed: %s", exc)
+        if not msg.reply:
+            return
         try:
             await self.nc.publish(msg.reply, b"+TERM " + reason.encode())
         except Exception as exc:  # noqa: BLE001

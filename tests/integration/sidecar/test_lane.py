@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from protocol.codec import unpackb
-from protocol.subjects import HEALTH_SOLICIT, work_cancel_subject
+from protocol.subjects import HEALTH_SOLICIT, direct_subject, work_cancel_subject, work_subject
 from protocol.work import Heartbeat, RoutingHeader
 from tests.integration.sidecar.support import (
     Gateway,
@@ -317,6 +317,40 @@ async def test_a_batchs_results_for_one_gateway_share_a_message(nats_server):
             await wait_until(lambda: lane.stats["dropped"] == dropped + 1, 10)
             assert forged.work_item_id not in gw.results
             await settled_consumer(lane.js, lane.stream, lane.durable)
+        finally:
+            await stop_lane(lane, nc, client)
+    await gw_nc.close()
+
+
+async def test_items_sent_on_the_direct_path_are_answered_and_nothing_is_settled(nats_server):
+    # what the gateway sends while the lane's stream or durable has no leader (docs/ha.md): core NATS
+    # messages on sie.direct.<work subject>, no reply subject; answered like deliveries, never ACKed
+    sock = socket_path()
+    gw_nc = await connect(nats_server.url)
+    gw = await Gateway(gw_nc).start()
+    async with InProcessWorker(sock, model_yaml(MODEL)):
+        lane, nc, client = await start_lane(sidecar_settings(nats_server.url, sock))
+        try:
+            items = [gw.item("req-d", i, model_id=MODEL, text=f"direct {i}", total=6) for i in range(6)]
+            for it in items:
+                await gw.publish_direct(it, request_items=6)
+            got = await gw.wait_for([it.work_item_id for it in items])
+            assert all(res.success for (res,) in got.values())
+            assert lane.stats["direct"] == 6
+            # nothing went through the stream, and nothing was sent to it in the items' name
+            info = await lane.js.stream_info(lane.stream)
+            assert info.state.messages == 0 and info.state.last_seq == 0
+            consumer = await lane.js.consumer_info(lane.stream, lane.durable)
+            assert consumer.delivered.stream_seq == 0 and consumer.num_ack_pending == 0
+            # a message with a reply subject is no direct one: dropped, not run
+            await gw_nc.publish(
+                direct_subject(work_subject("default", "cpu", "default", MODEL)),
+                b"x",
+                reply="_INBOX.somebody.else",
+            )
+            await gw_nc.flush()
+            await asyncio.sleep(0.3)
+            assert lane.stats["direct"] == 6
         finally:
             await stop_lane(lane, nc, client)
     await gw_nc.close()
