@@ -103,6 +103,7 @@ class Gateway:
             max_stream_pending=settings.gateway_max_stream_pending,
             publish_concurrency=settings.gateway_publish_concurrency,
             publish_timeout_s=settings.gateway_publish_timeout_s,
+            direct_after_s=settings.gateway_direct_after_s,
             queue_full_retry_after_s=settings.gateway_queue_full_retry_after_s,
             bulk_share=settings.gateway_bulk_share,
             router_id=router_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -24,16 +25,18 @@ from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
 from gateway.metrics import GatewayMetrics, labelled
-from gateway.publisher import AckedPublisher
+from gateway.publisher import AckedPublisher, PublishAbandoned
 from gateway.routing import Lane
 from protocol import tracing
 from protocol.errors import ErrorCode, SIEError
 from protocol.payloads import PayloadStore
-from protocol.streams import reconcile_stream, stream_config, stream_fields
+from protocol.streams import DEFAULT_ACK_WAIT_S, reconcile_stream, stream_config, stream_fields
 from protocol.subjects import (
     BULK,
     INTERACTIVE,
+    direct_subject,
     inbox_prefix,
+    lane_durable,
     pool_stream_name,
     reply_subject,
     results_subject,
@@ -54,6 +57,14 @@ STREAM_INFO_TTL_S = 0.25
 # was admitted since only overestimates the queue. Past this age requests wait for the call again.
 STREAM_INFO_MAX_STALE_S = 15.0
 STREAM_PROBE_TIMEOUT_S = 1.0
+# The direct path (docs/ha.md): how often requests are looked at for a stall, how long a lane's
+# leader probe may take, how often a lane without a leader is asked again, and after how long an item
+# sent directly without a result is sent again (as long as a delivery's ack wait: a sidecar that took
+# it may have died, core NATS keeps nothing).
+DIRECT_TICK_S = 0.25
+LANE_PROBE_TIMEOUT_S = 0.5
+LANE_PROBE_INTERVAL_S = 0.5
+DIRECT_RESEND_S = DEFAULT_ACK_WAIT_S
 
 
 @dataclass
@@ -79,9 +90,22 @@ class Collector:
     sent: list[WorkMessage] = field(default_factory=list)
     published: bool = False  # every item acknowledged by the stream
     redispatches: int = 0
+    request_id: str = ""
+    lane: Lane | None = None
+    progress_at: float = 0.0  # time.monotonic() of its start, then of its latest result
+    direct_at: float | None = None  # when its unanswered items were last sent on the direct path
 
     def __post_init__(self) -> None:
         self.remaining = sum(1 for r in self.results if r is None)
+
+    @property
+    def durable(self) -> str:
+        lane = self.lane
+        return lane_durable(lane.pool, lane.machine_profile, lane.bundle, lane.priority) if lane else ""
+
+    def missing(self) -> list[WorkMessage]:
+        """Its messages that carry an item without a result."""
+        return [m for m in self.sent if any(self.results[slot] is None for slot in m.slots)]
 
     def put(self, result: WorkResult) -> None:
         idx = result.item_index
@@ -89,6 +113,7 @@ class Collector:
             return
         if self.results[idx] is None:
             self.remaining -= 1
+            self.progress_at = time.monotonic()
         self.results[idx] = result  # a duplicate delivery overwrites its slot
         if self.remaining == 0 and not self.future.done():
             self.future.set_result(cast(list[WorkResult], self.results))  # every slot is filled
@@ -107,6 +132,7 @@ class Dispatcher:
         max_stream_pending: int = 50_000,
         publish_concurrency: int = 64,
         publish_timeout_s: float = 6.0,
+        direct_after_s: float = 1.0,
         queue_full_retry_after_s: float = 1.0,
         bulk_share: float = 1.0,
         router_id: str | None = None,
@@ -144,14 +170,29 @@ class Dispatcher:
         self._probe_js = nc.jetstream(timeout=STREAM_PROBE_TIMEOUT_S)
         self._sub: Subscription | None = None
         self.publisher = AckedPublisher(nc)
-        self._resends: set[asyncio.Task[int]] = set()
+        self._resends: set[asyncio.Task[Any]] = set()
+        # The direct path, with replicated streams only (one server has no election to wait out):
+        # the durables found without a leader (theirs or their stream's) and when last asked
+        self.direct_after_s = direct_after_s if replicas > 1 else 0.0
+        self._leaderless: dict[str, Lane] = {}
+        self._lane_probes: dict[str, asyncio.Task[bool]] = {}
+        self._lane_probed: dict[str, float] = {}
+        self._lane_probe_js = nc.jetstream(timeout=LANE_PROBE_TIMEOUT_S)
+        self._watcher: asyncio.Task[None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(inbox_prefix(self.router_id) + ".>", cb=self._on_result)
         await self.publisher.start()
+        if self.direct_after_s > 0:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_stalls(), name="direct-path")
 
     async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watcher
+            self._watcher = None
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -162,11 +203,14 @@ class Dispatcher:
         await self.publisher.stop()
 
     def on_reconnect(self) -> None:
-        """After a NATS reconnect streams may be gone (memory storage): ensure them again; publishes
-        still waiting for their ack (the publish or its ack may have died with the old connection)
-        are sent again at once rather than after their timeout."""
-        self._ensured.clear()
-        self._pending_cache.clear()
+        """After a NATS reconnect publishes still waiting for their ack (the publish or its ack may
+        have died with the old connection) are sent again at once rather than after their timeout.
+        A single server may have come back without its streams (memory storage): they are ensured
+        again and counted anew. Streams replicated over several members outlive a member; their
+        count stays (a request waiting for a stream's info would wait out its election)."""
+        if self.replicas == 1:
+            self._ensured.clear()
+            self._pending_cache.clear()
         loop = asyncio.get_running_loop()
         for task in (
             loop.create_task(self.publisher.resend(), name="resend-publishes"),
@@ -185,26 +229,16 @@ class Dispatcher:
         sends = []
         count = 0
         for col in list(self._collectors.values()):
-            if not col.published or col.future.done():
+            if not (col.published or col.direct_at is not None) or col.future.done():
                 continue
-            missing = [m for m in col.sent if any(col.results[slot] is None for slot in m.slots)]
+            missing = col.missing()
             if not missing:
                 continue
-            col.redispatches += 1
             count += sum(len(m.slots) for m in missing)
-            headers = [
-                {**m.headers, MSG_ID: redispatch_msg_id(m.headers.get(MSG_ID, ""), col.redispatches)}
-                for m in missing
-            ]
-            sends.append(
-                self.publisher.publish_all(
-                    col.subject,
-                    [m.payload for m in missing],
-                    headers,
-                    window=self.publish_window,
-                    timeout_s=self.publish_timeout_s,
-                )
-            )
+            if col.direct_at is not None and col.durable in self._leaderless:
+                await self._send_direct(col, missing)
+                continue
+            sends.append(self._send_again(col, missing))
         outcomes = await asyncio.gather(*sends, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -214,6 +248,124 @@ class Dispatcher:
                 "re-dispatched %d unanswered item(s) of %d request(s) after a reconnect", count, len(sends)
             )
         return count
+
+    def _send_again(self, col: Collector, missing: list[WorkMessage]) -> Awaitable[None]:
+        """Publish ``missing`` (messages of ``col``) to the stream again under new message ids."""
+        col.redispatches += 1
+        headers = [
+            {**m.headers, MSG_ID: redispatch_msg_id(m.headers.get(MSG_ID, ""), col.redispatches)}
+            for m in missing
+        ]
+        return self.publisher.publish_all(
+            col.subject,
+            [m.payload for m in missing],
+            headers,
+            window=self.publish_window,
+            timeout_s=self.publish_timeout_s,
+        )
+
+    # ---- the direct path -------------------------------------------------------------------
+    # With replicated streams a lane stops when the member leading its stream or its durable dies:
+    # nothing is stored or delivered until the other members elect a new leader, 4-9 s later (NATS
+    # does not let that be shortened). A request without a result for ``direct_after_s`` makes the
+    # gateway ask the lane's stream and durable for their info (their leaders answer); when either
+    # does not answer, the lane's unanswered items, and its new requests while that lasts, go to its
+    # sidecars on core NATS (``sie.direct.<work subject>``, a queue group per durable) instead.
+    # Nothing keeps an item sent that way: one without a result after DIRECT_RESEND_S is sent again,
+    # directly while the lane has no leader, else to the stream. An item may so run twice (the
+    # stream delivers what it held once it has a leader again); the first result fills its slot.
+    async def _watch_stalls(self) -> None:
+        while True:
+            await asyncio.sleep(DIRECT_TICK_S)
+            try:
+                await self._look_for_stalls(time.monotonic())
+            except Exception:  # noqa: BLE001 - keep watching
+                log.exception("looking for stalled lanes failed")
+
+    async def _look_for_stalls(self, now: float) -> None:
+        if not self.nc.is_connected:
+            return
+        stalled: dict[str, Lane] = {}
+        for col in list(self._collectors.values()):
+            if col.future.done() or col.lane is None:
+                continue
+            durable = col.durable
+            if col.direct_at is not None:
+                if now - max(col.direct_at, col.progress_at) >= DIRECT_RESEND_S:
+                    missing = col.missing()
+                    if durable in self._leaderless:
+                        await self._send_direct(col, missing)
+                    else:  # the lane has its leaders again: back to the stream, which keeps them
+                        col.direct_at = None
+                        col.progress_at = now
+                        self._background(self._send_again(col, missing))
+            elif durable in self._leaderless:
+                await self._send_direct(col, col.missing())
+            elif now - col.progress_at >= self.direct_after_s:
+                stalled[durable] = col.lane
+        for durable, lane in self._leaderless.items():  # asked again until it has its leaders
+            stalled.setdefault(durable, lane)
+        for durable, lane in stalled.items():
+            if (
+                durable not in self._lane_probes
+                and now - self._lane_probed.get(durable, 0.0) >= LANE_PROBE_INTERVAL_S
+            ):
+                self._lane_probed[durable] = now
+                _one_at_a_time(
+                    self._lane_probes, durable, functools.partial(self._probe_lane, lane), f"probe-{durable}"
+                )
+
+    async def _probe_lane(self, lane: Lane) -> bool:
+        """Ask the lane's stream and durable for their info; mark the lane leaderless when either does
+        not answer (or answers that it has no leader), and its leaders back when both do. A stream or
+        durable not found is no election to wait out. Returns whether the lane is leaderless."""
+        stream = pool_stream_name(lane.pool)
+        durable = lane_durable(lane.pool, lane.machine_profile, lane.bundle, lane.priority)
+        try:
+            await self._lane_probe_js.stream_info(stream)
+            await self._lane_probe_js.consumer_info(stream, durable)
+            leaderless = False
+        except nats.js.errors.NotFoundError:
+            leaderless = False
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            leaderless = self.nc.is_connected  # cut off ourselves: the reconnect re-dispatches
+            if leaderless and durable not in self._leaderless:
+                log.warning("lane %s has no leader (%s): its work goes on the direct path", durable, exc)
+        if leaderless:
+            self._leaderless[durable] = lane
+        elif self._leaderless.pop(durable, None) is not None:
+            log.warning("lane %s has its leaders again: its work goes to the stream", durable)
+        return leaderless
+
+    def _went_direct(self, request_id: str) -> bool:
+        col = self._collectors.get(request_id)
+        return col is not None and col.direct_at is not None
+
+    async def _send_direct(self, col: Collector, missing: list[WorkMessage]) -> None:
+        """Send ``missing`` (messages of ``col``) to the lane's sidecars on core NATS; a publish of
+        the request still waiting for its acks stops waiting."""
+        col.direct_at = time.monotonic()
+        self.publisher.abandon(col.request_id)
+        subject = direct_subject(col.subject)
+        try:
+            for m in missing:
+                await self.nc.publish(subject, m.payload, headers=m.headers)
+        except Exception as exc:  # noqa: BLE001 - sent again after DIRECT_RESEND_S without a result
+            log.warning("sending work on the direct path failed: %s", exc)
+        labelled(self.metrics.direct_items, col.lane.priority if col.lane else INTERACTIVE).inc(
+            sum(len(m.slots) for m in missing)
+        )
+
+    def _background(self, work: Awaitable[Any]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:  # noqa: BLE001 - the request's deadline answers for it
+                log.warning("sending unanswered items again failed: %s", exc)
+
+        task = asyncio.get_running_loop().create_task(run(), name="send-again")
+        self._resends.add(task)
+        task.add_done_callback(self._resends.discard)
 
     @property
     def pending_requests(self) -> int:
@@ -362,20 +514,37 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         n_items = sum(len(m.slots) for m in messages)
         slots: list[WorkResult | None] = list(known) if known is not None else [None] * n_items
-        col = Collector(len(slots), slots, loop.create_future(), subject=subject, sent=messages)
+        t0 = time.monotonic()
+        col = Collector(
+            len(slots),
+            slots,
+            loop.create_future(),
+            subject=subject,
+            sent=messages,
+            request_id=request_id,
+            lane=lane,
+            progress_at=t0,
+        )
         self._collectors[request_id] = col
         finished = False
         try:
-            t0 = time.monotonic()
             with tracing.span(
                 "gateway.publish",
                 attributes={"items": n_items, "messages": len(messages), "subject": subject},
             ):
-                timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
-                await self._publish(
-                    subject, lane.pool, [m.payload for m in messages], [m.headers for m in messages], timeout
-                )
-            col.published = True
+                if self._leaderless and col.durable in self._leaderless:
+                    await self._send_direct(col, messages)
+                else:
+                    timeout = max(0.001, min(self.publish_timeout_s, deadline - time.monotonic()))
+                    await self._publish(
+                        subject,
+                        lane.pool,
+                        [m.payload for m in messages],
+                        [m.headers for m in messages],
+                        timeout,
+                        group=request_id,
+                    )
+            col.published = col.direct_at is None
             labelled(self.metrics.items_published, operation).inc(n_items)
             labelled(self.metrics.priority_items, lane.priority).inc(n_items)
             labelled(self.metrics.publish_seconds, operation).observe(time.monotonic() - t0)
@@ -409,12 +578,13 @@ class Dispatcher:
         payloads: list[bytes],
         headers: list[dict[str, str]],
         timeout_s: float | None,
+        group: str | None = None,
     ) -> None:
         """Publish a request's items (at most ``publish_window`` unacked at once) and wait for every ack,
         within ``timeout_s``. When no stream takes them: a stream between two leaders (it answers
-        nothing while its members elect one, 4-9 s) gets them again, until the deadline; a stream
-        found gone is ensured and gets them once more (``Nats-Msg-Id`` keeps an item already stored
-        from being stored twice)."""
+        nothing while its members elect one, 4-9 s) gets them again, until the deadline (or until the
+        request's items go on the direct path: ``group``); a stream found gone is ensured and gets
+        them once more (``Nats-Msg-Id`` keeps an item already stored from being stored twice)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s if timeout_s is not None else None
         ensured_again = False
@@ -424,13 +594,17 @@ class Dispatcher:
                 raise _publish_timed_out()
             try:
                 await self.publisher.publish_all(
-                    subject, payloads, headers, window=self.publish_window, timeout_s=remaining
+                    subject, payloads, headers, window=self.publish_window, timeout_s=remaining, group=group
                 )
+                return
+            except PublishAbandoned:
                 return
             except TimeoutError:
                 raise _publish_timed_out() from None
             except nats.js.errors.NoStreamResponseError:
                 if not await self._stream_gone(pool):
+                    if group is not None and self._went_direct(group):
+                        return
                     continue
                 # gone (NATS restarted with memory storage, or deleted): ensure it, send once more
                 self._ensured.discard(pool)

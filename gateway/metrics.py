@@ -62,6 +62,12 @@ class GatewayMetrics:
         self.result_wait_seconds = Histogram(
             "sie_gateway_queue_result_wait_seconds", "Wait for results", ["operation"], registry=r
         )
+        self.direct_items = Counter(
+            "sie_gateway_queue_direct_items",
+            "Work items sent to a lane's sidecars on core NATS while its stream or durable had no leader",
+            ["priority"],
+            registry=r,
+        )
         self.inbox_skips = Counter(
             "sie_gateway_queue_inbox_skips", "Results for unknown or finished requests", registry=r
         )

@@ -48,6 +48,11 @@ class _Pending:
     acked: asyncio.Future[Msg]
     sent_at: float = 0.0  # loop time of the last send
     no_stream_since: float | None = None  # loop time of the first "no responders" answer
+    group: str | None = None  # the request it belongs to (abandon)
+
+
+class PublishAbandoned(Exception):
+    """The publishes of a request no longer wait for their acks: its items went another way."""
 
 
 class AckedPublisher:
@@ -98,12 +103,14 @@ class AckedPublisher:
         *,
         window: int,
         timeout_s: float | None,
+        group: str | None = None,
     ) -> None:
         """Publish ``payloads`` (with their ``headers``) to ``subject``, in order, with at most
         ``window`` of them waiting for their acks at once, and return once the stream has acked every
         one. Raises ``NoStreamResponseError`` (no stream takes the subject), the ``APIError`` an ack
-        carries (the first one met), or ``TimeoutError`` when the acks are not all in within
-        ``timeout_s`` (None: no limit of its own)."""
+        carries (the first one met), ``TimeoutError`` when the acks are not all in within
+        ``timeout_s`` (None: no limit of its own), or ``PublishAbandoned`` once :meth:`abandon` is
+        called for ``group``."""
         if self._sub is None:
             await self.start()
         loop = asyncio.get_running_loop()
@@ -121,7 +128,7 @@ class AckedPublisher:
                 token = str(next(self._tokens))
                 acked: asyncio.Future[Msg] = loop.create_future()
                 tokens.append(token)
-                self._pending[token] = _Pending(subject, payload, header, acked, loop.time())
+                self._pending[token] = _Pending(subject, payload, header, acked, loop.time(), group=group)
                 waiting.append(acked)
                 await self.nc.publish(subject, payload, reply=f"{self._prefix}.{token}", headers=header)
             while waiting:
@@ -135,6 +142,13 @@ class AckedPublisher:
             for acked in waiting:  # left behind by an error: their outcome no longer matters
                 if acked.done() and not acked.cancelled():
                     acked.exception()
+
+    def abandon(self, group: str) -> None:
+        """Stop waiting for the acks of ``group``'s publishes: its ``publish_all`` raises
+        ``PublishAbandoned`` (what was sent may still be stored)."""
+        for p in self._pending.values():
+            if p.group == group and not p.acked.done():
+                p.acked.set_exception(PublishAbandoned())
 
     async def resend(self) -> int:
         """Send every publish still waiting for its ack again (after a reconnect: the ack, or the

@@ -68,6 +68,9 @@ class GatewaySettings(BaseSettings):
     gateway_publish_timeout_s: float = Field(
         default=6.0, gt=0
     )  # wait for all publish acks of a request before giving up
+    gateway_direct_after_s: float = Field(
+        default=1.0, ge=0
+    )  # with replicated streams: a request without a result this long makes the gateway ask whether its lane's stream and durable have leaders; while either has none, the lane's work goes to its sidecars on core NATS (docs/ha.md); 0: never
     gateway_provisioning_retry_after_s: float = Field(
         default=10.0, ge=0
     )  # Retry-After of PROVISIONING (scale from zero) answers

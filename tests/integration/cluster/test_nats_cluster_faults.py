@@ -85,6 +85,16 @@ def member_serving(up: SieUp, client: str) -> str | None:
     return None
 
 
+def direct_items(up: SieUp) -> float:
+    """Items the gateway sent on the direct path (``sie_gateway_queue_direct_items_total``)."""
+    text = httpx.get(up.gateway + "/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sie_gateway_queue_direct_items_total{")
+    )
+
+
 def run_case(tmp_path, case: str, *, duration_s: float = 30.0, fault_after_s: float = 8.0) -> dict:
     up = SieUp(tmp_path / "state", nats_replicas=3)
     try:
@@ -122,6 +132,7 @@ def run_case(tmp_path, case: str, *, duration_s: float = 30.0, fault_after_s: fl
             timer.join()
         results = out["results"]
         report = {
+            "direct_items": direct_items(up),
             "case": case,
             "victim": victim,
             "stream_leader_before": leader,
@@ -157,9 +168,12 @@ def test_a_member_killed_under_load_loses_nothing(tmp_path, sdk):
 
 
 def test_the_work_stream_leader_killed_under_load_loses_nothing(tmp_path, sdk):
-    # the supervisor restarts the member at once, so it may be elected again: what the case shows is
-    # that the stream had no leader for the election's seconds and nothing was lost
-    check(run_case(tmp_path, "leader"))
+    # the supervisor restarts the member at once, so it may be elected again: the stream has no
+    # leader for the election's seconds, nothing is lost, and the requests in flight then went to the
+    # sidecars on the direct path instead of waiting for the election
+    report = run_case(tmp_path, "leader")
+    check(report)
+    assert report["direct_items"] > 0, report
 
 
 @pytest.mark.timeout(600)
