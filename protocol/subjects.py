@@ -107,9 +107,8 @@ def pool_stream_subjects(pool: str) -> list[str]:
     return [f"{WORK_PREFIX}.{lane_token(pool)}.*.*.*", f"{WORK_PREFIX}.{lane_token(pool)}.*.*.*.{BULK}"]
 
 
-@functools.lru_cache(
-    maxsize=1024
-)  # pure; the gateway asks for each request in flight while it looks for stalls
+# pure; the gateway asks for each request in flight while it looks for stalled lanes
+@functools.lru_cache(maxsize=1024)
 def lane_durable(pool: str, machine_profile: str, bundle: str, priority: str = INTERACTIVE) -> str:
     name = f"{lane_token(pool)}_{lane_token(machine_profile)}_{lane_token(bundle)}"
     return name + "_bulk" if _check_priority(priority) == BULK else name
