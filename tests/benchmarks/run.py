@@ -440,17 +440,17 @@ class ForwardMeter:
 
 
 def side_by_side(
-    *runs, seconds: float, segments: int, first_b: int = 0
+    *runs, seconds: float, segments: int, rotate: int = 0
 ) -> tuple[tuple[float, float, float], ...]:
     """Measure each target for ``seconds``, in ``segments`` alternating slices (A B B A A B …; with
-    three, A B C C B A …), the order first rotated by ``first_b`` (True: B first), so a host that
+    three, A B C C B A …), the order first rotated by ``rotate`` (1: B first), so a host that
     speeds up or slows down during the round weighs on all alike. ``run_x(seconds, latencies)``
     returns (rate, p50, p99) and appends each request's latency; the result per target is (mean
     rate of its slices, pooled p50 ms, pooled p99 ms)."""
     rates: list[list[float]] = [[] for _ in runs]
     lats: list[list[float]] = [[] for _ in runs]
-    order = list(range(len(runs)))
-    order = order[int(first_b) % len(order) :] + order[: int(first_b) % len(order)]
+    start = rotate % len(runs)
+    order = [*range(start, len(runs)), *range(start)]
     for _ in range(segments):
         for i in order:
             rates[i].append(runs[i](seconds / segments, lats[i])[0])
@@ -630,7 +630,7 @@ def bench_cluster(
                     ]
                     runs[:2] = [m.wrap(run) for m, run in zip(meters, runs[:2], strict=True)]
                     (s_rate, s50, s99), (c_rate, c50, c99), *inf = side_by_side(
-                        *runs, seconds=seconds, segments=segments, first_b=rnd
+                        *runs, seconds=seconds, segments=segments, rotate=rnd
                     )
                     (s_ms, s_busy), (c_ms, c_busy) = (m.result() for m in meters)
                     if model == D and per_req not in st_rates:  # once per batch size and round

@@ -29,5 +29,5 @@ def test_slices_alternate_and_results_pool_per_target():
     ]
     assert a == (100.0, 10.0, 10.0) and b == (50.0, 20.0, 20.0)
     calls.clear()
-    side_by_side(runner("a", 1.0, 0.001), runner("b", 1.0, 0.001), seconds=3.0, segments=1, first_b=True)
+    side_by_side(runner("a", 1.0, 0.001), runner("b", 1.0, 0.001), seconds=3.0, segments=1, rotate=1)
     assert calls == [("b", 3.0), ("a", 3.0)]
