@@ -170,7 +170,7 @@ class Dispatcher:
         self._probe_js = nc.jetstream(timeout=STREAM_PROBE_TIMEOUT_S)
         self._sub: Subscription | None = None
         self.publisher = AckedPublisher(nc)
-        self._resends: set[asyncio.Task[Any]] = set()
+        self._resends: set[asyncio.Task[None]] = set()
         # The direct path, with replicated streams only (one server has no election to wait out):
         # the durables found without a leader (theirs or their stream's) and when last asked
         self.direct_after_s = direct_after_s if replicas > 1 else 0.0
@@ -211,13 +211,8 @@ class Dispatcher:
         if self.replicas == 1:
             self._ensured.clear()
             self._pending_cache.clear()
-        loop = asyncio.get_running_loop()
-        for task in (
-            loop.create_task(self.publisher.resend(), name="resend-publishes"),
-            loop.create_task(self.redispatch(), name="redispatch-unanswered"),
-        ):
-            self._resends.add(task)
-            task.add_done_callback(self._resends.discard)
+        self._background(self.publisher.resend())
+        self._background(self.redispatch())
 
     async def redispatch(self) -> int:
         """After a reconnect: publish again each stored message of a request in flight that carries
@@ -357,6 +352,9 @@ class Dispatcher:
         )
 
     def _background(self, work: Awaitable[Any]) -> None:
+        """Send items again beside the requests, kept until done; a failure is logged (each
+        request's own deadline answers for its items)."""
+
         async def run() -> None:
             try:
                 await work
