@@ -5,10 +5,10 @@ of one of its processes every few minutes and now and then a NATS member restart
 Traffic goes through our SDK from a few threads at a steady rate: encode, score and extract, both
 priority classes, with the result cache used and skipped (``X-SIE-Cache: off``). Every answer is
 checked against a reference taken before the first fault. Once a minute a line says how many
-requests completed and failed in that minute, their p99, and each process's RSS, open file
-descriptors and established TCP connections (``name=RSS/descriptors+connections``, and the
-connections of all processes together) and the JetStream consumers on each NATS member; the end
-prints a verdict.
+requests completed and failed in that minute, their p99, each process's RSS, open file descriptors
+and established TCP connections (``name=RSS/descriptors+connections``: the medians of reads every
+few seconds in that minute), the connections of all processes together, and the JetStream
+consumers on each NATS member; the end prints a verdict.
 
 Which processes die: ``VICTIMS`` (the second gateway, the second worker pod's worker and sidecar,
 the config service, two of the three NATS members), a NATS member only while all three are healthy
@@ -67,6 +67,11 @@ class Plan:
     threads: int = 3
     seed: int = 35
     sample_every_s: float = 60.0  # one line per this many seconds
+    # each process's RSS, descriptors and connections are read this often, and a line shows the
+    # medians of its interval's reads: nats-server's RSS follows its garbage collector's cycle
+    # (31-40 MB from one minute to the next with its live heap flat, docs/ha.md), so one read a
+    # minute judged the phase of that cycle rather than a leak
+    probe_every_s: float = 5.0
 
 
 OK, WRONG, ERROR = 0, 1, 2
@@ -314,7 +319,8 @@ class Soak:
         self.say(f"[soak] event: {event}")
 
     # ---- sampling --------------------------------------------------------------------------
-    def sample(self, minute: int) -> Sample:
+    def probe(self) -> dict[str, tuple[int, int, int, int]]:
+        """Every process's (pid, RSS kB, own descriptors, TCP connections) now."""
         procs: dict[str, tuple[int, int, int, int]] = {}
         established = established_sockets()
         pids = {name: row["pid"] for name, row in self.up.children().items() if row.get("pid")}
@@ -324,7 +330,11 @@ class Soak:
             stats = proc_stats(pid, established)
             if stats is not None:
                 procs[name] = (pid, *stats)
-        return Sample(minute, procs, self.nats_consumers())
+        return procs
+
+    def sample(self, minute: int, probes: list[dict[str, tuple[int, int, int, int]]]) -> Sample:
+        """The interval's line: each process's medians over ``probes`` (see :func:`medians`)."""
+        return Sample(minute, medians(probes), self.nats_consumers())
 
     def minute_line(self, minute: int, since: float, until: float, sample: Sample) -> str:
         with self.lock:
@@ -360,8 +370,11 @@ class Soak:
             while time.monotonic() < end:
                 minute += 1
                 tick = min(end, t0 + minute * self.plan.sample_every_s)
-                time.sleep(max(0.0, tick - time.monotonic()))
-                sample = self.sample(minute)
+                probes = []
+                while (now := time.monotonic()) < tick:
+                    time.sleep(min(self.plan.probe_every_s, tick - now))
+                    probes.append(self.probe())
+                sample = self.sample(minute, probes or [self.probe()])
                 self.samples.append(sample)
                 self.say(self.minute_line(minute, tick - self.plan.sample_every_s, tick, sample))
         finally:
@@ -457,6 +470,17 @@ class Soak:
             )
             if g_tcp > GROWTH_LIMIT:
                 self.report.grew.append(ALL_TCP)
+
+
+def medians(probes: list[dict[str, tuple[int, int, int, int]]]) -> dict[str, tuple[int, int, int, int]]:
+    """Per process of the last probe, the medians of its reads over ``probes`` (a process restarted
+    in between: its successor's reads only), as (pid, RSS kB, own descriptors, TCP connections)."""
+    out: dict[str, tuple[int, int, int, int]] = {}
+    for name, (pid, *_) in probes[-1].items():
+        reads = [p[name] for p in probes if p.get(name, (0,))[0] == pid]
+        rss, fds, tcp = (round(median(r[i] for r in reads)) for i in (1, 2, 3))
+        out[name] = (pid, rss, fds, tcp)
+    return out
 
 
 def median(values: Any) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-from tests.support.soak import ALL_TCP, Plan, Sample, Soak, established_sockets, proc_stats
+from tests.support.soak import ALL_TCP, Plan, Sample, Soak, established_sockets, medians, proc_stats
 
 
 def judged(procs_at) -> list[str]:
@@ -66,3 +66,16 @@ def test_a_processes_connections_are_counted_apart_from_its_other_descriptors():
         client.close()
         server.close()
         listener.close()
+
+
+def test_a_minute_is_the_median_of_its_reads_and_a_successor_counts_alone():
+    # a garbage-collected heap: one read a minute would land anywhere in the swing
+    probes = [{"nats": (7, rss, 17, 10)} for rss in (31_000, 40_000, 33_000, 39_000, 35_000)]
+    assert medians(probes) == {"nats": (7, 35_000, 17, 10)}
+    # gateway-2 killed and restarted mid-minute: its predecessor's reads are not its own
+    restarted = [
+        {"gateway-2": (5, 90_000, 30, 8)},
+        {"gateway-2": (5, 90_000, 30, 8)},
+        {"gateway-2": (9, 60_000, 14, 1)},
+    ]
+    assert medians(restarted) == {"gateway-2": (9, 60_000, 14, 1)}
