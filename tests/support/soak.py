@@ -69,7 +69,7 @@ class Plan:
     sample_every_s: float = 60.0  # one line per this many seconds
     # each process's RSS, descriptors and connections are read this often, and a line shows the
     # medians of its interval's reads: nats-server's RSS follows its garbage collector's cycle
-    # (31-40 MB from one minute to the next with its live heap flat, docs/ha.md), so one read a
+    # (31-41 MB from one minute to the next with its live heap flat, docs/ha.md), so one read a
     # minute judged the phase of that cycle rather than a leak
     probe_every_s: float = 5.0
 
