@@ -6,9 +6,9 @@ Traffic goes through our SDK from a few threads at a steady rate: encode, score 
 priority classes, with the result cache used and skipped (``X-SIE-Cache: off``). Every answer is
 checked against a reference taken before the first fault. Once a minute a line says how many
 requests completed and failed in that minute, their p99, each process's RSS, open file descriptors
-and established TCP connections (``name=RSS/descriptors+connections``: the medians of reads every
-few seconds in that minute), the connections of all processes together, and the JetStream
-consumers on each NATS member; the end prints a verdict.
+and established TCP connections (``name=RSS/descriptors+connections``, read every few seconds: the
+lowest RSS of the minute, the medians of the counts), the connections of all processes together,
+and the JetStream consumers on each NATS member; the end prints a verdict.
 
 Which processes die: ``VICTIMS`` (the second gateway, the second worker pod's worker and sidecar,
 the config service, two of the three NATS members), a NATS member only while all three are healthy
@@ -37,7 +37,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,7 +53,7 @@ VICTIMS = ("gateway-2", "worker-2", "sidecar-2", "config", "nats-2", "nats-3")
 NATS_RESTARTS = ("nats-2", "nats-3")
 WITNESSES = ("gateway", "worker", "sidecar", "nats")
 GROWTH_LIMIT = 0.10  # RSS and descriptor count may grow at most this much from the baseline minute
-GROWTH_WINDOW = 5  # minutes whose median stands for each end of the comparison
+GROWTH_WINDOW = 5  # minutes that stand for each end of the comparison
 ALL_TCP = "tcp (all)"  # the growth line of the TCP connections over every process
 
 
@@ -67,10 +67,7 @@ class Plan:
     threads: int = 3
     seed: int = 35
     sample_every_s: float = 60.0  # one line per this many seconds
-    # each process's RSS, descriptors and connections are read this often, and a line shows the
-    # medians of its interval's reads: nats-server's RSS follows its garbage collector's cycle
-    # (31-41 MB from one minute to the next with its live heap flat, docs/ha.md), so one read a
-    # minute judged the phase of that cycle rather than a leak
+    # each process's RSS, descriptors and connections are read this often (see Minute)
     probe_every_s: float = 5.0
 
 
@@ -115,10 +112,28 @@ MAX_ERRORS = 10
 SLOWEST = 5  # the verdict names this many slowest requests: when, and what they were
 
 
+class Minute(NamedTuple):
+    """One process over one interval's reads.
+
+    The RSS is the lowest read. A leak is memory that is never given back, so it lifts every read
+    after it and the lowest with them; what a garbage collector takes and gives back moves the
+    other reads and leaves the lowest where it was. nats-server's RSS follows its collector's cycle,
+    31-41 MB from one minute to the next over an hour with its live heap flat (docs/ha.md), and
+    that cycle is slower than a minute: one read a minute, and then the median of a minute's
+    twelve, judged the phase of the cycle at each end of the hour (+1.5 % in one hour, +18.4 % in
+    the next, the same member). The median is kept beside it for the record."""
+
+    pid: int
+    rss: int  # kB, the lowest read
+    fds: int  # own descriptors (not established TCP connections), the median of the reads
+    tcp: int  # established TCP connections, the median of the reads
+    rss_median: int = 0  # kB
+
+
 @dataclass
 class Sample:
     minute: int
-    procs: dict[str, tuple[int, int, int, int]]  # name → (pid, RSS kB, own descriptors, TCP connections)
+    procs: dict[str, Minute]
     consumers: list[int | None] = field(default_factory=list)  # JetStream consumers on each NATS member
 
     @property
@@ -333,15 +348,15 @@ class Soak:
         return procs
 
     def sample(self, minute: int, probes: list[dict[str, tuple[int, int, int, int]]]) -> Sample:
-        """The interval's line: each process's medians over ``probes`` (see :func:`medians`)."""
-        return Sample(minute, medians(probes), self.nats_consumers())
+        """The interval's line: each process over ``probes`` (see :func:`summarise`)."""
+        return Sample(minute, summarise(probes), self.nats_consumers())
 
     def minute_line(self, minute: int, since: float, until: float, sample: Sample) -> str:
         with self.lock:
             lat, failed, wrong = self.outcomes.window(since, until)
         lat.sort()
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000 if lat else 0.0
-        procs = " ".join(f"{n}={rss // 1024}M/{fds}+{tcp}" for n, (_, rss, fds, tcp) in sample.procs.items())
+        procs = " ".join(f"{n}={p.rss // 1024}M/{p.fds}+{p.tcp}" for n, p in sample.procs.items())
         return (
             f"[soak] min {minute:3d}  req {len(lat):5d}  fail {failed}  wrong {wrong}  "
             f"p99 {p99:6.0f} ms  | rss/fds+tcp {procs}  tcp {sample.connections}  "
@@ -417,10 +432,8 @@ class Soak:
         """Per process: RSS and descriptors over the last minutes against the minutes from the
         baseline minute on, for the process that lived through both (a killed process's successor:
         from its second minute on, when that is at or after the baseline, and only when it lived at
-        least half of the measured span). Each side is the median of up to GROWTH_WINDOW one-minute
-        samples: a garbage-collected heap swings within a minute (the first hour run saw
-        nats-server's RSS go 32-40 MB minute to minute, no trend), so one sample against one sample
-        would judge the phase of its collector, not a leak.
+        least half of the measured span). Each side spans up to GROWTH_WINDOW minutes: its RSS is
+        the lowest read in them (see :class:`Minute`), its descriptors the median of the minutes'.
 
         A process's descriptors are judged without its established TCP connections, and those are
         judged over all processes together: a kill moves connections from the victim to a survivor
@@ -431,8 +444,8 @@ class Soak:
         if not self.samples:
             return
         last = self.samples[-1]
-        for name, (pid, *_) in last.procs.items():
-            alive = [s for s in self.samples if s.procs.get(name, (0,))[0] == pid]
+        for name, now in last.procs.items():
+            alive = [s for s in self.samples if name in s.procs and s.procs[name].pid == now.pid]
             first = alive[0].minute
             base_minute = max(self.plan.baseline_minute, first + 1)
             span = last.minute - base_minute
@@ -447,13 +460,16 @@ class Soak:
             window = max(1, min(GROWTH_WINDOW, span // 4))
             head = [s.procs[name] for s in alive if base_minute <= s.minute < base_minute + window]
             tail = [s.procs[name] for s in alive if s.minute > last.minute - window]
-            rss0, fds0, tcp0 = (median(p[i] for p in head) for i in (1, 2, 3))
-            rss1, fds1, tcp1 = (median(p[i] for p in tail) for i in (1, 2, 3))
+            rss0, rss1 = min(p.rss for p in head), min(p.rss for p in tail)
+            mid0, mid1 = median(p.rss_median for p in head), median(p.rss_median for p in tail)
+            fds0, fds1 = median(p.fds for p in head), median(p.fds for p in tail)
+            tcp0, tcp1 = median(p.tcp for p in head), median(p.tcp for p in tail)
             g_rss, g_fds = (rss1 - rss0) / max(rss0, 1), (fds1 - fds0) / max(fds0, 1)
             self.report.growth[name] = (
-                f"min {base_minute}-{base_minute + window - 1} → {last.minute - window + 1}-{last.minute} "
-                f"(medians): rss {rss0 / 1024:.0f}→{rss1 / 1024:.0f} MB ({g_rss:+.1%}), "
-                f"fds {fds0:g}→{fds1:g} ({g_fds:+.1%}), tcp {tcp0:g}→{tcp1:g} (not judged alone)"
+                f"min {base_minute}-{base_minute + window - 1} → {last.minute - window + 1}-{last.minute}: "
+                f"rss lowest {rss0 / 1024:.1f}→{rss1 / 1024:.1f} MB ({g_rss:+.1%}; median "
+                f"{mid0 / 1024:.1f}→{mid1 / 1024:.1f}, not judged), fds {fds0:g}→{fds1:g} ({g_fds:+.1%}), "
+                f"tcp {tcp0:g}→{tcp1:g} (not judged alone)"
             )
             if g_rss > GROWTH_LIMIT or g_fds > GROWTH_LIMIT:
                 self.report.grew.append(name)
@@ -472,14 +488,15 @@ class Soak:
                 self.report.grew.append(ALL_TCP)
 
 
-def medians(probes: list[dict[str, tuple[int, int, int, int]]]) -> dict[str, tuple[int, int, int, int]]:
-    """Per process of the last probe, the medians of its reads over ``probes`` (a process restarted
-    in between: its successor's reads only), as (pid, RSS kB, own descriptors, TCP connections)."""
-    out: dict[str, tuple[int, int, int, int]] = {}
+def summarise(probes: list[dict[str, tuple[int, int, int, int]]]) -> dict[str, Minute]:
+    """Per process of the last probe, its reads over ``probes`` (a process restarted in between:
+    its successor's reads only) as a :class:`Minute`; each probe maps a name to (pid, RSS kB, own
+    descriptors, TCP connections)."""
+    out: dict[str, Minute] = {}
     for name, (pid, *_) in probes[-1].items():
         reads = [p[name] for p in probes if p.get(name, (0,))[0] == pid]
-        rss, fds, tcp = (round(median(r[i] for r in reads)) for i in (1, 2, 3))
-        out[name] = (pid, rss, fds, tcp)
+        fds, tcp, rss_median = (round(median(r[i] for r in reads)) for i in (2, 3, 1))
+        out[name] = Minute(pid, min(r[1] for r in reads), fds, tcp, rss_median)
     return out
 
 
