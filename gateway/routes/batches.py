@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,6 +14,8 @@ from gateway.batches import BatchStore, new_batch, public
 from gateway.http_common import error_response, gateway_of, read_json_body
 from protocol.api import BatchBody, parse_request
 from protocol.errors import ErrorCode, SIEError, invalid_input
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FILE_PURPOSES = ("batch",)
@@ -101,9 +104,30 @@ async def handle_file_get(request: web.Request) -> web.Response:
 
 
 @openai_errors
-async def handle_file_content(request: web.Request) -> web.Response:
-    content = await _store(request).file_content(request.match_info["file_id"])
-    return web.Response(body=content, content_type="application/octet-stream")
+async def handle_file_content(request: web.Request) -> web.StreamResponse:
+    """The file's bytes, one part at a time (a batch's output file is its chunks' objects), so a
+    large file is never whole in the gateway's memory. The first part is read before the answer
+    starts, so a file already gone is still a 404; a part gone after that ends the answer short of
+    its Content-Length, which a client sees as a broken transfer."""
+    store = _store(request)
+    file_id = request.match_info["file_id"]
+    meta, parts = await store.file_parts(file_id)
+    first = await store.part(file_id, parts[0]) if parts else b""
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    response.content_length = meta["bytes"]
+    await response.prepare(request)
+    await response.write(first)
+    for name in parts[1:]:
+        try:
+            data = await store.part(file_id, name)
+        except SIEError:  # deleted while it was being sent: the answer cannot say so now
+            log.warning("file %s: part %s is gone; its answer breaks off", file_id, name)
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write(data)
+    await response.write_eof()
+    return response
 
 
 @openai_errors

@@ -85,6 +85,22 @@ async def test_a_batch_of_embeddings_runs_to_its_output_file(nats_server, start_
         (err,) = output_lines((await oa.files.content(done.error_file_id)).content)
         assert err["custom_id"] == "req-150" and err["response"]["status_code"] == 404
         assert err["response"]["body"]["error"]["code"] == "model_not_found"
+        # the output file is its four chunks' objects, in order, not a copy of them; the error file
+        # is the one chunk that had an error line, and the empty error chunks are gone
+        store = h.gateway.batches
+        content = (await oa.files.content(done.output_file_id)).content
+        meta, parts = await store.file_parts(done.output_file_id)
+        assert parts == [f"{batch.id}/out/{i:06d}" for i in range(4)]
+        assert meta["bytes"] == len(content) == (await oa.files.retrieve(done.output_file_id)).bytes
+        assert "_parts" not in meta and all("_parts" not in f for f in await store.list_records("file"))
+        assert (await store.file_parts(done.error_file_id))[1] == [f"{batch.id}/err/000003"]
+        assert [await store.object_size(f"{batch.id}/err/{i:06d}") for i in range(3)] == [None] * 3
+        assert await store.object_size(f"{batch.id}/out/000004") is None  # nothing past the last chunk
+        # deleting the output file deletes its parts
+        assert (await oa.files.delete(done.output_file_id)).deleted
+        assert [await store.object_size(name) for name in parts] == [None] * 4
+        with pytest.raises(openai.NotFoundError):
+            await oa.files.content(done.output_file_id)
         # the lines ran at bulk priority: every item published was a bulk one
         metrics = h.gateway.metrics.render().decode()
         assert 'sie_gateway_priority_items_total{priority="bulk"} 200.0' in metrics
@@ -97,6 +113,39 @@ async def test_a_batch_of_embeddings_runs_to_its_output_file(nats_server, start_
     finally:
         await oa.close()
         await w.stop()
+
+
+async def test_a_file_whose_part_is_gone_is_a_404_or_a_broken_transfer(nats_server, start_gateway):
+    import aiohttp
+
+    h = await start_gateway()
+    store = h.gateway.batches
+    await store.files.put("p/0", b"first part\n")
+    await store.files.put("p/1", b"second part\n")
+    meta = await store.put_parts_file(
+        ["p/0", "p/1"], 23, filename="f.jsonl", purpose="batch_output", file_id="file-parts"
+    )
+    assert meta == {**meta, "id": "file-parts", "bytes": 23}
+    async with aiohttp.ClientSession() as session:
+        url = h.url("/v1/files/file-parts/content")
+        async with session.get(url) as r:
+            assert r.status == 200 and await r.read() == b"first part\nsecond part\n"
+        await store.delete_object("p/1")  # a later part gone: the answer breaks off short
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with session.get(url) as r:
+                assert r.status == 200
+                await r.read()
+        await store.delete_object("p/0")  # the first part gone: still an answer that says so
+        async with session.get(url) as r:
+            assert r.status == 404 and "file-parts" in (await r.json())["error"]["message"]
+    # a file of no parts (a completed batch whose every line failed has an empty output file)
+    await store.put_parts_file([], 0, filename="e.jsonl", purpose="batch_output", file_id="file-empty")
+    oa = client(h)
+    try:
+        assert (await oa.files.content("file-empty")).content == b""
+        assert (await oa.files.delete("file-empty")).deleted
+    finally:
+        await oa.close()
 
 
 async def test_a_file_with_bad_lines_fails_the_batch_naming_each(nats_server, start_gateway):
