@@ -123,7 +123,7 @@ class Intake:
         # per priority class, a running average over its last ten or so messages: interactive
         # messages carry a request of a few items, bulk ones a Batch API line's chunk, and one
         # average of both (single texts arriving 8 times as often as 25-text lines: about 3) had a
-        # bulk pull ask for 8 times the room, fill the held budget past its end and close the
+        # bulk pull ask for about 7 times its room, fill the held budget past its end and close the
         # interactive pull until bulk batches were settled (interactive items 30-130 ms late)
         self._items_per_message = {INTERACTIVE: 1.0, BULK: 1.0}
 
