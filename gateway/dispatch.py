@@ -34,16 +34,26 @@ from protocol.streams import DEFAULT_ACK_WAIT_S, reconcile_stream, stream_config
 from protocol.subjects import (
     BULK,
     INTERACTIVE,
+    TAKEN_TOKEN,
     direct_subject,
     inbox_prefix,
     lane_durable,
     pool_stream_name,
     reply_subject,
     results_subject,
+    taken_subject,
     work_cancel_subject,
     work_subject,
 )
-from protocol.work import MSG_ID, ItemRef, WorkResult, redispatch_msg_id, unpack_results, work_item_id
+from protocol.work import (
+    H_TAKEN,
+    MSG_ID,
+    ItemRef,
+    WorkResult,
+    redispatch_msg_id,
+    unpack_results,
+    work_item_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +68,14 @@ STREAM_INFO_TTL_S = 0.25
 STREAM_INFO_MAX_STALE_S = 15.0
 STREAM_PROBE_TIMEOUT_S = 1.0
 # The direct path (docs/ha.md): how often requests are looked at for a stall, how long a lane's
-# leader probe may take, how often a lane without a leader is asked again, and after how long an item
-# sent directly without a result is sent again (as long as a delivery's ack wait: a sidecar that took
-# it may have died, core NATS keeps nothing).
+# leader probe may take, how often a lane without a leader is asked again, after how long a message
+# sent directly that no sidecar said it took is sent again (it went to a connection that had died, or
+# its sidecars were cut off themselves), and after how long an item taken without a result is (as
+# long as a delivery's ack wait: the sidecar that took it may have died, core NATS keeps nothing).
 DIRECT_TICK_S = 0.25
 LANE_PROBE_TIMEOUT_S = 0.5
 LANE_PROBE_INTERVAL_S = 0.5
+DIRECT_TAKE_S = 0.5
 DIRECT_RESEND_S = DEFAULT_ACK_WAIT_S
 
 
@@ -94,6 +106,8 @@ class Collector:
     lane: Lane | None = None
     progress_at: float = 0.0  # time.monotonic() of its start, then of its latest result
     direct_at: float | None = None  # when its unanswered items were last sent on the direct path
+    # the messages (by first slot) sent on the direct path that no sidecar has said it took
+    untaken: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.remaining = sum(1 for r in self.results if r is None)
@@ -106,6 +120,10 @@ class Collector:
     def missing(self) -> list[WorkMessage]:
         """Its messages that carry an item without a result."""
         return [m for m in self.sent if any(self.results[slot] is None for slot in m.slots)]
+
+    def missing_untaken(self) -> list[WorkMessage]:
+        """Its messages sent on the direct path that no sidecar took, and still without a result."""
+        return [m for m in self.missing() if m.slots[0] in self.untaken]
 
     def put(self, result: WorkResult) -> None:
         idx = result.item_index
@@ -143,6 +161,7 @@ class Dispatcher:
         self.router_id = router_id or str(uuid.uuid4())
         # where sidecars send several of this gateway's results in one message
         self.results_subject = results_subject(self.router_id)
+        self._taken_prefix = f"{inbox_prefix(self.router_id)}.{TAKEN_TOKEN}."  # then request and slot
         self.storage = storage
         self.max_age_s = max_age_s
         self.max_msgs = max_msgs
@@ -266,8 +285,9 @@ class Dispatcher:
     # gateway ask the lane's stream and durable for their info (their leaders answer); when either
     # does not answer, the lane's unanswered items, and its new requests while that lasts, go to its
     # sidecars on core NATS (``sie.direct.<work subject>``, a queue group per durable) instead.
-    # Nothing keeps an item sent that way: one without a result after DIRECT_RESEND_S is sent again,
-    # directly while the lane has no leader, else to the stream. An item may so run twice (the
+    # Nothing keeps an item sent that way: a message no sidecar said it took (``Sie-Taken``) within
+    # DIRECT_TAKE_S, or one taken without a result after DIRECT_RESEND_S, is sent again, directly
+    # while the lane has no leader, else to the stream. An item may so run twice (the
     # stream delivers what it held once it has a leader again); the first result fills its slot.
     async def _watch_stalls(self) -> None:
         while True:
@@ -286,14 +306,20 @@ class Dispatcher:
                 continue
             durable = col.durable
             if col.direct_at is not None:
-                if now - max(col.direct_at, col.progress_at) >= DIRECT_RESEND_S:
-                    missing = col.missing()
-                    if durable in self._leaderless:
-                        await self._send_direct(col, missing)
-                    else:  # the lane has its leaders again: back to the stream, which keeps them
-                        col.direct_at = None
-                        col.progress_at = now
-                        self._background(self._send_again(col, missing))
+                overdue = now - max(col.direct_at, col.progress_at) >= DIRECT_RESEND_S
+                untaken = bool(col.untaken) and now - col.direct_at >= DIRECT_TAKE_S
+                if durable in self._leaderless:
+                    if overdue:
+                        await self._send_direct(col, col.missing())
+                    elif untaken:
+                        await self._send_direct(col, col.missing_untaken())
+                elif (
+                    overdue or untaken
+                ):  # the lane has its leaders again: back to the stream, which keeps them
+                    col.direct_at = None
+                    col.untaken.clear()
+                    col.progress_at = now
+                    self._background(self._send_again(col, col.missing()))
             elif durable in self._leaderless:
                 await self._send_direct(col, col.missing())
             elif now - col.progress_at >= self.direct_after_s:
@@ -337,14 +363,17 @@ class Dispatcher:
         return col is not None and col.direct_at is not None
 
     async def _send_direct(self, col: Collector, missing: list[WorkMessage]) -> None:
-        """Send ``missing`` (messages of ``col``) to the lane's sidecars on core NATS; a publish of
-        the request still waiting for its acks stops waiting."""
+        """Send ``missing`` (messages of ``col``) to the lane's sidecars on core NATS, each asking the
+        sidecar that takes it to say so (``Sie-Taken``); a publish of the request still waiting for
+        its acks stops waiting."""
         col.direct_at = time.monotonic()
         self.publisher.abandon(col.request_id)
         subject = direct_subject(col.subject)
+        col.untaken.update(m.slots[0] for m in missing)
         try:
             for m in missing:
-                await self.nc.publish(subject, m.payload, headers=m.headers)
+                taken = taken_subject(self.router_id, col.request_id, m.slots[0])
+                await self.nc.publish(subject, m.payload, headers={**m.headers, H_TAKEN: taken})
         except Exception as exc:  # noqa: BLE001 - sent again after DIRECT_RESEND_S without a result
             log.warning("sending work on the direct path failed: %s", exc)
         labelled(self.metrics.direct_items, col.lane.priority if col.lane else INTERACTIVE).inc(
@@ -658,6 +687,12 @@ class Dispatcher:
         return True
 
     async def _on_result(self, msg: Msg) -> None:
+        if msg.subject.startswith(self._taken_prefix):  # a sidecar took a message sent directly
+            request_id, _, slot = msg.subject[len(self._taken_prefix) :].partition(".")
+            col = self._collectors.get(request_id)
+            if col is not None and slot.isdigit():
+                col.untaken.discard(int(slot))
+            return
         if msg.subject == self.results_subject:
             try:
                 results = unpack_results(msg.data)

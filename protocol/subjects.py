@@ -132,6 +132,16 @@ def results_subject(router_id: str) -> str:
     return f"{INBOX_PREFIX}.{router_id}.{RESULTS_TOKEN}"
 
 
+TAKEN_TOKEN = "taken"
+
+
+def taken_subject(router_id: str, request_id: str, first_slot: int) -> str:
+    """Where a sidecar says it took a work message the gateway sent on the direct path (an empty
+    message; core NATS keeps nothing, so the gateway sends again what no sidecar took): under the
+    gateway's inbox, on a token no request id takes, then the request and the message's first slot."""
+    return f"{INBOX_PREFIX}.{router_id}.{TAKEN_TOKEN}.{request_id}.{first_slot}"
+
+
 def is_valid_reply_subject(subject: str) -> bool:
     return subject.startswith(INBOX_PREFIX + ".") and not subject.startswith(WORKER_INBOX_PREFIX)
 

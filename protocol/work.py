@@ -232,6 +232,9 @@ def work_item_id(request_id: str, index: int) -> str:
 # ``Sie-Items`` carries one item, its encoding as the body. An item too large to share a message
 # travels alone (through the payload store when it is over the NATS max payload).
 H_ITEMS = "Sie-Items"
+# On a message the gateway sends on the direct path: the subject the sidecar that takes it answers
+# on (protocol.subjects.taken_subject), before it works on it.
+H_TAKEN = "Sie-Taken"
 MAX_CHUNK_ITEMS = 1024
 
 

@@ -36,7 +36,7 @@ from protocol.subjects import (
     subject_priority,
     work_subject_of_direct,
 )
-from protocol.work import OPERATIONS, RoutingHeader, WorkResult, unpack_items
+from protocol.work import H_TAKEN, OPERATIONS, RoutingHeader, WorkResult, unpack_items
 from sidecar.deliveries import Delivery, Held, Lease
 from sidecar.metrics import SidecarMetrics
 from sidecar.puller import Puller
@@ -267,13 +267,20 @@ class Intake:
 
     async def delivered_direct(self, msg: Msg) -> None:
         """A work message the gateway sent on the direct path: taken like a delivery from the lane's
-        stream, under its work subject. It has no reply subject, so there is nothing to ACK, NAK or
-        progress-ACK (:mod:`sidecar.settlement`): an item refused or lost here is sent again by the
-        gateway, which waits for its result."""
+        stream, under its work subject, once the gateway has been told it was taken (``Sie-Taken``:
+        what no sidecar takes is sent again within a second). It has no reply subject, so there is
+        nothing to ACK, NAK or progress-ACK (:mod:`sidecar.settlement`): an item refused or lost here
+        is sent again by the gateway, which waits for its result."""
         work = work_subject_of_direct(msg.subject)
         if work is None or msg.reply:
             log.warning("dropping a direct work message on %s with reply %r", msg.subject, msg.reply)
             return
+        if self.stopping.is_set():
+            return  # not taken: the gateway sends it again to a pod that is not stopping
+        taken = (msg.headers or {}).get(H_TAKEN)
+        if taken is not None and is_valid_reply_subject(taken):
+            with contextlib.suppress(Exception):  # not heard: the gateway sends it again, run twice
+                await self.nc.publish(taken, b"")
         self.stats["direct"] += 1
         msg.subject = work
         await self.delivered(msg)

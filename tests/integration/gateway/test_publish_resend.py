@@ -1,19 +1,23 @@
-"""Publishing a request's items: at most a window unacknowledged at once, one timeout for all, and a
-publish whose ack died with the NATS connection sent again at the reconnect."""
+"""Publishing a request's items: at most a window unacknowledged at once, one timeout for all, a
+publish whose ack died with the NATS connection sent again at the reconnect, and what the direct path
+sends again."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import time
 
+import nats
 import pytest
 
-from gateway.dispatch import Collector, WorkMessage
+from gateway.dispatch import DIRECT_RESEND_S, DIRECT_TAKE_S, Collector, WorkMessage
+from gateway.routing import Lane
 from protocol.errors import ErrorCode, SIEError
-from protocol.subjects import pool_stream_name, work_subject
-from protocol.work import ItemRef, RoutingHeader, WorkResult
+from protocol.subjects import direct_subject, pool_stream_name, work_subject
+from protocol.work import H_TAKEN, ItemRef, RoutingHeader, WorkResult
 from tests.support.polling import wait_until
 
 
@@ -180,3 +184,88 @@ async def test_after_a_reconnect_items_still_unanswered_are_dispatched_again(dis
     route = RoutingHeader("w-0", "r", 0, "_INBOX.g.r", "m", "encode", "g", 1)
     headers = {**route.headers(), "Nats-Msg-Id": msgs[2].headers["Nats-Msg-Id"]}
     assert RoutingHeader.from_headers(headers).work_item_id == "w-0"
+
+
+async def test_a_message_sent_directly_that_no_sidecar_took_is_sent_again_soon(nats_server, dispatcher):
+    """Nothing keeps a message on the direct path: one sent while the lane's sidecars were cut off
+    (or into a connection that had died unnoticed) is lost. A sidecar says it took one (the subject
+    in its ``Sie-Taken`` header); what none took goes again after DIRECT_TAKE_S, what one took only
+    after DIRECT_RESEND_S without a result, and then only the messages still missing a result."""
+    d = await dispatcher()
+    await d.start()  # the inbox subscription that hears results and takes
+    lane = Lane("default", "cpu", "default")
+    subject = work_subject("default", "cpu", "default", "m")
+    loop = asyncio.get_running_loop()
+    col = Collector(3, [None, None, None], loop.create_future(), subject=subject, request_id="r", lane=lane)
+    col.sent = [
+        WorkMessage((0,), b"item-0", {"Nats-Msg-Id": "w-0"}),
+        WorkMessage((1, 2), b"chunk-1-2", {"Nats-Msg-Id": "w-1+2"}),
+    ]
+    col.progress_at = time.monotonic()
+    d._collectors["r"] = col
+    d._leaderless[col.durable] = lane  # what the probe finds during an election
+    d._lane_probed[col.durable] = math.inf  # not asked again: this one server would answer it
+    await d._send_direct(col, col.missing())  # no sidecar listens yet: lost
+    await d.nc.flush()
+    assert col.untaken == {0, 1}
+
+    got: list[bytes] = []
+    sidecar = await nats.connect(nats_server.url)
+
+    async def take(msg) -> None:
+        got.append(msg.data)
+        await sidecar.publish(msg.headers[H_TAKEN], b"")
+
+    try:
+        await sidecar.subscribe(direct_subject(subject), queue=col.durable, cb=take)
+        await sidecar.flush()
+        sent_at = col.direct_at
+        assert sent_at is not None
+        await d._look_for_stalls(sent_at + DIRECT_TAKE_S - 0.1)
+        await d.nc.flush()
+        await asyncio.sleep(0.2)
+        assert got == []  # not yet due
+        await d._look_for_stalls(sent_at + DIRECT_TAKE_S)
+        await wait_until(lambda: not col.untaken, 5, what="both messages taken")
+        assert sorted(got) == [b"chunk-1-2", b"item-0"]
+
+        # taken: not sent again while the sidecar works on them ...
+        sent_at = col.direct_at
+        assert sent_at is not None
+        await d._look_for_stalls(sent_at + DIRECT_RESEND_S - 0.1)
+        await d.nc.flush()
+        await asyncio.sleep(0.2)
+        assert len(got) == 2
+        # ... until one has no result for DIRECT_RESEND_S (its sidecar may have died)
+        col.put(WorkResult.failure(ItemRef("w-0", "r", 0), "X", "answered"))
+        await d._look_for_stalls(time.monotonic() + DIRECT_RESEND_S)
+        await wait_until(lambda: len(got) == 3, 5, what="the unanswered chunk sent again")
+        assert got[2] == b"chunk-1-2"
+    finally:
+        await sidecar.close()
+        await d.stop()
+
+
+async def test_a_message_sent_directly_that_no_sidecar_took_goes_to_the_stream_once_it_has_a_leader(
+    dispatcher,
+):
+    """The lane's leaders came back before a sidecar took what was sent directly: what is missing
+    goes to the stream after DIRECT_TAKE_S, not after DIRECT_RESEND_S."""
+    d = await dispatcher()
+    await d.ensure_stream("default")
+    lane = Lane("default", "cpu", "default")
+    subject = work_subject("default", "cpu", "default", "m")
+    col = Collector(
+        1, [None], asyncio.get_running_loop().create_future(), subject=subject, request_id="r", lane=lane
+    )
+    col.sent = [WorkMessage((0,), b"item-0", {"Nats-Msg-Id": "w-0"})]
+    col.progress_at = time.monotonic()
+    d._collectors["r"] = col
+    await d._send_direct(col, col.missing())  # nobody takes it; the lane is not (any longer) leaderless
+    sent_at = col.direct_at
+    assert sent_at is not None
+    await d._look_for_stalls(sent_at + DIRECT_TAKE_S)
+    assert col.direct_at is None and not col.untaken
+    sub = await d.nc.jetstream().pull_subscribe(subject, durable="check", stream=pool_stream_name("default"))
+    msgs = await sub.fetch(1, timeout=5)
+    assert [(m.data, m.headers["Nats-Msg-Id"]) for m in msgs] == [(b"item-0", "w-0~1")]

@@ -23,7 +23,7 @@ import nats.js.errors
 from protocol.catalog import Catalog
 from protocol.model_config import parse_model_yaml
 from protocol.subjects import HEALTH_PREFIX, direct_subject, reply_subject, results_subject, work_subject
-from protocol.work import RoutingHeader, WorkItem, WorkResult, unpack_results
+from protocol.work import H_TAKEN, RoutingHeader, WorkItem, WorkResult, unpack_results
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
 from sidecar.settings import SidecarSettings
@@ -221,11 +221,14 @@ class Gateway:
                     raise
                 await asyncio.sleep(0.5)
 
-    async def publish_direct(self, item: WorkItem, request_items: int = 1) -> None:
+    async def publish_direct(self, item: WorkItem, request_items: int = 1, taken: str | None = None) -> None:
         """Send ``item`` on the lane's direct path, as the gateway does while the lane's stream or
-        durable has no leader: core NATS, no reply subject."""
+        durable has no leader: core NATS, no reply subject, ``taken`` the subject a sidecar that takes
+        it answers on (``Sie-Taken``)."""
         subject = direct_subject(work_subject("default", "cpu", "default", item.model_id))
         headers = RoutingHeader.of(item, request_items, None).headers()
+        if taken is not None:
+            headers[H_TAKEN] = taken
         await self.nc.publish(subject, item.to_msgpack(), headers=headers)
 
     async def publish_raw(self, model_id: str, data: bytes, headers: dict[str, str] | None = None) -> None:

@@ -339,12 +339,21 @@ async def test_items_sent_on_the_direct_path_are_answered_and_nothing_is_settled
             await gw.wait_for([warm.work_item_id])
             await settled_consumer(lane.js, lane.stream, lane.durable)
             seq = (await lane.js.stream_info(lane.stream)).state.last_seq
+            takes: list[str] = []
+
+            async def took(msg) -> None:
+                takes.append(msg.subject)
+
+            await gw_nc.subscribe("_INBOX.gw.taken.>", cb=took)
             items = [gw.item("req-d", i, model_id=MODEL, text=f"direct {i}", total=6) for i in range(6)]
             for it in items:
-                await gw.publish_direct(it, request_items=6)
+                await gw.publish_direct(it, request_items=6, taken=f"_INBOX.gw.taken.req-d.{it.item_index}")
             got = await gw.wait_for([it.work_item_id for it in items])
             assert all(res.success for (res,) in got.values())
             assert lane.stats["direct"] == 6
+            # each said it was taken, on the subject its message named
+            await wait_until(lambda: len(takes) == 6, 5, what="six takes")
+            assert sorted(takes) == [f"_INBOX.gw.taken.req-d.{i}" for i in range(6)]
             # nothing went through the stream, and nothing was sent to it in the items' name
             info = await lane.js.stream_info(lane.stream)
             assert info.state.messages == 0 and info.state.last_seq == seq
