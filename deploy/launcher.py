@@ -190,6 +190,15 @@ class Pod:
         return [self.metrics_port + i for i in range(self.processes)] if self.metrics_port else []
 
 
+# Each member pings its routes every second and drops one with two pings unanswered (NATS: every
+# 30 s at most). A member that hangs (SIGSTOP, a stalled VM) keeps its routes open, and until they
+# close the others still count its clients' subscriptions: a queue group (the sidecars' direct path,
+# docs/ha.md) then sends some messages to a client of the hung member, where they are lost; with the
+# default the route stayed for the 10 s write deadline and more, with this about 3 s. The chart's
+# NATS config says the same (helm/sie-cluster/templates/nats.yaml).
+ROUTE_PINGS = 'cluster {\n  ping_interval: "1s"\n  ping_max: 2\n}\n'
+
+
 @dataclass
 class Cluster:
     state_dir: Path
@@ -264,8 +273,13 @@ class Cluster:
         if self.nats_replicas == 1:
             return [*cmd, "-sd", str(self.state_dir / "jetstream")]
         routes = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_route_ports)
+        conf = self.state_dir / "jetstream" / "cluster.conf"  # what the flags cannot say
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(ROUTE_PINGS)
         return [
             *cmd,
+            "-c",
+            str(conf),
             "-sd",
             str(self.state_dir / "jetstream" / self.nats_names[index]),
             "-n",

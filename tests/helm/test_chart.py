@@ -598,6 +598,29 @@ def test_wrong_values_fail(render, sets, message):
 
 
 # ---------------------------------------------------------------------- NATS config runs
+def test_a_nats_cluster_drops_a_hung_members_routes_within_seconds(render, tmp_path):
+    """Three members ping their routes every second and drop one at the second unanswered ping, as
+    ``sie up`` does (deploy/launcher.py ROUTE_PINGS, tests/integration/cluster/test_nats_routes.py);
+    the config is one nats-server takes."""
+    from tests.support.nats_server import nats_server_binary
+
+    docs = render.template(sets={"nats.replicas": "3", "queue.streamReplicas": "3"})
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-nats-config")]
+    conf = cm["data"]["nats.conf"]
+    cluster = conf[conf.index("cluster {") :]
+    assert 'ping_interval: "1s"' in cluster and "ping_max: 2" in cluster, cluster
+    conf = conf.replace("/data/jetstream", str(tmp_path / "js")).replace("/var/run/nats", str(tmp_path))
+    conf = conf.replace("$POD_NAME", "sie-nats-0").replace("include ./auth/auth.conf", "")
+    (tmp_path / "nats.conf").write_text(conf)
+    check = subprocess.run(
+        [nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_rendered_nats_config_runs_with_role_permissions(render, tmp_path):
     nats_mod = pytest.importorskip("nats")
     from tests.support.nats_server import free_port, nats_server_binary
