@@ -313,9 +313,8 @@ class Dispatcher:
                         await self._send_direct(col, col.missing())
                     elif untaken:
                         await self._send_direct(col, col.missing_untaken())
-                elif (
-                    overdue or untaken
-                ):  # the lane has its leaders again: back to the stream, which keeps them
+                elif overdue or untaken:
+                    # the lane has its leaders again: back to the stream, which keeps them
                     col.direct_at = None
                     col.untaken.clear()
                     col.progress_at = now
