@@ -598,27 +598,34 @@ def test_wrong_values_fail(render, sets, message):
 
 
 # ---------------------------------------------------------------------- NATS config runs
+def local_nats_conf(docs: list[dict], tmp_path: Path) -> str:
+    """The rendered ``nats.conf`` with this machine's paths and a pod name in place of the pod's."""
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-nats-config")]
+    conf = cm["data"]["nats.conf"]
+    conf = conf.replace("/data/jetstream", str(tmp_path / "js")).replace("/var/run/nats", str(tmp_path))
+    return conf.replace("$POD_NAME", "sie-nats-0")
+
+
+def check_nats_conf(path: Path) -> None:
+    """``nats-server -t``: the config at ``path`` is one nats-server takes."""
+    from tests.support.nats_server import nats_server_binary
+
+    check = subprocess.run(
+        [nats_server_binary(), "-t", "-c", str(path)], capture_output=True, text=True, timeout=30
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_a_nats_cluster_drops_a_hung_members_routes_within_seconds(render, tmp_path):
     """Three members ping their routes every second and drop one at the second unanswered ping, as
     ``sie up`` does (deploy/launcher.py ROUTE_PINGS, tests/integration/cluster/test_nats_routes.py);
     the config is one nats-server takes."""
-    from tests.support.nats_server import nats_server_binary
-
     docs = render.template(sets={"nats.replicas": "3", "queue.streamReplicas": "3"})
-    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-nats-config")]
-    conf = cm["data"]["nats.conf"]
+    conf = local_nats_conf(docs, tmp_path)
     cluster = conf[conf.index("cluster {") :]
     assert 'ping_interval: "1s"' in cluster and "ping_max: 2" in cluster, cluster
-    conf = conf.replace("/data/jetstream", str(tmp_path / "js")).replace("/var/run/nats", str(tmp_path))
-    conf = conf.replace("$POD_NAME", "sie-nats-0").replace("include ./auth/auth.conf", "")
-    (tmp_path / "nats.conf").write_text(conf)
-    check = subprocess.run(
-        [nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    (tmp_path / "nats.conf").write_text(conf.replace("include ./auth/auth.conf", ""))
+    check_nats_conf(tmp_path / "nats.conf")
 
 
 def test_rendered_nats_config_runs_with_role_permissions(render, tmp_path):
@@ -626,24 +633,15 @@ def test_rendered_nats_config_runs_with_role_permissions(render, tmp_path):
     from tests.support.nats_server import free_port, nats_server_binary
 
     docs = render.template()
-    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-nats-config")]
     (sec,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-nats-auth")]
     port, mon = free_port(), free_port()
-    conf = cm["data"]["nats.conf"]
+    conf = local_nats_conf(docs, tmp_path)
     conf = re.sub(r"(?m)^port: \d+", f"port: {port}\nhost: 127.0.0.1", conf)
     conf = re.sub(r"(?m)^http_port: \d+", f"http_port: {mon}", conf)
-    conf = conf.replace("/data/jetstream", str(tmp_path / "js")).replace("/var/run/nats", str(tmp_path))
-    conf = conf.replace("$POD_NAME", "sie-nats-0")
     (tmp_path / "auth").mkdir()
     (tmp_path / "auth" / "auth.conf").write_text(sec["stringData"]["auth.conf"])
     (tmp_path / "nats.conf").write_text(conf)
-    check = subprocess.run(
-        [nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    check_nats_conf(tmp_path / "nats.conf")
     proc = subprocess.Popen(
         [nats_server_binary(), "-c", str(tmp_path / "nats.conf")],
         stdout=subprocess.DEVNULL,
