@@ -137,6 +137,14 @@ class Collector:
             self.future.set_result(cast(list[WorkResult], self.results))  # every slot is filled
 
 
+def has_leader(info: Any) -> bool:
+    """Whether a replicated stream's or durable's info names its leader. A member restarted after a
+    kill -9 answers for a durable it has not yet rejoined with the durable's config and no cluster
+    part; taken for its leader's answer, it sent the lane's work back to the stream for the whole
+    election (4-9 s without results)."""
+    return info.cluster is not None and bool(info.cluster.leader)
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -337,14 +345,21 @@ class Dispatcher:
 
     async def _probe_lane(self, lane: Lane) -> bool:
         """Ask the lane's stream and durable for their info; mark the lane leaderless when either does
-        not answer (or answers that it has no leader), and its leaders back when both do. A stream or
-        durable not found is no election to wait out. Returns whether the lane is leaderless."""
+        not answer, answers that it has no leader, or answers without naming one (:func:`has_leader`),
+        and its leaders back when both name theirs. A stream or durable not found is no election to
+        wait out. Returns whether the lane is leaderless."""
         stream = pool_stream_name(lane.pool)
         durable = lane_durable(lane.pool, lane.machine_profile, lane.bundle, lane.priority)
         try:
-            await self._lane_probe_js.stream_info(stream)
-            await self._lane_probe_js.consumer_info(stream, durable)
-            leaderless = False
+            infos = (
+                await self._lane_probe_js.stream_info(stream),
+                await self._lane_probe_js.consumer_info(stream, durable),
+            )
+            leaderless = not all(has_leader(info) for info in infos)
+            if leaderless and durable not in self._leaderless:
+                log.warning(
+                    "lane %s has no leader (answered without one): its work goes on the direct path", durable
+                )
         except nats.js.errors.NotFoundError:
             leaderless = False
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as exc:

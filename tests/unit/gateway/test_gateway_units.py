@@ -141,3 +141,21 @@ def test_settings_from_env(monkeypatch):
     monkeypatch.setenv("SIE_AUTH_MODE", "bogus")
     with pytest.raises(ValueError):
         GatewaySettings()
+
+
+def test_a_lane_has_its_leaders_only_when_their_answers_name_them():
+    """A member restarted after a kill -9 answers a durable's info before it rejoins the durable's
+    group: the config and no cluster part, or a cluster part without a leader. That is not the
+    leader's answer; the lane stays on the direct path until the answers name a leader."""
+    from nats.js.api import ClusterInfo, ConsumerConfig, ConsumerInfo
+
+    from gateway.dispatch import has_leader
+
+    def info(cluster):
+        return ConsumerInfo(
+            name="d", stream_name="s", config=ConsumerConfig(durable_name="d"), created=0, cluster=cluster
+        )
+
+    assert not has_leader(info(None))
+    assert not has_leader(info(ClusterInfo(leader="")))
+    assert has_leader(info(ClusterInfo(leader="nats-2")))
