@@ -197,7 +197,7 @@ def test_the_lanes_durable_leader_killed_under_load_loses_nothing(tmp_path, sdk)
     # without naming a leader; the gateway keeps the lane on the direct path until the election
     report = run_case(tmp_path, "durable")
     check(report)
-    assert report["victim"], report
+    assert report["direct_items"] > 0, report
 
 
 @pytest.mark.timeout(600)
