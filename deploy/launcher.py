@@ -61,6 +61,19 @@ def nats_server_binary() -> str:
     )
 
 
+def write_unless_same(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` unless it already holds it, through a new file renamed over it.
+    The members share one config file and start one after the other: rewritten in place, it was
+    empty for an instant while the member before read it, and that member ran without the route
+    pings (in 3 of 20 runs of tests/integration/cluster/test_nats_routes.py beside a busy suite)."""
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def admin_token(state_dir: Path) -> str:
     """SIE_ADMIN_TOKEN, else a token generated once and kept in the state directory."""
     if os.environ.get("SIE_ADMIN_TOKEN"):
@@ -274,8 +287,7 @@ class Cluster:
             return [*cmd, "-sd", str(self.state_dir / "jetstream")]
         routes = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_route_ports)
         conf = self.state_dir / "jetstream" / "cluster.conf"  # what the flags cannot say
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        conf.write_text(ROUTE_PINGS)
+        write_unless_same(conf, ROUTE_PINGS)
         return [
             *cmd,
             "-c",
