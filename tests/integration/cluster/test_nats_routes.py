@@ -52,7 +52,7 @@ def test_a_hung_members_routes_are_dropped_by_their_pings(tmp_path):
 
     try:
         asyncio.run(wait_until(meshed, 30, interval_s=0.2, what="a full mesh of routes"))
-        assert stale_routes(first) == 0
+        stale_before = stale_routes(first)
         os.kill(hung.pid, signal.SIGSTOP)
         stopped = time.monotonic()
         try:
@@ -62,7 +62,7 @@ def test_a_hung_members_routes_are_dropped_by_their_pings(tmp_path):
                 time.sleep(0.2)
             log = logs[0].read_text().splitlines()[-20:]
             assert "nats-3" not in routes_to(first), f"nats-3 still routed after 30 s: {log}"
-            assert stale_routes(first) >= 1, f"nats-3's routes closed, not for pings: {log}"
+            assert stale_routes(first) > stale_before, f"nats-3's routes closed, not for pings: {log}"
         finally:
             os.kill(hung.pid, signal.SIGCONT)
         # and it joins again once it answers
