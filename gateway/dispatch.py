@@ -350,23 +350,21 @@ class Dispatcher:
         wait out. Returns whether the lane is leaderless."""
         stream = pool_stream_name(lane.pool)
         durable = lane_durable(lane.pool, lane.machine_profile, lane.bundle, lane.priority)
+        why = "answered without one"
         try:
             infos = (
                 await self._lane_probe_js.stream_info(stream),
                 await self._lane_probe_js.consumer_info(stream, durable),
             )
             leaderless = not all(has_leader(info) for info in infos)
-            if leaderless and durable not in self._leaderless:
-                log.warning(
-                    "lane %s has no leader (answered without one): its work goes on the direct path", durable
-                )
         except nats.js.errors.NotFoundError:
             leaderless = False
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             leaderless = self.nc.is_connected  # cut off ourselves: the reconnect re-dispatches
-            if leaderless and durable not in self._leaderless:
-                log.warning("lane %s has no leader (%s): its work goes on the direct path", durable, exc)
+            why = str(exc)
         if leaderless:
+            if durable not in self._leaderless:
+                log.warning("lane %s has no leader (%s): its work goes on the direct path", durable, why)
             self._leaderless[durable] = lane
         elif self._leaderless.pop(durable, None) is not None:
             log.warning("lane %s has its leaders again: its work goes to the stream", durable)

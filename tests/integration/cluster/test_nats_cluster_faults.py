@@ -179,25 +179,19 @@ def test_a_member_killed_under_load_loses_nothing(tmp_path, sdk):
     check(run_case(tmp_path, "member"))
 
 
-def test_the_work_stream_leader_killed_under_load_loses_nothing(tmp_path, sdk):
-    # the supervisor restarts the member at once, so it may be elected again: the stream has no
-    # leader for the election's seconds, nothing is lost, and the requests in flight then went to the
-    # sidecars on the direct path instead of waiting for the election
-    report = run_case(tmp_path, "leader")
+@pytest.mark.parametrize("case", ["leader", "durable"])
+def test_a_leader_of_the_lane_killed_under_load_loses_nothing(tmp_path, sdk, case):
+    # the work stream's leader, or the lane's interactive durable's: the supervisor restarts the
+    # member at once, so it may be elected again; until the election the stream or durable has no
+    # leader (the restarted member answers the durable's info without naming one), nothing is lost,
+    # and the requests in flight went to the sidecars on the direct path instead of waiting for it
+    report = run_case(tmp_path, case)
     check(report)
     assert report["direct_items"] > 0, report
 
 
 def test_the_sidecars_member_killed_under_load_loses_nothing(tmp_path, sdk):
     check(run_case(tmp_path, "sidecar"))
-
-
-def test_the_lanes_durable_leader_killed_under_load_loses_nothing(tmp_path, sdk):
-    # restarted at once, the member answers the durable's info before it has rejoined its group,
-    # without naming a leader; the gateway keeps the lane on the direct path until the election
-    report = run_case(tmp_path, "durable")
-    check(report)
-    assert report["direct_items"] > 0, report
 
 
 @pytest.mark.timeout(600)
