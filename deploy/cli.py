@@ -80,6 +80,7 @@ def _up(args: argparse.Namespace) -> int:
         nats_replicas=args.nats_replicas,
         config_replicas=args.config_replicas,
         config_db=args.config_db or "",
+        worker_cpus=args.worker_cpus,
     )
 
 
@@ -203,6 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="model processes in each worker pod, each a whole worker on the pod's device with a "
         "sidecar of its own, as in the chart's pods (default: SIE_MODEL_PROCESSES, else 4 on a GPU "
         "host, where one Python process cannot keep the GPU fed; else 1)",
+    )
+    up.add_argument(
+        "--worker-cpus",
+        type=int,
+        default=0,
+        help="CPUs of their own for the worker processes (the last N; their torch threads shared "
+        "among them), every other process on the rest, as the kubelet's static CPU manager gives a "
+        "Guaranteed worker pod whole cores; keeps other processes out of the forwards (default 0: "
+        "all share every CPU)",
     )
     up.add_argument(
         "--observe",

@@ -203,6 +203,18 @@ class Pod:
         return [self.metrics_port + i for i in range(self.processes)] if self.metrics_port else []
 
 
+def split_cpus(available: set[int], worker_cpus: int) -> tuple[frozenset[int], frozenset[int]]:
+    """(the worker processes' CPUs, the other processes') when ``worker_cpus`` of ``available`` go to
+    the workers: the highest-numbered, so that the others keep CPU 0; ValueError unless both get one."""
+    cpus = sorted(available)
+    if not 0 < worker_cpus < len(cpus):
+        raise ValueError(
+            f"--worker-cpus {worker_cpus}: sie up may run on {len(cpus)} CPUs here; give the workers "
+            f"1 to {len(cpus) - 1}, so that the other processes keep at least one"
+        )
+    return frozenset(cpus[-worker_cpus:]), frozenset(cpus[:-worker_cpus])
+
+
 # Each member pings its routes every second and drops one with two pings unanswered (NATS: every
 # 30 s at most). A member that hangs (SIGSTOP, a stalled VM) keeps its routes open, and until they
 # close the others still count its clients' subscriptions: a queue group (the sidecars' direct path,
@@ -239,6 +251,10 @@ class Cluster:
     observe: bool = False
     otlp_port: int = 4318
     metrics_port: int = 0  # the worker pod's /metrics (sidecar + worker); 0 = off
+    # CPUs of their own for the worker processes (the last N this process may run on), every other
+    # process on the rest, as the kubelet's static CPU manager gives a Guaranteed pod whole cores;
+    # 0 = every process on every CPU
+    worker_cpus: int = 0
     say_spans: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
@@ -355,8 +371,16 @@ class Cluster:
             "OTEL_BSP_SCHEDULE_DELAY": "200",  # ms: spans show up while you look
         }
 
-    def _spawn(self, name: str, cmd: list[str], extra: dict[str, str] | None = None) -> subprocess.Popen:
-        return self.supervisor.spawn(name, cmd, {**self.env(), **(extra or {})})
+    def _spawn(
+        self, name: str, cmd: list[str], extra: dict[str, str] | None = None, *, worker: bool = False
+    ) -> subprocess.Popen:
+        split = self.cpu_split()
+        cpus = None if split is None else split[0] if worker else split[1]
+        return self.supervisor.spawn(name, cmd, {**self.env(), **(extra or {})}, cpus=cpus)
+
+    def cpu_split(self) -> tuple[frozenset[int], frozenset[int]] | None:
+        """(the worker processes' CPUs, the other processes'), by ``worker_cpus``; None: no split."""
+        return split_cpus(os.sched_getaffinity(0), self.worker_cpus) if self.worker_cpus else None
 
     def _wait(self, name: str, check, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -375,6 +399,7 @@ class Cluster:
         )
 
     def start(self, say=print) -> None:
+        self.cpu_split()  # a worker_cpus this host cannot give fails before anything starts
         self.state_dir.mkdir(parents=True, exist_ok=True)
         py = sys.executable
         if self.observe:
@@ -427,6 +452,7 @@ class Cluster:
                 pod.worker,
                 [py, "-m", "worker.ipc"],
                 {**pod.env, "SIE_PRELOAD_MODELS": self.preload, **omp, **device},
+                worker=True,
             )
         # the first worker's log is this run's alone (fresh_log): echo its progress from the start
         worker_log = self.supervisor.children[self.pods[0].worker].log_path
@@ -471,12 +497,16 @@ class Cluster:
         an operator's own values win): the spin count always, the binding only for one worker pod with
         one forward thread and more than one intra-op thread, on a host without a GPU (forward threads
         are threads of the worker, and so is a lone intra-op thread: bound, they would share its first
-        core)."""
+        core). With ``worker_cpus``, their intra-op threads too (SIE_TORCH_THREADS): the workers' CPUs
+        shared among them."""
         env = self.env()
         out = {"GOMP_SPINCOUNT": env.get("GOMP_SPINCOUNT", POD_OMP_SPINCOUNT)}
         forward_threads = env.get("SIE_FORWARD_THREADS", env.get("SIE_FORWARD_LANES", ""))
         one_thread = forward_threads.strip() in ("", "1")
         threads = env.get("SIE_TORCH_THREADS", "").strip()
+        if self.worker_cpus and not threads:
+            threads = str(max(1, self.worker_cpus // (self.workers * self.model_processes)))
+            out["SIE_TORCH_THREADS"] = threads
         parallel = (int(threads) if threads.isdigit() and int(threads) > 0 else os.cpu_count() or 1) > 1
         if "OMP_PROC_BIND" in env:
             out["OMP_PROC_BIND"] = env["OMP_PROC_BIND"]
@@ -641,6 +671,7 @@ def up(
     nats_replicas: int = 1,
     config_replicas: int = 1,
     config_db: str = "",
+    worker_cpus: int = 0,
 ) -> int:
     state = Path(state_dir).resolve()
     ports = {"gateway": gateway_port, "config service": config_port, "nats-server": nats_port}
@@ -655,6 +686,11 @@ def up(
         ports["OTLP receiver"] = otlp_port
     for i in range(workers * model_processes if metrics_port else 0):
         ports["pod metrics" if i == 0 else f"pod metrics port {i + 1}"] = metrics_port + i
+    try:
+        Cluster(state, worker_cpus=worker_cpus).cpu_split()
+    except ValueError as exc:
+        print(f"sie up: {exc}", file=sys.stderr)
+        return 2
     problem = preflight(state, ports)
     if problem:
         print(f"sie up: {problem}", file=sys.stderr)
@@ -675,6 +711,7 @@ def up(
         argv += ["--model-processes", str(model_processes)]
         argv += ["--nats-replicas", str(nats_replicas), "--config-replicas", str(config_replicas)]
         argv += ["--config-db", config_db] if config_db else []
+        argv += ["--worker-cpus", str(worker_cpus)] if worker_cpus else []
         argv += ["--observe", "--otlp-port", str(otlp_port)] if observe else []
         return _detach(state, argv + (["--preload", preload] if preload else []))
     lock = take_lock(state)
@@ -699,6 +736,7 @@ def up(
         nats_replicas=nats_replicas,
         config_replicas=config_replicas,
         config_db=config_db,
+        worker_cpus=worker_cpus,
     )
     cluster.supervisor.info = {
         "gateway_url": cluster.gateway_url,

@@ -11,6 +11,7 @@ child is kept in ``<state>/status.json`` for ``sie status``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -63,6 +64,7 @@ class Child:
     last_exit: int | None = None
     last_restart_wall: float | None = None
     state: str = "running"  # running | restarting | stopped | crash-loop
+    cpus: frozenset[int] | None = None  # the CPUs it may run on (a restart too); None: any
 
     def start(self) -> subprocess.Popen:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,18 +78,21 @@ class Child:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_supervisor,
+                preexec_fn=functools.partial(_child_setup, self.cpus),
             )
         self.state = "running"
         return self.proc
 
 
-def _die_with_supervisor() -> None:
-    """Child side of fork: SIGTERM when the supervisor dies, however it died (Linux)."""
+def _child_setup(cpus: frozenset[int] | None) -> None:
+    """Child side of fork: SIGTERM when the supervisor dies, however it died (Linux); then its CPUs,
+    which every thread it starts inherits."""
     with contextlib.suppress(Exception):
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 class CrashLoop(Exception):
@@ -118,8 +123,10 @@ class Supervisor:
     def status_path(self) -> Path:
         return self.state_dir / STATUS_FILE
 
-    def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        child = Child(name, cmd, env, fresh_log(self.state_dir / "logs" / f"{name}.log"))
+    def spawn(
+        self, name: str, cmd: list[str], env: dict[str, str], cpus: frozenset[int] | None = None
+    ) -> subprocess.Popen:
+        child = Child(name, cmd, env, fresh_log(self.state_dir / "logs" / f"{name}.log"), cpus=cpus)
         self.children[name] = child
         proc = child.start()
         self.write_state()

@@ -203,11 +203,18 @@ def bench_batch(url: str, seconds: float, lines: int, rounds: int = 3) -> list[s
 
 
 def bench_classes(
-    seconds: float, threads: int, bulk_items: int, batch_lines: int = 0, only_batch: bool = False
+    seconds: float,
+    threads: int,
+    bulk_items: int,
+    batch_lines: int = 0,
+    only_batch: bool = False,
+    worker_cpus: int = 0,
 ) -> list[str]:
     from deploy.launcher import Cluster
     from tests.support.nats_server import free_port
 
+    if worker_cpus:  # the launcher gives the workers as many torch threads as CPUs
+        threads = worker_cpus
     os.environ.update({
         "SIE_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "SIE_HF_OFFLINE": "1",
         "SIE_GATEWAY_REQUEST_TIMEOUT_S": "3600", "SIE_GATEWAY_MAX_STREAM_PENDING": str(max(50_000, 2 * bulk_items)),
@@ -221,10 +228,21 @@ def bench_classes(
             config_port=free_port(),
             nats_port=free_port(),
             preload=f"{D},sie-fake",
+            worker_cpus=worker_cpus,
         )
         try:
             cluster.start(say=lambda line: None)
-            lines: list[str] = []
+            split = cluster.cpu_split()
+            if split is not None:  # the clients beside the cluster's other processes, off the workers' CPUs
+                os.sched_setaffinity(0, split[1])
+            lines: list[str] = (
+                [
+                    f"the workers on CPUs {sorted(split[0])} of their own, every other process and the clients "
+                    f"on {sorted(split[1])}"
+                ]
+                if split is not None
+                else []
+            )
             if not only_batch:
                 lines += bench_cache_hits(cluster.gateway_url, seconds)
                 lines.append("")

@@ -225,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         help="lines (25 texts each) of the Batch API row of --classes; 0 leaves the row out",
     )
     ap.add_argument("--only-batch", action="store_true", help="run only the Batch API row")
+    ap.add_argument(
+        "--worker-cpus",
+        type=int,
+        default=0,
+        help="--classes and --only-batch: the cluster's workers on this many CPUs of their own "
+        "(sie up --worker-cpus; their torch threads as many), every other process and this "
+        "benchmark's clients on the rest (default 0: all share every CPU, with --threads)",
+    )
     ap.add_argument("--only-cluster", action="store_true", help="run only the --cluster rows")
     ap.add_argument(
         "--cluster-seconds",
@@ -273,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "\n".join(
                 bench_classes(
-                    args.seconds, args.threads, args.bulk_items, args.batch_lines, only_batch=args.only_batch
+                    args.seconds,
+                    args.threads,
+                    args.bulk_items,
+                    args.batch_lines,
+                    only_batch=args.only_batch,
+                    worker_cpus=args.worker_cpus,
                 )
             )
         )

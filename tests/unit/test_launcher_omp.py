@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import glob
+import os
 
 import pytest
 
-from deploy.launcher import Cluster, worker_runs_on_cpu
+from deploy.launcher import Cluster, split_cpus, worker_runs_on_cpu
 from worker import POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
 
 
@@ -119,3 +120,51 @@ def test_sie_up_runs_two_gateways_on_a_gpu_host():
     assert default_gateways({}) == (1 if worker_runs_on_cpu({}) else GPU_HOST_GATEWAYS)
     assert build_parser().parse_args(["up"]).gateways is None  # resolved by default_gateways at start
     assert build_parser().parse_args(["up", "--gateways", "3"]).gateways == 3
+
+
+def test_worker_cpus_go_to_the_workers_from_the_top_and_leave_the_rest_one(tmp_path):
+    assert split_cpus({0, 1}, 1) == (frozenset({1}), frozenset({0}))
+    assert split_cpus({0, 2, 5, 7}, 3) == (frozenset({2, 5, 7}), frozenset({0}))
+    for bad in (0, 2, 3, -1):
+        with pytest.raises(ValueError, match="give the workers 1 to 1"):
+            split_cpus({0, 1}, bad)
+    assert Cluster(state_dir=tmp_path).cpu_split() is None
+
+
+def test_worker_cpus_set_the_workers_threads_unless_the_operator_did(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIE_DEVICE", "cpu")
+    env = Cluster(state_dir=tmp_path, worker_cpus=4, workers=2).worker_omp_env()
+    assert env["SIE_TORCH_THREADS"] == "2" and "OMP_PROC_BIND" not in env  # two pods: not bound
+    two = Cluster(state_dir=tmp_path, worker_cpus=2).worker_omp_env()  # one pod: bound, within its CPUs
+    assert two["SIE_TORCH_THREADS"] == "2" and two["OMP_PROC_BIND"] == POD_OMP_PROC_BIND
+    assert Cluster(state_dir=tmp_path, worker_cpus=1).worker_omp_env() == {
+        "GOMP_SPINCOUNT": POD_OMP_SPINCOUNT,
+        "SIE_TORCH_THREADS": "1",
+    }
+    monkeypatch.setenv("SIE_TORCH_THREADS", "3")
+    assert "SIE_TORCH_THREADS" not in Cluster(state_dir=tmp_path, worker_cpus=1).worker_omp_env()
+
+
+def test_sie_up_refuses_worker_cpus_the_host_cannot_give(tmp_path, capsys):
+    from deploy.launcher import up
+
+    n = len(os.sched_getaffinity(0))
+    assert up(str(tmp_path / "state"), 1, 2, 3, None, worker_cpus=n) == 2
+    assert f"--worker-cpus {n}: sie up may run on {n} CPUs here" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()  # refused before anything started
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
+def test_sie_up_starts_the_workers_on_their_cpus_and_the_rest_on_the_others(tmp_path):
+    import sys
+
+    cluster = Cluster(state_dir=tmp_path, worker_cpus=1)
+    workers, others = cluster.cpu_split() or (None, None)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    try:
+        worker = cluster._spawn("worker", sleeper, worker=True)
+        gateway = cluster._spawn("gateway", sleeper)
+        assert os.sched_getaffinity(worker.pid) == workers == {max(os.sched_getaffinity(0))}
+        assert os.sched_getaffinity(gateway.pid) == others and not workers & others
+    finally:
+        cluster.supervisor.stop_all(timeout_s=5)

@@ -178,3 +178,18 @@ def test_fresh_log_keeps_one_run_before(tmp_path):
     fresh_log(path)
     assert not path.exists()
     assert (path.parent / "previous" / "sie-up.log").read_text() == "run 2\n"
+
+
+def test_a_child_runs_on_its_cpus_and_so_does_its_restart(tmp_path):
+    cpus = frozenset([max(os.sched_getaffinity(0))])
+    sup = Supervisor(tmp_path, FAST, say=lambda _: None)
+    try:
+        pinned = sup.spawn("pinned", SLEEPER, dict(os.environ), cpus=cpus)
+        free = sup.spawn("free", SLEEPER, dict(os.environ))
+        assert os.sched_getaffinity(pinned.pid) == cpus
+        assert os.sched_getaffinity(free.pid) == os.sched_getaffinity(0)
+        os.kill(pinned.pid, signal.SIGKILL)
+        _until(lambda: (sup.check(), sup.children["pinned"].restarts == 1)[1])
+        assert os.sched_getaffinity(sup.children["pinned"].proc.pid) == cpus
+    finally:
+        sup.stop_all(timeout_s=5)
