@@ -6,7 +6,8 @@ the Batch API beside single-text requests: the interactive p50 went from 11 ms i
 With :class:`Preemption` the interactive batch is handed to the running bulk forward instead: a
 pre-hook on each of the model's layers runs what is waiting, on the same thread (the same
 intra-op thread team, so the two never compete for the cores), and the bulk forward then goes on
-from the layer it stopped at. The wait becomes one layer's time instead of a whole forward's.
+from the layer it stopped at. The wait becomes one block's time (a layer's attention, or a half of
+its feed-forward) instead of a whole forward's.
 
 Bulk is never starved: interactive work takes at most ``max_share`` of a bulk forward's time this
 way (``SIE_PREEMPT_MAX_SHARE``, half by default); past that it waits for the forward's end, as it
@@ -56,6 +57,19 @@ def layer_stack(model: Any) -> list[Any]:
     return []
 
 
+def layer_blocks(layer: Any) -> list[Any]:
+    """The blocks of one layer to hook beside it: its direct children that hold weights and are
+    called (a ModuleList or ModuleDict only holds modules; its hook would never run)."""
+    from torch import nn
+
+    return [
+        child
+        for child in layer.children()
+        if not isinstance(child, (nn.ModuleList, nn.ModuleDict))
+        and next(child.parameters(), None) is not None
+    ]
+
+
 class Preemption:
     """One model's waiting interactive work and the hooks that run it inside a bulk forward."""
 
@@ -78,10 +92,15 @@ class Preemption:
         self._local = threading.local()  # .in_bulk: this thread is in a bulk forward's layers
 
     def install(self, model: Any) -> int:
-        """Hook the layers of ``model``; returns how many (0: nothing to preempt at)."""
+        """Hook the layers of ``model``, and inside each the blocks it calls (attention, the two
+        halves of the feed-forward: its direct children that hold weights), so that what waits runs
+        after a block of the bulk forward rather than a whole layer; returns how many layers (0:
+        nothing to preempt at)."""
         layers = layer_stack(model)
         for layer in layers:
             layer.register_forward_pre_hook(self._at_layer)
+            for block in layer_blocks(layer):
+                block.register_forward_pre_hook(self._at_layer)
         self.hooked_layers = len(layers)
         return self.hooked_layers
 

@@ -96,6 +96,60 @@ def test_an_interactive_call_runs_inside_the_bulk_forward_at_the_next_layer(forw
     assert counted == [1] and not pre.bulk_running
 
 
+class Block(nn.Module):
+    def __init__(self, name: str, log: list[tuple[str, str]], who: threading.local) -> None:
+        super().__init__()
+        self.name, self.log, self.who = name, log, who
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.log.append((self.who.name, self.name))
+        return self.linear(x)
+
+
+class BlockLayer(nn.Module):
+    """A layer that calls two blocks of weights (attention, feed-forward) and holds a list it never
+    calls."""
+
+    def __init__(self, index: int, log: list[tuple[str, str]], who: threading.local) -> None:
+        super().__init__()
+        self.attention = Block(f"{index}.attention", log, who)
+        self.feed_forward = Block(f"{index}.feed_forward", log, who)
+        self.unused = nn.ModuleList([nn.Linear(4, 4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.feed_forward(self.attention(x))
+
+
+def test_an_interactive_call_runs_between_two_blocks_of_a_bulk_layer(forward_thread):
+    model = Encoder(0)
+    model.encoder.layer = nn.ModuleList(BlockLayer(i, model.log, model.who) for i in range(2))
+    pre = Preemption()
+    assert pre.install(model) == 2
+    in_attention = threading.Event()
+    go_on = threading.Event()
+
+    def pause(module: nn.Module, args: object) -> None:  # the bulk call stops in layer 0's attention
+        if model.who.name == "bulk":
+            in_attention.set()
+            assert go_on.wait(10)
+
+    handle = model.encoder.layer[0].attention.linear.register_forward_pre_hook(pause)
+    bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
+    assert in_attention.wait(10)
+    handle.remove()
+    urgent = pre.submit(forward_thread, lambda: model.run("interactive"))
+    go_on.set()
+    assert urgent.result(10) == "interactive" and bulk.result(10) == "bulk"
+    assert model.log == [
+        ("bulk", "0.attention"),
+        *(("interactive", f"{i}.{b}") for i in range(2) for b in ("attention", "feed_forward")),
+        ("bulk", "0.feed_forward"),  # not at layer 1: inside layer 0, before its feed-forward
+        ("bulk", "1.attention"),
+        ("bulk", "1.feed_forward"),
+    ]
+
+
 def test_what_no_layer_takes_runs_after_the_bulk_call_once(forward_thread):
     counted: list[int] = []
     pre = Preemption(on_preempt=lambda: counted.append(1))
