@@ -261,6 +261,7 @@ class Cluster:
         self.supervisor = Supervisor(self.state_dir, self.restart_policy)
         self._progress: LogEcho | None = None
         self.receiver: OtlpReceiver | None = None
+        self._cpu_split: tuple[frozenset[int], frozenset[int]] | None = None
 
     @property
     def procs(self) -> list[tuple[str, subprocess.Popen]]:
@@ -379,8 +380,11 @@ class Cluster:
         return self.supervisor.spawn(name, cmd, {**self.env(), **(extra or {})}, cpus=cpus)
 
     def cpu_split(self) -> tuple[frozenset[int], frozenset[int]] | None:
-        """(the worker processes' CPUs, the other processes'), by ``worker_cpus``; None: no split."""
-        return split_cpus(os.sched_getaffinity(0), self.worker_cpus) if self.worker_cpus else None
+        """(the worker processes' CPUs, the other processes'), by ``worker_cpus`` of the CPUs this
+        process could run on when first asked; None: no split."""
+        if self.worker_cpus and self._cpu_split is None:
+            self._cpu_split = split_cpus(os.sched_getaffinity(0), self.worker_cpus)
+        return self._cpu_split
 
     def _wait(self, name: str, check, timeout: float) -> None:
         deadline = time.monotonic() + timeout

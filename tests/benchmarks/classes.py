@@ -217,7 +217,7 @@ def bench_classes(
     from deploy.launcher import Cluster
     from tests.support.nats_server import free_port
 
-    if worker_cpus:  # the launcher gives the workers as many torch threads as CPUs
+    if worker_cpus:  # the workers' torch threads as many as their CPUs, as the launcher sets them
         threads = worker_cpus
     os.environ.update({
         "SIE_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "SIE_HF_OFFLINE": "1",
