@@ -1,4 +1,4 @@
-"""Interactive work run inside a running bulk forward, between two of its layers (CPU).
+"""Interactive work run inside a running bulk forward, between two blocks of its layers (CPU).
 
 On a CPU worker a model has one forward thread, and a bulk batch on it holds it for the whole
 forward: an interactive batch that arrives meanwhile waits for the end of it (on 2 cores, MiniLM,

@@ -70,7 +70,7 @@ class LoadedModel:
         )
         self.gate = ForwardGate()
         # CPU, one forward thread: an interactive batch runs inside a running bulk forward, between
-        # two of its layers (worker/batching/preemption.py)
+        # two blocks of its layers (worker/batching/preemption.py)
         self.preemption = Preemption(
             allowed=lambda: not adapter.forwards_share_state(),
             max_share=s.preempt_max_share,
