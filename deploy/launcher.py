@@ -681,7 +681,7 @@ def up(
     ports = {"gateway": gateway_port, "config service": config_port, "nats-server": nats_port}
     for i in range(1, config_replicas):
         ports[f"config service replica {i + 1}"] = config_port + i
-    probe = Cluster(state, nats_port=nats_port, nats_replicas=nats_replicas)
+    probe = Cluster(state, nats_port=nats_port, nats_replicas=nats_replicas, worker_cpus=worker_cpus)
     for i, port in enumerate(
         [*probe.nats_client_ports[1:], *probe.nats_route_ports, *probe.nats_monitor_ports]
     ):
@@ -691,7 +691,7 @@ def up(
     for i in range(workers * model_processes if metrics_port else 0):
         ports["pod metrics" if i == 0 else f"pod metrics port {i + 1}"] = metrics_port + i
     try:
-        Cluster(state, worker_cpus=worker_cpus).cpu_split()
+        probe.cpu_split()
     except ValueError as exc:
         print(f"sie up: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,9 @@ from worker.batching.preemption import Preemption, layer_stack
 
 
 class Layer(nn.Module):
-    def __init__(self, index: int, log: list[tuple[str, int]], who: threading.local) -> None:
+    """Logs who ran it under its index (a layer's number, or a block's name) and applies weights."""
+
+    def __init__(self, index: int | str, log: list[tuple[str, int | str]], who: threading.local) -> None:
         super().__init__()
         self.index, self.log, self.who = index, log, who
         self.linear = nn.Linear(4, 4)
@@ -31,7 +33,7 @@ class Encoder(nn.Module):
 
     def __init__(self, layers: int) -> None:
         super().__init__()
-        self.log: list[tuple[str, int]] = []
+        self.log: list[tuple[str, int | str]] = []
         self.who = threading.local()
         self.encoder = nn.Module()
         self.encoder.layer = nn.ModuleList(Layer(i, self.log, self.who) for i in range(layers))
@@ -96,25 +98,14 @@ def test_an_interactive_call_runs_inside_the_bulk_forward_at_the_next_layer(forw
     assert counted == [1] and not pre.bulk_running
 
 
-class Block(nn.Module):
-    def __init__(self, name: str, log: list[tuple[str, str]], who: threading.local) -> None:
-        super().__init__()
-        self.name, self.log, self.who = name, log, who
-        self.linear = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.log.append((self.who.name, self.name))
-        return self.linear(x)
-
-
 class BlockLayer(nn.Module):
     """A layer that calls two blocks of weights (attention, feed-forward) and holds a list it never
     calls."""
 
-    def __init__(self, index: int, log: list[tuple[str, str]], who: threading.local) -> None:
+    def __init__(self, index: int, log: list[tuple[str, int | str]], who: threading.local) -> None:
         super().__init__()
-        self.attention = Block(f"{index}.attention", log, who)
-        self.feed_forward = Block(f"{index}.feed_forward", log, who)
+        self.attention = Layer(f"{index}.attention", log, who)
+        self.feed_forward = Layer(f"{index}.feed_forward", log, who)
         self.unused = nn.ModuleList([nn.Linear(4, 4)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
