@@ -68,8 +68,11 @@ class WorkerSettings(BaseSettings):
         default=0, ge=0
     )  # batches handed to a model's forward threads at once; 0 = 2 on CUDA (the next queued behind the running one), one per forward thread on CPU
     preempt_max_share: float = Field(
-        default=0.5, ge=0, le=1
-    )  # CPU, one forward thread: the most of a bulk forward's time that interactive batches run inside it may take (worker/batching/preemption.py); past it they wait for its end, so bulk keeps the rest; 0 = never inside
+        default=0.9, ge=0, le=1
+    )  # CPU, one forward thread: the most of a bulk forward's time that interactive batches run inside it (and its waits for them, SIE_PREEMPT_QUIET_MS) may take (worker/batching/preemption.py); past it they wait for its end, so bulk keeps the rest; 0 = never inside
+    preempt_quiet_ms: float = Field(
+        default=8.0, ge=0
+    )  # CPU, one forward thread: after an interactive batch, a bulk forward waits this long at its next block for the next one (within SIE_PREEMPT_MAX_SHARE), so that a client's next request finds the cores free; 0 = bulk goes on at once
     gil_switch_interval_ms: float = Field(
         default=0.0, ge=0
     )  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU

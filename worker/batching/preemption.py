@@ -9,11 +9,18 @@ intra-op thread team, so the two never compete for the cores), and the bulk forw
 from the layer it stopped at. The wait becomes one block's time (a layer's attention, or a half of
 its feed-forward) instead of a whole forward's.
 
-Bulk is never starved: interactive work takes at most ``max_share`` of a bulk forward's time this
-way (``SIE_PREEMPT_MAX_SHARE``, half by default); past that it waits for the forward's end, as it
-did without preemption. A probe that sends one text after another otherwise stalls a bulk forward
-a layer at a time (one worker on 2 cores, ``python -m tests.benchmarks.preemption``: bulk kept
-21-25% of its solo rate unbounded, 39-48% with half).
+After interactive work, a bulk forward keeps quiet for a moment (``SIE_PREEMPT_QUIET_MS``): at its
+next block it waits that long for more interactive work before it goes on. A client that sends one
+request after another then finds the cores free when its next request arrives, instead of busy with
+bulk threads that the path's processes (gateway, sidecar, NATS) also wait behind on the way in and
+out.
+
+Bulk is never starved: interactive work, and the quiet waits, take at most ``max_share`` of a bulk
+forward's time this way (``SIE_PREEMPT_MAX_SHARE``, 0.9); past that it waits for the forward's end,
+as it did without preemption. Below that, bulk gets what interactive work leaves: beside a client
+that sends one text after another (its forwards alone keep the worker about two thirds busy), a
+Batch API batch ran at 25-29 texts/s instead of about 100, and the client's p99 stayed within
+1.04-1.71x of its idle p99 instead of 1.8-2.3x (2 cores, docs/benchmarks/2026-11-26-batch.md).
 
 Running a forward inside another is safe for eager PyTorch modules, which keep no state between
 the calls of one forward; a model whose forwards share state (a LoRA active) does not preempt
@@ -78,16 +85,21 @@ class Preemption:
         allowed: Callable[[], bool] = lambda: True,
         max_share: float = 0.5,
         on_preempt: Callable[[], None] = lambda: None,
+        quiet_s: float = 0.0,
     ) -> None:
         """``allowed()``: whether a forward may run inside another now (asked at each layer);
-        ``max_share``: the most of a bulk forward's time the work run inside it may take;
-        ``on_preempt()``: called (on the forward thread) for each call run inside one."""
+        ``max_share``: the most of a bulk forward's time the work run inside it (and its quiet waits)
+        may take; ``on_preempt()``: called (on the forward thread) for each call run inside one;
+        ``quiet_s``: how long after interactive work a bulk forward waits for more at its next block."""
         self.allowed = allowed
         self.max_share = max_share
         self.on_preempt = on_preempt
+        self.quiet_s = quiet_s
         self.hooked_layers = 0
         self._waiting: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._lock = threading.Lock()
+        self._arrived = threading.Event()  # set when interactive work is handed over (ends a quiet wait)
+        self._quiet_until = 0.0  # perf_counter time until which bulk waits for interactive work
         self._bulk = 0  # bulk calls handed to the forward thread and not ended
         self._local = threading.local()  # .in_bulk: this thread is in a bulk forward's layers
 
@@ -142,6 +154,7 @@ class Preemption:
         future: Future[T] = Future()
         with self._lock:
             self._waiting.append((call, future))
+        self._arrived.set()
         try:
             executor.submit(self.run_waiting)
         except BaseException:
@@ -170,11 +183,18 @@ class Preemption:
                     future.set_result(call())
                 except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
                     future.set_exception(exc)
+                self.interactive_ended()
         finally:
             self._local.in_bulk = was_bulk
 
+    def interactive_ended(self) -> None:
+        """Interactive work has just ended on the forward thread: bulk keeps quiet from now."""
+        self._quiet_until = time.perf_counter() + self.quiet_s
+
     def _at_layer(self, module: Any, args: Any) -> None:
-        if not (self._waiting and getattr(self._local, "in_bulk", False)):
+        if not getattr(self._local, "in_bulk", False):
+            return
+        if not self._waiting and not self._quiet_wait():
             return
         now = time.perf_counter()
         lent = self._local.lent
@@ -182,3 +202,19 @@ class Preemption:
             return  # the bulk call's share is spent: what waits runs after it
         self.run_waiting(most=len(self._waiting))  # what came meanwhile asks again at the next layer
         self._local.lent = lent + time.perf_counter() - now
+
+    def _quiet_wait(self) -> bool:
+        """Inside the quiet window after interactive work (and within the bulk call's share): wait
+        for more, up to the window's end; whether some arrived. The wait counts as lent time."""
+        now = time.perf_counter()
+        rest = self._quiet_until - now
+        if rest <= 0 or not self.allowed():
+            return False
+        local = self._local
+        if local.lent + rest > self.max_share * (now - local.started + rest):
+            return False  # waiting that long would take more than the bulk call's share
+        self._arrived.clear()
+        if not self._waiting:  # checked after the clear: a hand-over from now on sets it again
+            self._arrived.wait(rest)
+        local.lent += time.perf_counter() - now
+        return bool(self._waiting)

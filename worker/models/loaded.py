@@ -75,6 +75,7 @@ class LoadedModel:
             allowed=lambda: not adapter.forwards_share_state(),
             max_share=s.preempt_max_share,
             on_preempt=env.metrics.preemptions.labels(resolved.model_id).inc,
+            quiet_s=s.preempt_quiet_ms / 1000.0,
         )
         if not env.placement.on_cuda and self.forward_threads == 1 and s.preempt_max_share > 0:
             self.preemption.install(getattr(adapter, "model", None))
@@ -137,7 +138,15 @@ class LoadedModel:
             return await asyncio.wrap_future(self.preemption.bulk(self.executor, call))
         if self.preemption.bulk_running and self.preemption.hooked_layers:
             return await asyncio.wrap_future(self.preemption.submit(self.executor, call))
-        return await loop.run_in_executor(self.executor, call)
+        return await loop.run_in_executor(self.executor, self._interactive, call)
+
+    def _interactive(self, call: Callable[[], T]) -> T:
+        """An interactive call on the forward thread, outside a bulk forward: the next bulk forward
+        keeps quiet after it (:class:`Preemption`)."""
+        try:
+            return call()
+        finally:
+            self.preemption.interactive_ended()
 
     def count(self, ctx: RequestContext, units: list[Prepared]) -> None:
         """Count one forward pass of ``units`` in the model's batch statistics and metrics (on the loop)."""

@@ -260,3 +260,63 @@ def test_interactive_work_takes_at_most_its_share_of_a_bulk_forward(forward_thre
     bulk_done_at = max(i for i, (who, _) in enumerate(model.log) if who == "bulk")
     second_at = min(i for i, (who, _) in enumerate(model.log) if who == "second")
     assert (second_at < bulk_done_at) is second_inside
+
+
+def test_after_interactive_work_a_bulk_forward_waits_at_its_next_block_for_more(forward_thread):
+    """Inside the quiet window the bulk forward stops at its next layer until the client's next call
+    comes, which then runs there; with no window it would have had to wait for the forward's end."""
+    model = Encoder(4)
+    pre = Preemption(max_share=1.0, quiet_s=60.0)
+    pre.install(model)
+    at_layer_one = threading.Event()
+    go_on = threading.Event()
+
+    def pause(module: nn.Module, args: object) -> None:
+        if model.who.name == "bulk" and module.index == 1:
+            at_layer_one.set()
+            assert go_on.wait(10)
+
+    model.encoder.layer[1].register_forward_pre_hook(pause)
+    bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
+    assert at_layer_one.wait(10)
+    first = pre.submit(forward_thread, lambda: model.run("first"))
+    go_on.set()
+    assert first.result(10) == "first"  # ran at layer 1's block; the bulk forward now waits at layer 2
+    pre.quiet_s = 0.0  # the client's last call: no window after it, so the bulk forward ends at once
+    second = pre.submit(forward_thread, lambda: model.run("second"))
+    assert second.result(10) == "second" and bulk.result(10) == "bulk"
+    assert model.log == [
+        ("bulk", 0),
+        ("bulk", 1),
+        *(("first", i) for i in range(4)),
+        *(("second", i) for i in range(4)),  # at layer 2's hook, where the bulk forward waited
+        ("bulk", 2),
+        ("bulk", 3),
+    ]
+
+
+def test_the_quiet_window_starts_after_interactive_work_outside_a_bulk_forward(forward_thread):
+    """An interactive call that ran alone (LoadedModel's plain path ends with interactive_ended)
+    makes the next bulk forward wait at its first layer for the next interactive call."""
+    model = Encoder(3)
+    pre = Preemption(max_share=1.0, quiet_s=60.0)
+    pre.install(model)
+    pre.interactive_ended()
+    bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
+    time.sleep(0.05)  # the bulk forward is at layer 0's hook, waiting
+    assert model.log == []
+    pre.quiet_s = 0.0  # the client's last call: no window after it
+    second = pre.submit(forward_thread, lambda: model.run("second"))
+    assert second.result(10) == "second" and bulk.result(10) == "bulk"
+    assert model.log == [*(("second", i) for i in range(3)), *(("bulk", i) for i in range(3))]
+
+
+def test_a_quiet_wait_beyond_the_bulk_forwards_share_is_not_taken(forward_thread):
+    """With a share that a minute's wait would exceed, the bulk forward goes on at once: it ends
+    without an interactive call coming, long before the window would have closed."""
+    model = Encoder(3)
+    pre = Preemption(max_share=0.5, quiet_s=60.0)
+    pre.install(model)
+    pre.interactive_ended()
+    assert pre.bulk(forward_thread, lambda: model.run("bulk")).result(10) == "bulk"
+    assert model.log == [("bulk", i) for i in range(3)]
