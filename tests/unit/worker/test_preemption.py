@@ -51,6 +51,20 @@ class Encoder(nn.Module):
             self.who.name = previous
 
 
+def pause_bulk_at(model: Encoder, index: int) -> tuple[threading.Event, threading.Event]:
+    """A hook that stops the bulk call at layer ``index`` (after the preemption hook there) until
+    told: (set when it stops there, set to let it go on)."""
+    paused, go_on = threading.Event(), threading.Event()
+
+    def pause(module: nn.Module, args: object) -> None:
+        if model.who.name == "bulk":
+            paused.set()
+            assert go_on.wait(10)
+
+    model.encoder.layer[index].register_forward_pre_hook(pause)
+    return paused, go_on
+
+
 @pytest.fixture
 def forward_thread():
     pool = ThreadPoolExecutor(1)
@@ -74,17 +88,9 @@ def test_an_interactive_call_runs_inside_the_bulk_forward_at_the_next_layer(forw
     counted: list[int] = []
     pre = Preemption(on_preempt=lambda: counted.append(1))
     assert pre.install(model) == 4
-    at_layer_one = threading.Event()
-    go_on = threading.Event()
-
-    def pause(module: nn.Module, args: object) -> None:  # the bulk call stops in layer 1 until told
-        if model.who.name == "bulk" and module.index == 1:
-            at_layer_one.set()
-            assert go_on.wait(10)
-
-    model.encoder.layer[1].register_forward_pre_hook(pause)
+    paused, go_on = pause_bulk_at(model, 1)
     bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
-    assert at_layer_one.wait(10) and pre.bulk_running
+    assert paused.wait(10) and pre.bulk_running
     urgent = pre.submit(forward_thread, lambda: model.run("interactive"))
     go_on.set()
     assert urgent.result(10) == "interactive" and bulk.result(10) == "bulk"
@@ -235,15 +241,7 @@ def test_interactive_work_takes_at_most_its_share_of_a_bulk_forward(forward_thre
     model = Encoder(4)
     pre = Preemption(max_share=max_share)
     pre.install(model)
-    at_layer_one = threading.Event()
-    go_on = threading.Event()
-
-    def pause(module: nn.Module, args: object) -> None:
-        if model.who.name == "bulk" and module.index == 0:
-            at_layer_one.set()
-            assert go_on.wait(10)
-
-    model.encoder.layer[0].register_forward_pre_hook(pause)
+    paused, go_on = pause_bulk_at(model, 0)
     second: list[object] = []
 
     def first_call() -> str:
@@ -252,7 +250,7 @@ def test_interactive_work_takes_at_most_its_share_of_a_bulk_forward(forward_thre
         return model.run("first")
 
     bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
-    assert at_layer_one.wait(10)
+    assert paused.wait(10)
     first = pre.submit(forward_thread, first_call)
     go_on.set()
     assert first.result(10) == "first" and bulk.result(10) == "bulk"
@@ -268,17 +266,9 @@ def test_after_interactive_work_a_bulk_forward_waits_at_its_next_block_for_more(
     model = Encoder(4)
     pre = Preemption(max_share=1.0, quiet_s=60.0)
     pre.install(model)
-    at_layer_one = threading.Event()
-    go_on = threading.Event()
-
-    def pause(module: nn.Module, args: object) -> None:
-        if model.who.name == "bulk" and module.index == 1:
-            at_layer_one.set()
-            assert go_on.wait(10)
-
-    model.encoder.layer[1].register_forward_pre_hook(pause)
+    paused, go_on = pause_bulk_at(model, 1)
     bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
-    assert at_layer_one.wait(10)
+    assert paused.wait(10)
     first = pre.submit(forward_thread, lambda: model.run("first"))
     go_on.set()
     assert first.result(10) == "first"  # ran at layer 1's block; the bulk forward now waits at layer 2
