@@ -40,7 +40,15 @@ from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
 from protocol.subjects import BULK, HEALTH_PREFIX, HEALTH_SOLICIT, pin_subject
-from protocol.work import RoutingHeader, WorkItem, WorkResult, chunk_plan, pack_items
+from protocol.work import (
+    RoutingHeader,
+    WorkItem,
+    WorkResult,
+    chunk_plan,
+    encode_own,
+    encode_shared,
+    pack_items,
+)
 
 log = logging.getLogger(__name__)
 
@@ -521,21 +529,29 @@ class Gateway:
         group = todo[0].group_key  # a request's items share every parameter: one group key, derived once
         for item in todo:
             item.batch_key = group
-        payloads = [item.to_msgpack() for item in todo]  # encoded once: checked here, published as is
         # The messages that carry the items: chunks of up to gateway_work_chunk_items (one publish,
         # ack and delivery each), split evenly over the pods pulling the lane so that a big request
-        # still runs on all of them; an item too large to share a message travels alone.
-        pullers = routing.lane_pullers(self.workers.healthy(), lane) if len(todo) > 1 else 1
+        # still runs on all of them; an item too large to share a message travels alone. Where every
+        # pod on the lane reads them, chunks carry what the items share once (protocol.work H_ITEMS).
+        lane_workers = routing.lane_pullers(self.workers.healthy(), lane) if len(todo) > 1 else []
+        pullers = len(lane_workers) if len(todo) > 1 else 1
+        shared = None
+        if lane_workers and all(w.heartbeat.shared_chunks is True for w in lane_workers):
+            shared = encode_shared(todo[0])
+        # encoded once: checked here, published as is (an item of the shared form alone in its
+        # message is encoded whole there)
+        payloads = [encode_own(item) if shared else item.to_msgpack() for item in todo]
         per_message = min(self.settings.gateway_work_chunk_items, -(-len(todo) // max(1, pullers)))
         limit = self._message_limit()
-        plan = chunk_plan([len(p) for p in payloads], per_message, limit or 1 << 62)
+        room = (limit or 1 << 62) - (len(shared) if shared else 0)
+        plan = chunk_plan([len(p) for p in payloads], per_message, max(1, room))
         try:
             await self.dispatcher.check_capacity(
                 lane.pool, len(todo), messages=len(plan), priority=lane.priority
             )
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             raise _queue_unavailable(exc) from None
-        messages = await self._messages(todo, payloads, plan, limit, one_puller=pullers == 1)
+        messages = await self._messages(todo, payloads, shared, plan, limit, one_puller=pullers == 1)
         try:
             with bind(
                 request_id=request_id,
@@ -560,12 +576,14 @@ class Gateway:
         self,
         todo: list[WorkItem],
         payloads: list[bytes],
+        shared: bytes | None,
         plan: list[list[int]],
         limit: int,
         *,
         one_puller: bool,
     ) -> list[WorkMessage]:
-        """The work messages of ``plan`` (indices into ``todo``). An item over the NATS max payload
+        """The work messages of ``plan`` (indices into ``todo``; ``payloads``: their encodings, each
+        item's own fields when ``shared`` holds what they share). An item over the NATS max payload
         goes into the payload store, its message left with an empty body and a header naming the
         object (protocol.payloads). With one pod on the lane, each message also says how many of the
         request's items that pod will see, so that it can batch them together."""
@@ -578,11 +596,14 @@ class Gateway:
                 headers = RoutingHeader.chunk_headers(items, max(together, len(run)), results)
                 messages.append(
                     WorkMessage(
-                        tuple(it.item_index for it in items), pack_items([payloads[i] for i in run]), headers
+                        tuple(it.item_index for it in items),
+                        pack_items([payloads[i] for i in run], shared),
+                        headers,
                     )
                 )
                 continue
-            item, payload = todo[run[0]], payloads[run[0]]
+            item = todo[run[0]]
+            payload = item.to_msgpack() if shared else payloads[run[0]]
             headers = RoutingHeader.headers_of(item, together, results)
             offloaded = None
             if limit and len(payload) > limit:

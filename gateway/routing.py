@@ -109,12 +109,12 @@ def best_lane(
     return Lane(pool, profile, bundle, priority)
 
 
-def lane_pullers(workers: Iterable[WorkerRecord], lane: Lane) -> int:
-    """How many of ``workers`` pull from ``lane``'s durables. JetStream hands the lane's messages
+def lane_pullers(workers: Iterable[WorkerRecord], lane: Lane) -> list[WorkerRecord]:
+    """Those of ``workers`` that pull from ``lane``'s durables. JetStream hands the lane's messages
     round their pull requests one by one, so a request's items reach one pod whole only when it is
     the only one."""
     key = (lane.pool, lane.machine_profile, lane.bundle)
-    return sum(1 for w in workers if (w.pool, w.profile, w.bundle) == key)
+    return [w for w in workers if (w.pool, w.profile, w.bundle) == key]
 
 
 def provisioning_message(model_id: str, profile: str | None, pool_name: str | None) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -231,6 +231,13 @@ def work_item_id(request_id: str, index: int) -> str:
 # route, which every item of a request shares but for its index and cost. A message without
 # ``Sie-Items`` carries one item, its encoding as the body. An item too large to share a message
 # travels alone (through the payload store when it is over the NATS max payload).
+#
+# A chunk's body takes one of two forms. The whole form, a msgpack array of the items' own
+# encodings, is what every sidecar reads. The shared form, ``{"shared": <bytes>, "items": [<bytes>,
+# ...]}``, carries the fields the request's items share (most of an item's bytes: its ids, inboxes,
+# model, parameters, timestamps, trace context) once, as ``shared``, and each item's own fields
+# (:data:`OWN_FIELDS`) as its entry; the sidecar hands both to the worker, which merges them. The
+# gateway sends it only to a lane whose every worker says it reads it (``Heartbeat.shared_chunks``).
 H_ITEMS = "Sie-Items"
 # On a message the gateway sends on the direct path: the subject the sidecar that takes it answers
 # on (protocol.subjects.taken_subject), before it works on it.
@@ -238,26 +245,112 @@ H_TAKEN = "Sie-Taken"
 MAX_CHUNK_ITEMS = 1024
 
 
-def pack_items(encoded: list[bytes]) -> bytes:
-    """The body of a chunk: the items' encodings as they are (nobody re-encodes one)."""
-    return packb(encoded)
+# The fields of a work item that differ from item to item of one request (its ``work_item_id``
+# follows from ``request_id`` and ``item_index``, so no encoding carries it in the shared form).
+OWN_FIELDS = ("item_index", "item", "payload_ref", "query_item", "query_payload_ref", "score_items")
+_NOT_SHARED = frozenset({"work_item_id", *OWN_FIELDS})
 
 
-def unpack_items(data: bytes, count: int) -> list[bytes]:
-    """The ``count`` item encodings of a chunk's body; ValueError when it is not one."""
+def encode_shared(item: WorkItem) -> bytes:
+    """What ``item`` shares with the other items of its request, encoded once for a chunk."""
+    return packb({k: v for k, v in item.__dict__.items() if v is not None and k not in _NOT_SHARED})
+
+
+def encode_own(item: WorkItem) -> bytes:
+    """``item``'s own fields (:data:`OWN_FIELDS`), its entry in a chunk of the shared form."""
+    fields_ = item.__dict__
+    return packb({k: fields_[k] for k in OWN_FIELDS if fields_[k] is not None})
+
+
+def pack_items(encoded: list[bytes], shared: bytes | None = None) -> bytes:
+    """The body of a chunk: the items' encodings as they are (nobody re-encodes one); with
+    ``shared``, the shared form (``encoded`` then holds each item's :func:`encode_own`)."""
+    if shared is None:
+        return packb(encoded)
+    return packb({"shared": shared, "items": encoded})
+
+
+def unpack_items(data: bytes, count: int) -> tuple[bytes | None, list[bytes]]:
+    """The shared encoding (None in the whole form) and the ``count`` item encodings of a chunk's
+    body; ValueError when it is not one."""
     decoded = unpackb(data)
+    shared = None
+    if isinstance(decoded, dict):
+        shared, decoded = decoded.get("shared"), decoded.get("items")
+        if not isinstance(shared, bytes):
+            raise ValueError("a chunk's shared fields must be an encoded map")
     if (
         not isinstance(decoded, list)
         or len(decoded) != count
         or not all(isinstance(b, bytes) for b in decoded)
     ):
-        raise ValueError(f"a chunk's body must be an array of {count} encoded items")
-    return decoded
+        raise ValueError(f"a chunk's body must carry an array of {count} encoded items")
+    return shared, decoded
+
+
+def shared_fields(shared: bytes) -> dict[str, Any]:
+    """A chunk's shared fields as the template of its items: every field of a work item, its
+    default where the chunk does not share it (:func:`merged_item` fills in each item's own);
+    ValueError when they are not a map or lack a field every item needs."""
+    decoded = unpackb(shared)
+    if not isinstance(decoded, dict):
+        raise ValueError("a chunk's shared fields must be a map")
+    template = {**_item_defaults(), **{k: v for k, v in decoded.items() if k in _SHARED_NAMES}}
+    missing = [name for name, value in template.items() if value is _REQUIRED]
+    if missing:
+        raise ValueError(f"a chunk's shared fields lack {', '.join(missing)}")
+    if not isinstance(template["request_id"], str):
+        raise ValueError("a chunk's request_id must be a string")
+    return template
+
+
+_REQUIRED = object()
+_SHARED_NAMES = frozenset(f.name for f in fields(WorkItem)) - _NOT_SHARED
+_OWN_NAMES = frozenset(OWN_FIELDS)
+
+
+def _item_defaults() -> dict[str, Any]:
+    """Each shared field of a work item: its default (a fresh one of a factory), or _REQUIRED."""
+    out: dict[str, Any] = {"work_item_id": "", "item_index": 0}
+    for f in fields(WorkItem):
+        if f.name in _NOT_SHARED:
+            out.setdefault(f.name, None)
+        elif f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = _REQUIRED
+    return out
+
+
+def merged_item(template: dict[str, Any], own: bytes) -> WorkItem:
+    """The work item of one entry of a chunk of the shared form: ``template`` (the chunk's
+    :func:`shared_fields`) with the entry's own fields; ValueError when they do not make one. Its
+    items share the template's values (a request's: nobody changes them)."""
+    decoded = unpackb(own)
+    if not isinstance(decoded, dict):
+        raise ValueError("an item's own fields must be a map")
+    if not _OWN_NAMES.issuperset(decoded):
+        decoded = {k: v for k, v in decoded.items() if k in _OWN_NAMES}
+    index = decoded.get("item_index")
+    if type(index) is not int:
+        raise ValueError("an item lacks its item_index")
+    values = {**template, **decoded}
+    values["work_item_id"] = work_item_id(values["request_id"], index)
+    item = object.__new__(WorkItem)
+    item.__dict__ = values
+    return item
 
 
 def work_items_of(data: bytes) -> list[WorkItem]:
-    """The work items of a work message's body, a chunk's or a single item's."""
+    """The work items of a work message's body, a chunk's (either form) or a single item's."""
     decoded = unpackb(data)
+    if isinstance(decoded, dict) and "shared" in decoded and "items" in decoded:
+        shared, own = unpack_items(data, len(decoded["items"]) if isinstance(decoded["items"], list) else -1)
+        assert shared is not None
+        base = shared_fields(shared)
+        return [merged_item(base, b) for b in own]
     if isinstance(decoded, list):
         return [WorkItem.from_msgpack(b) for b in decoded if isinstance(b, bytes)]
     if isinstance(decoded, dict):
@@ -541,6 +634,8 @@ class Heartbeat:
     weights: dict[str, str] = field(default_factory=dict)
     # model ids kept loaded on this worker (SIE_PINNED_MODELS and its pools' pinned_models)
     pinned_models: list[str] = field(default_factory=list)
+    # the sidecar and its worker read chunks of the shared form (see ``H_ITEMS``)
+    shared_chunks: bool = False
 
     def to_json(self) -> bytes:
         data = asdict(self)

@@ -44,6 +44,9 @@ class Delivery:
     lease: Lease  # the message that carried it
     body: bytes  # its encoded WorkItem (empty when the message names a payload-store object)
     route: RoutingHeader  # its routing header: the sidecar never decodes the body
+    # the shared fields of its chunk when the chunk is of the shared form (``body`` then holds the
+    # item's own fields; protocol.work ``H_ITEMS``), one object for all the chunk's deliveries
+    shared: bytes | None
     spec: str
     cost: int  # predicted tokens (scheduler's cost_of the character estimate)
     arrived: float  # the lane's clock (protocol.clock), for batching

@@ -296,7 +296,7 @@ class Intake:
             return
         try:
             routes = RoutingHeader.items_of(msg.headers)
-            bodies = [msg.data] if len(routes) == 1 else unpack_items(msg.data, len(routes))
+            shared, bodies = (None, [msg.data]) if len(routes) == 1 else unpack_items(msg.data, len(routes))
         except ValueError as exc:
             log.warning("dead-lettering undecodable work item on %s: %s", msg.subject, exc)
             await self.settlement.dead_letter(msg, f"undecodable work item: {exc}")
@@ -329,6 +329,7 @@ class Intake:
             Delivery(
                 lease=lease,
                 body=body,
+                shared=shared,
                 route=r,
                 spec=r.model_spec,
                 cost=1,

@@ -372,6 +372,7 @@ class Scheduler:
                 item_ids=[d.route.work_item_id for d in live],
                 priority=BULK if bulk else INTERACTIVE,
             )
+            _add_shared(request, live)
             timeout = s.ipc_request_timeout_s
             deadlines = [d.route.deadline for d in live if d.route.deadline is not None]
             if deadlines:
@@ -437,3 +438,22 @@ class Scheduler:
             self._update_saturation()
             self._slots.release()
             sched.wake.set()
+
+
+def _add_shared(request: ipc.RunBatchRequest, live: list[Delivery]) -> None:
+    """The shared fields of the chunks of the shared form among ``live``'s (the batch's) items, each
+    chunk's once, and which of them each item takes (protocol.work ``H_ITEMS``)."""
+    index: dict[int, int] = {}  # id() of a chunk's shared bytes (one object for its deliveries) → position
+    shared: list[bytes] = []
+    item_shared: list[int] = []
+    for d in live:
+        if d.shared is None:
+            item_shared.append(-1)
+            continue
+        k = index.get(id(d.shared))
+        if k is None:
+            k = index[id(d.shared)] = len(shared)
+            shared.append(d.shared)
+        item_shared.append(k)
+    if shared:
+        request.shared, request.item_shared = shared, item_shared

@@ -136,6 +136,7 @@ class IpcHandler:
             failed_models={spec: err for spec, (state, err) in states.items() if state == "failed" and err},
             weights=self.runtime.weights_status(),
             pinned_models=self.runtime.pinned_models(),
+            shared_chunks=True,
         ).to_map()
 
     async def ensure_model_ready(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -113,6 +113,7 @@ class FakeWorker:
         self.heartbeat_extra = dict(heartbeat_extra or {})  # more Heartbeat fields (hash, model states)
         self.seen: list[WorkItem] = []
         self.seen_headers: list[dict[str, str]] = []  # the routing headers of each, as the sidecar reads them
+        self.seen_bodies: list[bytes] = []  # the body of each message taken
         self.nc = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -184,7 +185,8 @@ class FakeWorker:
                 if ref is not None:  # too large for a message: in the payload store, as a sidecar reads it
                     body = (await (await self.nc.jetstream().object_store(PAYLOAD_BUCKET)).get(ref)).data
                 results: list[WorkResult] = []
-                items = work_items_of(body)  # one item, or a chunk's
+                self.seen_bodies.append(body)
+                items = work_items_of(body)  # one item, or a chunk's (either form)
                 for item in items:
                     self.seen.append(item)
                     self.seen_headers.append(dict(msg.headers or {}))

@@ -94,6 +94,38 @@ async def test_items_are_counted_for_the_sidecar_only_when_one_pod_pulls_the_lan
             await w.stop()
 
 
+async def test_chunks_carry_shared_fields_once_only_where_every_pod_reads_them(nats_server, start_gateway):
+    """A lane whose every pod says it reads the shared form gets chunks of it (the fields a
+    request's items share once); a lane with one pod that does not gets every item whole."""
+    h = await start_gateway()
+    new = await FakeWorker(nats_server.url, "w1", heartbeat_extra={"shared_chunks": True}).start()
+    workers = [new]
+    try:
+        await wait_workers(h)
+        items = [{"text": t} for t in ("one", "two", "three")]
+        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": items})
+        assert status == 200, body
+        for it, src in zip(body["items"], items, strict=True):
+            np.testing.assert_array_equal(it["dense"]["values"], fake_vector(src["text"]))
+        (chunk,) = new.seen_bodies
+        form = unpackb(chunk)
+        assert isinstance(form, dict) and [unpackb(own) for own in form["items"]] == [
+            {"item_index": i, "item": src} for i, src in enumerate(items)
+        ]
+        assert [wi.work_item_id for wi in new.seen] == [f"{new.seen[0].request_id}.{i}" for i in range(3)]
+        assert {wi.model_id for wi in new.seen} == {DENSE} and new.seen[0].reply_subject.startswith("_INBOX.")
+
+        workers.append(await FakeWorker(nats_server.url, "w2").start())  # an older pod joins the lane
+        await wait_workers(h, 2)
+        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": t} for t in "abcd"]})
+        assert status == 200, body
+        later = [b for w in workers for b in w.seen_bodies][1:]
+        assert len(later) == 2 and all(isinstance(unpackb(b), list) for b in later)  # whole items
+    finally:
+        for w in workers:
+            await w.stop()
+
+
 async def test_score_and_extract_pass_through(nats_server, start_gateway):
     h = await start_gateway()
     w = await FakeWorker(nats_server.url, "w1").start()

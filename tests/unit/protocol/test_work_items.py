@@ -13,10 +13,14 @@ from protocol.work import (
     WorkItem,
     WorkResult,
     chunk_plan,
+    encode_own,
+    encode_shared,
     item_cost,
+    merged_item,
     pack_items,
     pack_results,
     results_chunks,
+    shared_fields,
     unpack_items,
     unpack_results,
     work_items_of,
@@ -194,10 +198,41 @@ def test_a_chunk_carries_each_item_with_its_own_index_cost_and_body():
     }
     assert headers[MSG_ID] == "r.0+3"  # one message id per chunk: a publish sent again lands once
     body = pack_items([it.to_msgpack() for it in items])
-    assert [WorkItem.from_msgpack(b) for b in unpack_items(body, 3)] == items
+    shared, own = unpack_items(body, 3)
+    assert shared is None and [WorkItem.from_msgpack(b) for b in own] == items
     assert work_items_of(body) == items
     assert work_items_of(items[1].to_msgpack()) == [items[1]]  # a message of one item
     assert RoutingHeader.items_of(RoutingHeader.headers_of(items[1])) == [RoutingHeader.of(items[1])]
+
+
+def test_a_chunk_of_the_shared_form_carries_the_shared_fields_once():
+    items = chunk(3)
+    for it in items:
+        it.batch_key = it.group_key
+        it.traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    whole = pack_items([it.to_msgpack() for it in items])
+    body = pack_items([encode_own(it) for it in items], encode_shared(items[0]))
+    assert len(body) < len(whole) * 0.6  # what the items share is most of each
+    shared, own = unpack_items(body, 3)
+    assert shared is not None and [unpackb(b) for b in own] == [
+        {"item_index": i, "item": it.item} for i, it in enumerate(items)
+    ]
+    assert [merged_item(shared_fields(shared), b) for b in own] == items  # ids follow from index
+    assert work_items_of(body) == items
+    with pytest.raises(ValueError):  # an entry that is not an item's own fields
+        merged_item(shared_fields(shared), packb(["not", "a", "map"]))
+    with pytest.raises(ValueError):  # nor one without its index
+        merged_item(shared_fields(shared), packb({"item": {"text": "x"}}))
+    with pytest.raises(ValueError, match="lack"):  # shared fields without what every item needs
+        shared_fields(packb({"request_id": "r", "operation": "encode"}))
+    for bad in (packb([1]), packb({**unpackb(encode_shared(items[0])), "request_id": 7})):
+        with pytest.raises(ValueError):
+            shared_fields(bad)
+    # an entry's unknown fields are ignored, like every map's in protocol
+    assert (
+        merged_item(shared_fields(shared), packb({"item_index": 1, "item": items[1].item, "new": 1}))
+        == items[1]
+    )
 
 
 @pytest.mark.parametrize(
@@ -222,7 +257,17 @@ def test_a_malformed_chunk_header_is_refused(entries):
 
 def test_a_chunk_body_that_does_not_match_its_header_is_refused():
     body = pack_items([it.to_msgpack() for it in chunk(2)])
-    for data, count in ((body, 3), (packb(["a", "b"]), 2), (packb({"a": 1}), 1), (b"\xc1", 1)):
+    shared_form = pack_items([b"own"], b"shared")
+    cases = (
+        (body, 3),
+        (packb(["a", "b"]), 2),
+        (packb({"a": 1}), 1),
+        (b"\xc1", 1),
+        (shared_form, 2),  # the shared form with fewer entries than its header names
+        (packb({"shared": "not bytes", "items": [b"own"]}), 1),
+        (packb({"shared": b"s", "items": "not a list"}), 1),
+    )
+    for data, count in cases:
         with pytest.raises(ValueError):
             unpack_items(data, count)
 

@@ -51,6 +51,7 @@ def delivery(
     return Delivery(
         lease=Lease(msg, last_progress=now),
         body=msg.data,
+        shared=None,
         route=route,
         spec=MODEL,
         cost=1,

@@ -9,14 +9,16 @@ import struct
 import time
 
 import msgpack
+import numpy as np
 import pytest
 
 from protocol import ipc
 from protocol.catalog import Catalog
 from protocol.codec import packb, unpackb
 from protocol.model_config import parse_model_yaml
-from protocol.work import WorkItem, WorkResult
+from protocol.work import WorkItem, WorkResult, encode_own, encode_shared
 from sidecar.ipc_client import IpcClient, IpcRemoteError, IpcTransportError
+from worker.adapters.fake import fake_vector
 from worker.ipc.server import serve_ipc
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
@@ -282,6 +284,69 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
             await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "no/such-model"})
         )
         assert unknown.state == ipc.STATE_FAILED and unknown.error_code == "MODEL_NOT_FOUND"
+    finally:
+        await client.close()
+        await server.close()
+        await runtime.close()
+
+
+async def test_a_batch_of_shared_form_items_runs_each_with_its_chunks_fields(sock_path):
+    """Items of chunks of the shared form come as their own fields, with each chunk's shared fields
+    once; a whole item may sit beside them; a chunk whose shared fields do not decode fails its
+    items alone."""
+    runtime = fake_runtime()
+    await runtime.start()
+    server = await serve_ipc(runtime, sock_path, worker_id="w")
+    client = IpcClient(sock_path)
+    try:
+        assert (await client.call(ipc.PING, {}))["shared_chunks"] is True
+        while (await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "test/fake-embed"}))[
+            "state"
+        ] != "ready":
+            await asyncio.sleep(0.05)
+        texts = ["alpha", "beta", "gamma"]
+        items = [work_item(i, t) for i, t in enumerate(texts)]
+        other = work_item(0, "delta")
+        other.request_id, other.work_item_id = "req-2", "req-2.0"
+        request = ipc.RunBatchRequest(
+            model_id="test/fake-embed",
+            items=[
+                encode_own(items[2]),
+                other.to_msgpack(),
+                encode_own(items[0]),
+                encode_own(items[1]),
+                b"\x80",
+            ],
+            item_ids=["req-1.2", "req-2.0", "req-1.0", "req-1.1", "req-3.0"],
+            shared=[encode_shared(items[0]), b"\xc1"],
+            item_shared=[0, -1, 0, 0, 1],
+        )
+        outcomes = (await client.call(ipc.RUN_BATCH, request.to_map()))["outcomes"]
+        by_id = {o["work_item_id"]: o for o in outcomes}
+        assert by_id["req-3.0"]["disposition"] == ipc.DEAD_LETTER
+        assert "shared fields do not decode" in by_id["req-3.0"]["error"]
+        results = {
+            i: WorkResult.from_msgpack(by_id[i]["result"])
+            for i in ("req-1.0", "req-1.1", "req-1.2", "req-2.0")
+        }
+        for i, text in enumerate(texts):
+            dense = unpackb(results[f"req-1.{i}"].result_msgpack)["dense"]["values"]
+            np.testing.assert_array_equal(dense, fake_vector(text, 8))
+            assert results[f"req-1.{i}"].request_id == "req-1" and results[f"req-1.{i}"].item_index == i
+        whole = unpackb(results["req-2.0"].result_msgpack)["dense"]["values"]
+        np.testing.assert_array_equal(whole, fake_vector("delta", 8))
+        assert results["req-2.0"].request_id == "req-2"
+
+        # item_shared must name an entry of shared for every item
+        for shared, item_shared in (([encode_shared(items[0])], [0]), ([encode_shared(items[0])], [0, 3])):
+            bad = ipc.RunBatchRequest(
+                "test/fake-embed",
+                [encode_own(items[0]), encode_own(items[1])],
+                shared=shared,
+                item_shared=item_shared,
+            )
+            with pytest.raises(IpcRemoteError, match="malformed RunBatch"):
+                await client.call(ipc.RUN_BATCH, bad.to_map())
     finally:
         await client.close()
         await server.close()
