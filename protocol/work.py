@@ -346,11 +346,12 @@ def merged_item(template: dict[str, Any], own: bytes) -> WorkItem:
 def work_items_of(data: bytes) -> list[WorkItem]:
     """The work items of a work message's body, a chunk's (either form) or a single item's."""
     decoded = unpackb(data)
-    if isinstance(decoded, dict) and "shared" in decoded and "items" in decoded:
-        shared, own = unpack_items(data, len(decoded["items"]) if isinstance(decoded["items"], list) else -1)
-        assert shared is not None
-        base = shared_fields(shared)
-        return [merged_item(base, b) for b in own]
+    if isinstance(decoded, dict) and "shared" in decoded:
+        shared, own = decoded["shared"], decoded.get("items")
+        if not isinstance(shared, bytes) or not isinstance(own, list):
+            raise ValueError("a chunk of the shared form must carry its shared fields and its items")
+        template = shared_fields(shared)
+        return [merged_item(template, b) for b in own if isinstance(b, bytes)]
     if isinstance(decoded, list):
         return [WorkItem.from_msgpack(b) for b in decoded if isinstance(b, bytes)]
     if isinstance(decoded, dict):

@@ -77,6 +77,7 @@ class GatedWorker:
         self.generation = 1
         self.batches: list[list[str]] = []
         self.bodies: list[list[bytes]] = []  # what each batch carried to the worker
+        self.shared: list[tuple[list[bytes], list[int]]] = []  # each batch's chunks' shared fields
         self.priorities: list[str] = []  # the class each batch was sent as
         self.gate = asyncio.Event()
 
@@ -86,6 +87,7 @@ class GatedWorker:
         ids = list(request.item_ids or [])
         self.batches.append(ids)
         self.bodies.append(list(request.items))
+        self.shared.append((list(request.shared), list(request.item_shared)))
         self.priorities.append(request.priority)
         await self.gate.wait()
         return {i: [{"work_item_id": i, "disposition": ipc.PUBLISH_AND_ACK, "result": b"r"}] for i in ids}

@@ -234,6 +234,9 @@ async def test_a_heartbeat_says_what_the_parts_know():
     assert beat.bundle_config_hash == "verified" and beat.unsupported_models == ["m-x"]
     assert (beat.queue_depth, beat.pending_cost, beat.inflight_batches, beat.saturated) == (5, 50, 2, True)
     assert beat.loaded_models == ["m"]
+    assert beat.shared_chunks is False  # its worker did not say it reads chunks of the shared form
+    r.health.ping.shared_chunks = True
+    assert live.heartbeat().shared_chunks is True
     last = live.heartbeat(terminated=True)
     assert last.terminated and not last.ready
     live.config = None  # no config deltas applied: the worker's own hash

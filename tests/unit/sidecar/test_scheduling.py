@@ -286,3 +286,19 @@ async def test_a_body_in_the_payload_store_goes_to_the_worker_and_a_lost_one_fai
         assert r.worker.bodies == [[b"the body from the store", b"body"]]
         assert r.settler.actions("publish INTERNAL_ERROR") == [lost.route.work_item_id]
         r.worker.gate.set()
+
+
+async def test_a_batch_carries_each_chunks_shared_fields_once():
+    """Items of a chunk of the shared form carry their own fields; the batch carries their chunk's
+    shared fields once, and says which each item takes (-1: a whole item)."""
+    async with rig(depth=4) as r:
+        one, two = b"shared fields of one", b"shared fields of two"
+        batch = [delivery(r.clock.now()) for _ in range(5)]
+        for d, shared in zip(batch, (one, one, None, two, one), strict=True):
+            d.shared = shared
+        assert r.scheduler.submit(batch)
+        r.clock.advance(1.0)
+        await wait_until(lambda: r.worker.batches, what="a batch")
+        assert r.worker.batches == [[d.route.work_item_id for d in batch]]
+        assert r.worker.shared == [([one, two], [0, 0, -1, 1, 0])]
+        r.worker.gate.set()
