@@ -179,9 +179,12 @@ async def _batch_probed(url: str, lines: int, per_line: int) -> tuple[float, lis
 
 def bench_batch(url: str, seconds: float, lines: int, rounds: int = 3) -> list[str]:
     """Interactive single-text p99 idle and while a Batch API batch runs (issue 34's row), the two
-    interleaved: each round probes the idle cluster, then probes it again while a batch runs. The idle
+    interleaved: the idle cluster is probed before the first batch and after each one, and each
+    round's batch is held against the idle probes on either side of it, pooled, so that a host
+    that speeds up or slows down over a round weighs on both sides alike (until 2026-11-28 only the
+    probe before it: the rounds over 1.5x were those whose idle probe came out fastest). Each idle
     probe runs at least 30 s: both p99s then stand on thousands of requests (a batch of 200 lines
-    takes 40-50 s here), where 6 s of idle probing gave about 450 and a p99 that was their fifth
+    takes 40-50 s alone), where 6 s of idle probing gave about 450 and a p99 that was their fifth
     slowest (14.6-20.8 ms from round to round of one run, the busy p99 21.8-24.0)."""
     per_line = 25
     idle_seconds = max(seconds, 30.0)
@@ -190,18 +193,21 @@ def bench_batch(url: str, seconds: float, lines: int, rounds: int = 3) -> list[s
         f"Batch API, MiniLM: a batch of {lines} lines x {per_line} texts beside interactive single-text requests"
     ]
     ratios = []
+    before = asyncio.run(_probe(url, None, idle_seconds))
     for r in range(1, rounds + 1):
-        idle = asyncio.run(_probe(url, None, idle_seconds))
         batch_s, busy = asyncio.run(_batch_probed(url, lines, per_line))
+        after = asyncio.run(_probe(url, None, idle_seconds))
+        idle = before + after
         idle99, busy99 = _pct(idle, 0.99), _pct(busy, 0.99)
         ratios.append(busy99 / idle99)
         out += [
             f"round {r}: interactive 1 text, idle:          p50 {_pct(idle, 0.5):7.1f} ms  p99 {idle99:7.1f} ms"
-            f"  ({len(idle)} requests)",
+            f"  ({len(idle)} requests; p99 {_pct(before, 0.99):.1f} before the batch, {_pct(after, 0.99):.1f} after)",
             f"round {r}: interactive 1 text, batch running: p50 {_pct(busy, 0.5):7.1f} ms  p99 {busy99:7.1f} ms"
             f"  ({len(busy)} requests)  = {busy99 / idle99:.2f}x idle p99 (goal <= 1.5x)",
             f"round {r}: batch {lines * per_line / batch_s:8.1f} texts/s while probed ({batch_s:.1f} s)",
         ]
+        before = after
     out.append(f"busy/idle p99 per round: {', '.join(f'{x:.2f}x' for x in ratios)}; worst {max(ratios):.2f}x")
     return out
 
