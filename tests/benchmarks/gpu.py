@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol.codec import packb, unpackb
+from tests.support.processes import descendants
 from tests.support.serve import ServeProcess
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -278,25 +279,6 @@ def cpu_seconds(pid: int) -> float:
         return of_live(pid)
     except OSError:
         return 0.0
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (from /proc's parent links)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(parents.get(p, []))
-    return out
 
 
 class CpuMeter:

@@ -26,6 +26,7 @@ from deploy.launcher import Cluster
 from tests.benchmarks.load import run_load
 from tests.benchmarks.run import OFF, sentences
 from tests.support.nats_server import free_port
+from tests.support.processes import descendants
 from tests.support.serve import ServeProcess
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -47,7 +48,7 @@ def sched_of(pid: int, *, tree: bool = True) -> Sched:
     """``pid``'s threads (with ``tree``, its descendants' too) as one :class:`Sched` (threads that
     ended are lost, so a slice measures long-lived processes only)."""
     out = Sched()
-    for p in [pid, *(_descendants(pid) if tree else [])]:
+    for p in descendants(pid) if tree else [pid]:
         for tid in _listdir(f"/proc/{p}/task"):
             schedstat, stat = _read(f"/proc/{p}/task/{tid}/schedstat"), _read(f"/proc/{p}/task/{tid}/stat")
             if not schedstat or not stat:
@@ -73,24 +74,6 @@ def _listdir(path: str) -> list[str]:
         return os.listdir(path)
     except OSError:
         return []
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in _listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = _read(f"/proc/{entry}/stat")
-        if not stat:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
 
 
 def host_cores() -> list[int]:

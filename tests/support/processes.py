@@ -57,6 +57,25 @@ def children(pid: int) -> list[int]:
     ]
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc's parent links)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(parents.get(p, []))
+    return out
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie does not)."""
     try:
