@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
@@ -309,19 +310,29 @@ _SHARED_NAMES = frozenset(f.name for f in fields(WorkItem)) - _NOT_SHARED
 _OWN_NAMES = frozenset(OWN_FIELDS)
 
 
-def _item_defaults() -> dict[str, Any]:
-    """Each shared field of a work item: its default (a fresh one of a factory), or _REQUIRED."""
-    out: dict[str, Any] = {"work_item_id": "", "item_index": 0}
+def _field_defaults() -> tuple[dict[str, Any], list[tuple[str, Callable[[], Any]]]]:
+    """Each field of a work item as a template starts it (its default, _REQUIRED where it has none,
+    None for an item's own fields), and the fields whose default is a factory: built once."""
+    defaults: dict[str, Any] = {}
+    factories: list[tuple[str, Callable[[], Any]]] = []
     for f in fields(WorkItem):
         if f.name in _NOT_SHARED:
-            out.setdefault(f.name, None)
+            defaults[f.name] = None
         elif f.default is not MISSING:
-            out[f.name] = f.default
+            defaults[f.name] = f.default
         elif f.default_factory is not MISSING:
-            out[f.name] = f.default_factory()
+            factories.append((f.name, f.default_factory))
         else:
-            out[f.name] = _REQUIRED
-    return out
+            defaults[f.name] = _REQUIRED
+    return defaults, factories
+
+
+_ITEM_DEFAULTS, _ITEM_FACTORIES = _field_defaults()
+
+
+def _item_defaults() -> dict[str, Any]:
+    """Each field of a work item as a template starts it, with a fresh value of each factory."""
+    return {**_ITEM_DEFAULTS, **{name: factory() for name, factory in _ITEM_FACTORIES}}
 
 
 def merged_item(template: dict[str, Any], own: bytes) -> WorkItem:
