@@ -73,6 +73,9 @@ class WorkerSettings(BaseSettings):
     preempt_quiet_ms: float = Field(
         default=8.0, ge=0
     )  # CPU, one forward thread: after an interactive batch, a bulk forward waits this long at its next block for the next one (within SIE_PREEMPT_MAX_SHARE), so that a client's next request finds the cores free; 0 = bulk goes on at once
+    preempt_spare_core_ms: float = Field(
+        default=1000.0, ge=0
+    )  # CPU, one forward thread: for this long after interactive work, bulk forwards run on one intra-op thread fewer (work run inside them on all), leaving a core to the processes that carry the next request in and the answer out; 0 = bulk always on all
     gil_switch_interval_ms: float = Field(
         default=0.0, ge=0
     )  # Python's thread switch interval; 0 = 0.5 on CUDA, Python's 5 on CPU

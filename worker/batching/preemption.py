@@ -15,6 +15,11 @@ request after another then finds the cores free when its next request arrives, i
 bulk threads that the path's processes (gateway, sidecar, NATS) also wait behind on the way in and
 out.
 
+While interactive work keeps coming (``SIE_PREEMPT_SPARE_CORE_MS`` after the last of it), a bulk
+forward runs on one intra-op thread fewer, and the work run inside it on all of them: the core left
+over carries the next request in and the last answer out through those processes, where two bulk
+threads would have taken both cores.
+
 Bulk is never starved: interactive work, and the quiet waits, take at most ``max_share`` of a bulk
 forward's time this way (``SIE_PREEMPT_MAX_SHARE``, 0.9); past that it waits for the forward's end,
 as it did without preemption. Below that, bulk gets what interactive work leaves: beside a client
@@ -86,15 +91,25 @@ class Preemption:
         max_share: float = 0.5,
         on_preempt: Callable[[], None] = lambda: None,
         quiet_s: float = 0.0,
+        threads: int = 1,
+        set_threads: Callable[[int], None] = lambda n: None,
+        spare_core_s: float = 0.0,
     ) -> None:
         """``allowed()``: whether a forward may run inside another now (asked at each layer);
         ``max_share``: the most of a bulk forward's time the work run inside it (and its quiet waits)
         may take; ``on_preempt()``: called (on the forward thread) for each call run inside one;
-        ``quiet_s``: how long after interactive work a bulk forward waits for more at its next block."""
+        ``quiet_s``: how long after interactive work a bulk forward waits for more at its next block;
+        ``threads``: the intra-op threads of the forward thread, ``set_threads(n)`` sets them there;
+        ``spare_core_s``: how long after interactive work a bulk forward runs on one thread fewer."""
         self.allowed = allowed
         self.max_share = max_share
         self.on_preempt = on_preempt
         self.quiet_s = quiet_s
+        self.threads = threads
+        self.set_threads = set_threads
+        self.spare_core_s = spare_core_s
+        self._threads_now = threads  # what the forward thread runs on now
+        self._last_interactive = float("-inf")  # perf_counter time of the newest interactive work
         self.hooked_layers = 0
         self._waiting: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._lock = threading.Lock()
@@ -129,10 +144,12 @@ class Preemption:
             self._local.in_bulk = True
             self._local.started = time.perf_counter()
             self._local.lent = 0.0  # seconds of this bulk call spent on work run inside it
+            self._use_threads(self._bulk_threads())
             try:
                 return call()
             finally:
                 self._local.in_bulk = False
+                self._use_threads(self.threads)
 
         def done(_: Future[T]) -> None:
             with self._lock:
@@ -152,6 +169,7 @@ class Preemption:
         """Hand ``call`` to the next layer of the running bulk forward, and queue :meth:`run_waiting`
         on ``executor`` (the forward thread) to run it after that forward if no layer did."""
         future: Future[T] = Future()
+        self._last_interactive = time.perf_counter()
         with self._lock:
             self._waiting.append((call, future))
         self._arrived.set()
@@ -179,6 +197,7 @@ class Preemption:
                     continue
                 if was_bulk:
                     self.on_preempt()
+                    self._use_threads(self.threads)
                 try:
                     future.set_result(call())
                 except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
@@ -186,14 +205,33 @@ class Preemption:
                 self.interactive_ended()
         finally:
             self._local.in_bulk = was_bulk
+            if was_bulk:
+                self._use_threads(self._bulk_threads())
 
     def interactive_ended(self) -> None:
-        """Interactive work has just ended on the forward thread: bulk keeps quiet from now."""
-        self._quiet_until = time.perf_counter() + self.quiet_s
+        """Interactive work has just ended on the forward thread: bulk keeps quiet from now, and
+        spares a core for a while."""
+        now = time.perf_counter()
+        self._last_interactive = now
+        self._quiet_until = now + self.quiet_s
+
+    def _bulk_threads(self) -> int:
+        """The intra-op threads a bulk forward runs on now: one fewer while interactive work keeps
+        coming."""
+        if self.threads > 1 and time.perf_counter() < self._last_interactive + self.spare_core_s:
+            return self.threads - 1
+        return self.threads
+
+    def _use_threads(self, n: int) -> None:
+        """Run the forward thread's next operations on ``n`` intra-op threads (on the forward thread)."""
+        if n != self._threads_now:
+            self.set_threads(n)
+            self._threads_now = n
 
     def _at_layer(self, module: Any, args: Any) -> None:
         if not getattr(self._local, "in_bulk", False):
             return
+        self._use_threads(self._bulk_threads())
         if not self._waiting and not self._quiet_wait():
             return
         now = time.perf_counter()

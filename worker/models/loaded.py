@@ -71,13 +71,17 @@ class LoadedModel:
         self.gate = ForwardGate()
         # CPU, one forward thread: an interactive batch runs inside a running bulk forward, between
         # two blocks of its layers (worker/batching/preemption.py)
+        preempts = not env.placement.on_cuda and self.forward_threads == 1 and s.preempt_max_share > 0
         self.preemption = Preemption(
             allowed=lambda: not adapter.forwards_share_state(),
             max_share=s.preempt_max_share,
             on_preempt=env.metrics.preemptions.labels(resolved.model_id).inc,
             quiet_s=s.preempt_quiet_ms / 1000.0,
+            threads=env.placement.intra_op_threads if preempts else 1,
+            set_threads=_set_torch_threads,
+            spare_core_s=s.preempt_spare_core_ms / 1000.0,
         )
-        if not env.placement.on_cuda and self.forward_threads == 1 and s.preempt_max_share > 0:
+        if preempts:
             self.preemption.install(getattr(adapter, "model", None))
         self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
         self.max_requests = s.max_batch_requests
@@ -209,6 +213,13 @@ class ModelEntry:
     error: SIEError | None = None
     attempts: int = 0
     failed_at: float = 0.0
+
+
+def _set_torch_threads(n: int) -> None:
+    """torch's intra-op threads of the calling thread's next operations."""
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def load_signature(resolved: Resolved) -> ModelKey:

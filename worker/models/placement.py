@@ -14,6 +14,7 @@ from worker.settings import WorkerSettings
 class Placement:
     device: str  # cpu | cuda | cuda:N
     forward_threads: int = 1  # forwards of one model that run at once (worker/batching/forward_threads.py)
+    intra_op_threads: int = 1  # torch's intra-op threads each of them runs on
 
     @property
     def on_cuda(self) -> bool:
@@ -64,4 +65,4 @@ def place_process(settings: WorkerSettings) -> Placement:
         # the inference thread launches kernels one Python call at a time; each time it gives
         # up the GIL, a busy tokenising thread keeps it for up to this interval
         sys.setswitchinterval(switch_ms / 1000.0)
-    return Placement(device, forward_threads)
+    return Placement(device, forward_threads, intra_op)

@@ -310,3 +310,62 @@ def test_a_quiet_wait_beyond_the_bulk_forwards_share_is_not_taken(forward_thread
     pre.interactive_ended()
     assert pre.bulk(forward_thread, lambda: model.run("bulk")).result(10) == "bulk"
     assert model.log == [("bulk", i) for i in range(3)]
+
+
+class Threads:
+    """Stands for torch's intra-op thread count of the forward thread: what each call set."""
+
+    def __init__(self, n: int) -> None:
+        self.now, self.set_to = n, []
+
+    def __call__(self, n: int) -> None:
+        self.now = n
+        self.set_to.append(n)
+
+
+def test_while_interactive_work_comes_a_bulk_forward_spares_a_core_and_the_work_inside_has_them_all(
+    forward_thread,
+):
+    model = Encoder(3)
+    threads = Threads(4)
+    pre = Preemption(max_share=1.0, threads=4, set_threads=threads, spare_core_s=60.0)
+    pre.install(model)
+    seen: dict[str, int] = {}
+
+    def interactive() -> str:
+        seen["interactive"] = threads.now
+        return model.run("interactive")
+
+    def bulk_call() -> str:
+        seen["bulk"] = threads.now
+        return model.run("bulk")
+
+    pre.interactive_ended()  # a client's answer just went out
+    paused, go_on = pause_bulk_at(model, 1)
+    bulk = pre.bulk(forward_thread, bulk_call)
+    assert paused.wait(10)
+    urgent = pre.submit(forward_thread, interactive)
+    go_on.set()
+    assert urgent.result(10) == "interactive" and bulk.result(10) == "bulk"
+    assert seen == {"bulk": 3, "interactive": 4}
+    assert threads.set_to == [3, 4, 3, 4]  # bulk starts on 3, the work inside on 4, back, all at its end
+    assert [who for who, _ in model.log] == ["bulk"] * 2 + ["interactive"] * 3 + ["bulk"]
+
+
+@pytest.mark.parametrize("spare_core_s", [0.0, 60.0])
+def test_a_bulk_forward_runs_on_every_thread_without_interactive_work_lately(forward_thread, spare_core_s):
+    """No interactive work yet (or the window set to none): the bulk forward keeps all its threads."""
+    threads = Threads(2)
+    pre = Preemption(threads=2, set_threads=threads, spare_core_s=spare_core_s)
+    if not spare_core_s:
+        pre.interactive_ended()
+    assert pre.bulk(forward_thread, lambda: threads.now).result(10) == 2
+    assert threads.set_to == []
+
+
+def test_one_thread_is_never_spared(forward_thread):
+    threads = Threads(1)
+    pre = Preemption(threads=1, set_threads=threads, spare_core_s=60.0)
+    pre.interactive_ended()
+    assert pre.bulk(forward_thread, lambda: threads.now).result(10) == 1
+    assert threads.set_to == []
