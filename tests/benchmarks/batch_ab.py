@@ -16,9 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from tests.benchmarks.classes import BATCH_LINE_TEXTS as PER_LINE
 from tests.benchmarks.classes import D, _batch_probed, _pct, _probe
-
-PER_LINE = 25
 
 
 def main(argv: list[str] | None = None) -> None:

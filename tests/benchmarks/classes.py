@@ -24,6 +24,7 @@ from protocol.codec import packb
 D = "sentence-transformers/all-MiniLM-L6-v2"
 HEADERS = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
 OFF = {"X-SIE-Cache": "off"}
+BATCH_LINE_TEXTS = 25  # texts per line of the Batch API row's batches (bench_batch, batch_ab)
 
 
 async def _post(
@@ -186,7 +187,7 @@ def bench_batch(url: str, seconds: float, lines: int, rounds: int = 3) -> list[s
     probe runs at least 30 s: both p99s then stand on thousands of requests (a batch of 200 lines
     takes 40-50 s alone), where 6 s of idle probing gave about 450 and a p99 that was their fifth
     slowest (14.6-20.8 ms from round to round of one run, the busy p99 21.8-24.0)."""
-    per_line = 25
+    per_line = BATCH_LINE_TEXTS
     idle_seconds = max(seconds, 30.0)
     asyncio.run(_probe(url, None, 2.0))  # warm-up
     out = [
