@@ -99,7 +99,10 @@ class Preemption:
         ``max_share``: the most of a bulk forward's time the work run inside it (and its quiet waits)
         may take; ``on_preempt()``: called (on the forward thread) for each call run inside one;
         ``quiet_s``: how long after interactive work a bulk forward waits for more at its next block;
-        ``threads``: the intra-op threads of the forward thread, ``set_threads(n)`` sets them there;
+        ``threads``: the intra-op threads of the forward thread; ``set_threads(n)`` sets torch's
+        count, which is the whole process's: it is asked at every block of a bulk forward, not
+        remembered, since another model's bulk forward may have changed it (a no-op where the count
+        is ``n`` already);
         ``spare_core_s``: how long after interactive work a bulk forward runs on one thread fewer."""
         self.allowed = allowed
         self.max_share = max_share
@@ -108,7 +111,6 @@ class Preemption:
         self.threads = threads
         self.set_threads = set_threads
         self.spare_core_s = spare_core_s
-        self._threads_now = threads  # what the forward thread runs on now
         self._last_interactive = float("-inf")  # perf_counter time of the newest interactive work
         self.hooked_layers = 0
         self._waiting: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
@@ -144,12 +146,12 @@ class Preemption:
             self._local.in_bulk = True
             self._local.started = time.perf_counter()
             self._local.lent = 0.0  # seconds of this bulk call spent on work run inside it
-            self._use_threads(self._bulk_threads())
+            self.set_threads(self._bulk_threads())
             try:
                 return call()
             finally:
                 self._local.in_bulk = False
-                self._use_threads(self.threads)
+                self.set_threads(self.threads)
 
         def done(_: Future[T]) -> None:
             with self._lock:
@@ -197,7 +199,7 @@ class Preemption:
                     continue
                 if was_bulk:
                     self.on_preempt()
-                    self._use_threads(self.threads)
+                    self.set_threads(self.threads)
                 try:
                     future.set_result(call())
                 except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
@@ -206,7 +208,7 @@ class Preemption:
         finally:
             self._local.in_bulk = was_bulk
             if was_bulk:
-                self._use_threads(self._bulk_threads())
+                self.set_threads(self._bulk_threads())
 
     def interactive_ended(self) -> None:
         """Interactive work has just ended on the forward thread: bulk keeps quiet from now, and
@@ -222,16 +224,10 @@ class Preemption:
             return self.threads - 1
         return self.threads
 
-    def _use_threads(self, n: int) -> None:
-        """Run the forward thread's next operations on ``n`` intra-op threads (on the forward thread)."""
-        if n != self._threads_now:
-            self.set_threads(n)
-            self._threads_now = n
-
     def _at_layer(self, module: Any, args: Any) -> None:
         if not getattr(self._local, "in_bulk", False):
             return
-        self._use_threads(self._bulk_threads())
+        self.set_threads(self._bulk_threads())
         if not self._waiting and not self._quiet_wait():
             return
         now = time.perf_counter()

@@ -78,7 +78,7 @@ class LoadedModel:
             on_preempt=env.metrics.preemptions.labels(resolved.model_id).inc,
             quiet_s=s.preempt_quiet_ms / 1000.0,
             threads=env.placement.intra_op_threads if preempts else 1,
-            set_threads=_set_torch_threads,
+            set_threads=_set_torch_threads if preempts else lambda n: None,
             spare_core_s=s.preempt_spare_core_ms / 1000.0,
         )
         if preempts:
@@ -216,10 +216,12 @@ class ModelEntry:
 
 
 def _set_torch_threads(n: int) -> None:
-    """torch's intra-op threads of the calling thread's next operations."""
+    """torch's intra-op threads from now on. torch keeps one count for the whole process, so the
+    count is read each time rather than remembered: another model's bulk forward may have set it."""
     import torch
 
-    torch.set_num_threads(n)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
 
 
 def load_signature(resolved: Resolved) -> ModelKey:

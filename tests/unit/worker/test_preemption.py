@@ -313,14 +313,16 @@ def test_a_quiet_wait_beyond_the_bulk_forwards_share_is_not_taken(forward_thread
 
 
 class Threads:
-    """Stands for torch's intra-op thread count of the forward thread: what each call set."""
+    """Stands for torch's intra-op thread count, the whole process's (worker/models/loaded.py sets
+    it only where it differs): each count set."""
 
     def __init__(self, n: int) -> None:
         self.now, self.set_to = n, []
 
     def __call__(self, n: int) -> None:
-        self.now = n
-        self.set_to.append(n)
+        if n != self.now:
+            self.now = n
+            self.set_to.append(n)
 
 
 def test_while_interactive_work_comes_a_bulk_forward_spares_a_core_and_the_work_inside_has_them_all(
@@ -350,6 +352,26 @@ def test_while_interactive_work_comes_a_bulk_forward_spares_a_core_and_the_work_
     assert seen == {"bulk": 3, "interactive": 4}
     assert threads.set_to == [3, 4, 3, 4]  # bulk starts on 3, the work inside on 4, back, all at its end
     assert [who for who, _ in model.log] == ["bulk"] * 2 + ["interactive"] * 3 + ["bulk"]
+
+
+def test_a_bulk_forward_takes_its_count_back_after_another_model_changed_it(forward_thread):
+    """torch's count is the process's: another model's bulk forward ending in the middle of this one
+    sets every thread back, and this one spares its core again at its next block."""
+    model = Encoder(3)
+    threads = Threads(2)
+    pre = Preemption(max_share=1.0, threads=2, set_threads=threads, spare_core_s=60.0)
+    pre.install(model)
+    seen: list[int] = []
+    model.encoder.layer[2].register_forward_pre_hook(lambda module, args: seen.append(threads.now))
+    pre.interactive_ended()
+    paused, go_on = pause_bulk_at(model, 1)
+    bulk = pre.bulk(forward_thread, lambda: model.run("bulk"))
+    assert paused.wait(10)
+    threads(2)  # the other model's bulk forward ends: all threads
+    go_on.set()
+    assert bulk.result(10) == "bulk"
+    assert seen == [1]  # layer 2 ran on one thread again
+    assert threads.set_to == [1, 2, 1, 2]
 
 
 @pytest.mark.parametrize("spare_core_s", [0.0, 60.0])
