@@ -9,7 +9,9 @@ For every slice it prints the rate and p50, then per process (and for the benchm
 clients): milliseconds of CPU per request, and from ``/proc/<pid>/task/*/schedstat`` the share of
 the slice its threads ran and the share they waited runnable for a CPU; then what the host's
 cores did (``/proc/stat``). A process that waits for a CPU about as long as it runs, on a host
-with idle cores, is paced by how the scheduler wakes it, not by its own work.
+with idle cores, is paced by how the scheduler wakes it, not by its own work. With
+``--per-thread``, each busy thread of every process too: the share of a core it ran and waited,
+how many times it ran per request, and how long it waited each time.
 """
 
 from __future__ import annotations
@@ -61,6 +63,54 @@ def sched_of(pid: int, *, tree: bool = True) -> Sched:
     return out
 
 
+@dataclass
+class ThreadSched:
+    """One thread: its name, and nanoseconds run and waited runnable, and how many times it ran
+    (the three fields of its schedstat)."""
+
+    name: str
+    run_ns: int
+    wait_ns: int
+    slices: int
+
+
+def threads_of(pid: int) -> dict[tuple[int, int], ThreadSched]:
+    """Each thread of ``pid`` and its descendants, keyed by (process, thread) id."""
+    out: dict[tuple[int, int], ThreadSched] = {}
+    for p in descendants(pid):
+        for tid in _listdir(f"/proc/{p}/task"):
+            schedstat = _read(f"/proc/{p}/task/{tid}/schedstat").split()
+            name = _read(f"/proc/{p}/task/{tid}/comm").strip()
+            if len(schedstat) == 3 and name:
+                out[(p, int(tid))] = ThreadSched(name, *(int(x) for x in schedstat))
+    return out
+
+
+def thread_lines(
+    before: dict[tuple[int, int], ThreadSched],
+    after: dict[tuple[int, int], ThreadSched],
+    elapsed: float,
+    requests: float,
+) -> list[str]:
+    """A line for each thread that ran or waited at least 1 % of a core in the slice: the share of
+    a core it ran and waited, how often it ran per request, and its mean wait each time."""
+    lines = []
+    for key, a in after.items():
+        b = before.get(key, ThreadSched(a.name, 0, 0, 0))
+        run_s, wait_s, slices = (
+            (a.run_ns - b.run_ns) / 1e9,
+            (a.wait_ns - b.wait_ns) / 1e9,
+            a.slices - b.slices,
+        )
+        if max(run_s, wait_s) < 0.01 * elapsed:
+            continue
+        lines.append(
+            f"      {a.name:16} ran {run_s / elapsed:4.2f}  waited {wait_s / elapsed:4.2f} (cores);"
+            f" {slices / requests:4.1f} runs/request, {wait_s * 1e6 / max(1, slices):5.0f} us waited a run"
+        )
+    return lines
+
+
 def _read(path: str) -> str:
     """The text of a /proc file; empty when its process or thread has ended."""
     try:
@@ -90,13 +140,16 @@ def measure(
     def snapshot() -> dict[str, Sched]:
         return {name: sched_of(pid, tree=pid != me) for name, pid in pids.items()}
 
+    servers = {name: pid for name, pid in pids.items() if pid != me}
     before = snapshot()
+    threads0 = {name: threads_of(pid) for name, pid in servers.items()} if args.per_thread else {}
     host0, t0 = host_cores(), time.perf_counter()
     rate, p50, _ = run_load(
         url, texts, args.per, args.clients, args.seconds, model=args.model, extra_headers=headers
     )
     elapsed = time.perf_counter() - t0
     host1 = host_cores()
+    threads1 = {name: threads_of(pid) for name, pid in servers.items()} if args.per_thread else {}
     after = snapshot()
     requests = rate * elapsed / args.per
     lines = [f"  {rate:9.0f} items/s, p50 {p50:6.1f} ms"]
@@ -106,6 +159,8 @@ def measure(
             f"    {name:10} {d.cpu_s * 1000 / requests:6.2f} ms CPU/request  ran {d.run_s / elapsed:4.2f}"
             f"  waited for a CPU {d.wait_s / elapsed:4.2f} (cores)"
         )
+        if name in threads1:
+            lines += thread_lines(threads0[name], threads1[name], elapsed, requests)
     user, nice, system, idle, iowait, irq, softirq, steal = (
         (b - a) / TICK / elapsed for a, b in zip(host0, host1, strict=True)
     )
@@ -126,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of sie serve and the worker")
     ap.add_argument("--model-processes", type=int, default=1)
     ap.add_argument("--worker-cpus", type=int, default=0)
+    ap.add_argument(
+        "--per-thread", action="store_true", help="also each busy thread of every process, from its schedstat"
+    )
     args = ap.parse_args(argv)
     threads = str(args.threads)
     os.environ.update({"SIE_TORCH_THREADS": threads, "OMP_NUM_THREADS": threads, "SIE_HF_OFFLINE": "1"})
