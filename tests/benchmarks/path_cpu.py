@@ -46,44 +46,43 @@ class Sched:
         return Sched(self.cpu_s - other.cpu_s, self.run_s - other.run_s, self.wait_s - other.wait_s)
 
 
-def sched_of(pid: int, *, tree: bool = True) -> Sched:
-    """``pid``'s threads (with ``tree``, its descendants' too) as one :class:`Sched` (threads that
-    ended are lost, so a slice measures long-lived processes only)."""
-    out = Sched()
-    for p in descendants(pid) if tree else [pid]:
-        for tid in _listdir(f"/proc/{p}/task"):
-            schedstat, stat = _read(f"/proc/{p}/task/{tid}/schedstat"), _read(f"/proc/{p}/task/{tid}/stat")
-            if not schedstat or not stat:
-                continue
-            run_ns, wait_ns, _ = schedstat.split()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            out.cpu_s += (int(fields[11]) + int(fields[12])) / TICK
-            out.run_s += int(run_ns) / 1e9
-            out.wait_s += int(wait_ns) / 1e9
-    return out
-
-
 @dataclass
 class ThreadSched:
-    """One thread: its name, and nanoseconds run and waited runnable, and how many times it ran
-    (the three fields of its schedstat)."""
+    """One thread: its name, its CPU seconds (``stat``), and nanoseconds run and waited runnable and
+    how many times it ran (the three fields of its ``schedstat``)."""
 
     name: str
+    cpu_s: float
     run_ns: int
     wait_ns: int
     slices: int
 
 
-def threads_of(pid: int) -> dict[tuple[int, int], ThreadSched]:
-    """Each thread of ``pid`` and its descendants, keyed by (process, thread) id."""
+def threads_of(pid: int, *, tree: bool = True) -> dict[tuple[int, int], ThreadSched]:
+    """Each thread of ``pid`` (with ``tree``, of its descendants too), keyed by (process, thread)
+    id; threads that ended are gone, so a slice measures long-lived processes only."""
     out: dict[tuple[int, int], ThreadSched] = {}
-    for p in descendants(pid):
+    for p in descendants(pid) if tree else [pid]:
         for tid in _listdir(f"/proc/{p}/task"):
             schedstat = _read(f"/proc/{p}/task/{tid}/schedstat").split()
-            name = _read(f"/proc/{p}/task/{tid}/comm").strip()
-            if len(schedstat) == 3 and name:
-                out[(p, int(tid))] = ThreadSched(name, *(int(x) for x in schedstat))
+            stat = _read(f"/proc/{p}/task/{tid}/stat")
+            if len(schedstat) != 3 or not stat:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            cpu_s = (int(fields[11]) + int(fields[12])) / TICK
+            out[(p, int(tid))] = ThreadSched(name, cpu_s, *(int(x) for x in schedstat))
     return out
+
+
+def sched_of(pid: int, *, tree: bool = True) -> Sched:
+    """``pid``'s threads (with ``tree``, its descendants' too) as one :class:`Sched`."""
+    threads = threads_of(pid, tree=tree).values()
+    return Sched(
+        sum(t.cpu_s for t in threads),
+        sum(t.run_ns for t in threads) / 1e9,
+        sum(t.wait_ns for t in threads) / 1e9,
+    )
 
 
 def thread_lines(
@@ -96,7 +95,7 @@ def thread_lines(
     a core it ran and waited, how often it ran per request, and its mean wait each time."""
     lines = []
     for key, a in after.items():
-        b = before.get(key, ThreadSched(a.name, 0, 0, 0))
+        b = before.get(key, ThreadSched(a.name, 0.0, 0, 0, 0))
         run_s, wait_s, slices = (
             (a.run_ns - b.run_ns) / 1e9,
             (a.wait_ns - b.wait_ns) / 1e9,
