@@ -29,33 +29,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--idle-s", type=float, default=20.0, help="each idle probe's length")
     args = ap.parse_args(argv)
 
-    from deploy.launcher import Cluster
+    from tests.benchmarks.cluster_ab import VariantCluster
     from tests.support.nats_server import free_port
 
     os.environ.update({
         "SIE_TORCH_THREADS": str(os.cpu_count() or 1), "SIE_HF_OFFLINE": "1",
         "SIE_GATEWAY_REQUEST_TIMEOUT_S": "3600", "SIE_GATEWAY_MAX_ITEMS": "4096",
     })  # fmt: skip
-    clusters: dict[str, Cluster] = {}
+    clusters: dict[str, VariantCluster] = {}
     with tempfile.TemporaryDirectory(prefix="sie-batch-ab-") as tmp:
         try:
             for name, pairs in (("A", args.a), ("B", args.b)):
-                env = dict(p.split("=", 1) for p in pairs)
-                saved = {k: os.environ.get(k) for k in env}
-                os.environ.update(env)
-                try:
-                    cluster = Cluster(
-                        state_dir=Path(tmp) / name, gateway_port=free_port(), config_port=free_port(),
-                        nats_port=free_port(), preload=D,
-                    )  # fmt: skip
-                    clusters[name] = cluster
-                    cluster.start(say=lambda line: None)
-                finally:
-                    for k, v in saved.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
+                clusters[name] = VariantCluster(
+                    state_dir=Path(tmp) / name, gateway_port=free_port(), config_port=free_port(),
+                    nats_port=free_port(), preload=D, extra=dict(p.split("=", 1) for p in pairs),
+                )  # fmt: skip
+                clusters[name].start(say=lambda line: None)
                 print(f"{name}: {' '.join(pairs) or '(defaults)'}", flush=True)
             for cluster in clusters.values():
                 asyncio.run(_probe(cluster.gateway_url, None, 3.0))  # warm-up
