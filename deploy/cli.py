@@ -20,6 +20,7 @@ def _serve(args: argparse.Namespace) -> int:
             "models_dir": args.models_dir,
             "bundles_dir": args.bundles_dir,
             "device": args.device,
+            "api_key": args.api_key,
         }.items()
         if v is not None
     }
@@ -148,6 +149,14 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models-dir", help="directory of model YAML files (SIE_MODELS_DIR)")
     p.add_argument("--bundles-dir", help="directory of bundle YAML files (SIE_BUNDLES_DIR)")
     p.add_argument("--device", help="auto | cpu | cuda (SIE_DEVICE)")
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require Authorization: Bearer KEY on every route but the probes (/healthz, /livez, "
+        "/readyz) and /openapi.json, /docs; several keys comma-separated; 401 without one "
+        "(SIE_API_KEY; prefer the variable, a flag shows in ps; default: open; "
+        "SIE_AUTH_EXEMPT_OPERATIONAL=true also opens /, /health, /metrics, /ws/status)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,6 +23,10 @@ class WorkerSettings(BaseSettings):
     # front door
     host: str = "0.0.0.0"  # bind address of sie serve
     port: int = 8080  # port of sie serve
+    api_key: str = Field(
+        default="", repr=False
+    )  # sie serve: comma-separated bearer keys (sie serve --api-key); when set, every route but the probes (/healthz, /livez, /readyz) and the API docs (/openapi.json, /docs) needs Authorization: Bearer <key> (401 UNAUTHORIZED without or with a wrong one); empty = open
+    auth_exempt_operational: bool = False  # true: /, /health, /metrics and /ws/* answer without a token (on the gateway; on sie serve with SIE_API_KEY), for a scraper that cannot send one
     model_processes: int = Field(
         default=0, ge=0, validation_alias=AliasChoices("SIE_MODEL_PROCESSES", "SIE_SERVE_PROCESSES")
     )  # whole workers on this device, each its own process (one Python process cannot keep a GPU busy): sie serve's share the port (SO_REUSEPORT), a pod's (python -m worker.ipc) each serve their own IPC socket to their own sidecar; 0 = 4 on CUDA, 1 on CPU; metrics are per process (SIE_SERVE_PROCESSES is its deprecated former name)
@@ -149,6 +153,10 @@ class WorkerSettings(BaseSettings):
     @classmethod
     def _priority(cls, value: str) -> str:
         return priority_setting(value, "SIE_SERVE_DEFAULT_PRIORITY")
+
+    def api_keys(self) -> list[str]:
+        """The bearer keys sie serve accepts (SIE_API_KEY, comma-separated); empty: no auth."""
+        return [k.strip() for k in self.api_key.split(",") if k.strip()]
 
     def preload_list(self) -> list[str]:
         return [m.strip() for m in self.preload_models.split(",") if m.strip()]

@@ -57,6 +57,7 @@ from protocol.openai import (
 from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.weights import UNKNOWN
 from worker.runtime import Result, Runtime
+from worker.serve import auth
 from worker.serve import docs as api_docs
 from worker.serve.metrics import ServeMetrics
 from worker.serve.result_cache import ResultLRU, encode_cached
@@ -70,6 +71,7 @@ METRICS = web.AppKey("metrics", ServeMetrics)
 REQUEST_ID = web.RequestKey("request_id", str)
 STATUS_SOCKETS = web.AppKey("status_sockets", set)
 RESULT_CACHE: web.AppKey[ResultLRU | None] = web.AppKey("result_cache")
+API_KEYS = web.AppKey("api_keys", list)  # SIE_API_KEY, split once
 INDEX_ROUTES = [
     "/v1/encode/{model}",
     "/v1/score/{model}",
@@ -383,6 +385,15 @@ async def rerank_route(request: web.Request) -> web.Response:
     return json_response(body, headers=base_headers(request[REQUEST_ID]))
 
 
+def _error_in_route_shape(request: web.Request, exc: SIEError) -> web.Response:
+    """An error raised before the handler (a refused key) in the envelope its route answers errors in."""
+    if request.path == "/v1/embeddings":
+        return openai_error_response(exc)
+    if request.path in rerank.ROUTES:
+        return rerank_error_response(exc, request.path)
+    return error_response(exc, request[REQUEST_ID])
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[REQUEST_ID] = new_request_id()
@@ -402,9 +413,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 attributes={"endpoint": endpoint},
             ),
         ):
+            auth.check(request, request.app[API_KEYS], request.app[SETTINGS].auth_exempt_operational)
             response = await handler(request)
     except SIEError as exc:
-        response = error_response(exc, request[REQUEST_ID])
+        response = _error_in_route_shape(request, exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -425,6 +437,7 @@ def create_app(runtime: Runtime, settings: WorkerSettings | None = None) -> web.
     app[SETTINGS] = settings
     app[METRICS] = ServeMetrics()
     app[STATUS_SOCKETS] = set()
+    app[API_KEYS] = settings.api_keys()
     app[RESULT_CACHE] = (
         ResultLRU(settings.serve_result_cache_items, settings.serve_result_cache_ttl_s)
         if settings.serve_result_cache_items else None

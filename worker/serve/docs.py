@@ -11,7 +11,8 @@ from protocol.openapi import Op
 TITLE = "sie serve"
 DESCRIPTION = (
     "The standalone worker: the SIE inference routes (msgpack or JSON), and the OpenAI-, Cohere- "
-    "and TEI-compatible routes, served from this process's models."
+    "and TEI-compatible routes, served from this process's models. Started with `--api-key` "
+    "(SIE_API_KEY), every route but the probes and these docs needs `Authorization: Bearer <key>`."
 )
 OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -29,4 +30,4 @@ def operations() -> list[Op]:
 
 
 def build() -> dict[str, Any]:
-    return openapi.document(TITLE, DESCRIPTION, operations())
+    return openapi.document(TITLE, DESCRIPTION, operations(), security=True)

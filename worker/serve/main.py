@@ -38,6 +38,23 @@ def _say_listening(settings: WorkerSettings) -> Callable[[str], None]:
     return say
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _say_auth(settings: WorkerSettings) -> None:
+    """One line on how requests are authenticated (how many keys, never the keys themselves); a
+    warning when the server is open on an address other machines may reach."""
+    keys = settings.api_keys()
+    if keys:
+        log.info("sie serve: bearer keys required (%d configured, SIE_API_KEY)", len(keys))
+    elif settings.host not in LOOPBACK:
+        log.warning(
+            "sie serve: open to anyone who reaches %s:%d; pass --api-key (SIE_API_KEY) or --host 127.0.0.1",
+            settings.host,
+            settings.port,
+        )
+
+
 def main(settings: WorkerSettings | None = None) -> None:
     settings = settings or WorkerSettings()
     setup_logging(settings.log_level, settings.log_format)
@@ -47,6 +64,8 @@ def main(settings: WorkerSettings | None = None) -> None:
     siblings = start_siblings(settings, "worker.serve.main")
     if siblings:
         log.info("sie serve: %d processes on port %d", settings.model_processes, settings.port)
+    if settings.process_index == 0:
+        _say_auth(settings)
     try:
         runtime = build_runtime(settings)
         app = create_app(runtime, settings)
