@@ -17,11 +17,30 @@ Weights found in tiers 1, 4 or 5 are published to the cluster cache (in the back
 other workers skip the hub. Every entry is keyed by the hub id (else the model id) and revision.
 A cluster-cache entry is complete once its manifest (``.sie-manifest.json``) exists; it is written
 last. Downloads log their progress every ``SIE_DOWNLOAD_PROGRESS_INTERVAL_S`` seconds.
+
+Integrity of the cluster cache. The manifest (version 2) holds each file's size and sha256,
+computed from the very bytes uploaded: ``{"version": 2, "files": {"model.safetensors": {"size": n,
+"sha256": "<hex>"}}, "published_at": t}``. A worker copies an entry into a temporary directory,
+hashing each file as it streams, and moves it into the local cache only when every file matches;
+a copy that does not match is discarded (a warning names the entry and the file) and fetched once
+more, and a second mismatch skips the cluster cache for that load: the hub or the packaged
+fallback serves it and the entry is published again over the bad one; with no other tier the load
+fails with ``WeightsError`` of class ``INTEGRITY``. A manifest naming a path that would leave the
+entry (absolute, ``..``, a drive, the caches' own files) is refused before anything is written.
+Version-1 manifests (sizes only, written before the hashes) are NOT trusted: the cluster cache is
+skipped for that entry, exactly as for a mismatch, and the entry is published again with hashes
+once the weights are loaded from another tier. The local disk cache is trusted as it stands.
+
+What the hashes do not cover: they live in the same bucket as the weights, so they catch a file
+swapped or corrupted behind a manifest (and a poisoned path), not a writer who rewrites the
+manifest too; against that, keep the bucket writable only by the workers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import importlib.util
 import json
 import logging
@@ -34,7 +53,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from protocol import weights as W
@@ -155,19 +174,138 @@ def progress_line(done: int, total: int | None, elapsed_s: float, width: int = 2
     return f"{100 * share:.0f}% [{'#' * filled}{'-' * (width - filled)}] {_mb(done)} of {_mb(total)}, {rate / 1e6:.1f} MB/s{left}"
 
 
-def hub_total_bytes(hub_id: str, revision: str | None) -> int | None:
-    """The size of a hub repository's files (for the progress bar); None when the hub cannot say."""
+def hub_total_bytes(hub_id: str, revision: str | None, files: tuple[str, ...] | None = None) -> int | None:
+    """The size of a hub repository's files (those matching ``files``' patterns, when given): for the
+    progress bar and the size cap; None when the hub cannot say."""
     from huggingface_hub import HfApi
 
     try:
         info = HfApi().model_info(hub_id, revision=revision, files_metadata=True)
     except Exception:  # noqa: BLE001 - the download itself reports what is wrong
         return None
-    sizes = [s.size for s in info.siblings or [] if s.size]
-    return sum(sizes) or None
+    return matching_bytes({s.rfilename: s.size or 0 for s in info.siblings or []}, files) or None
+
+
+def matching_bytes(sizes: dict[str, int], files: tuple[str, ...] | None) -> int:
+    """The bytes of the files (name -> size) that ``snapshot_download(allow_patterns=files)`` takes."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    names = filter_repo_objects(sizes, allow_patterns=list(files) if files else None)
+    return sum(sizes[name] for name in names)
+
+
+def check_size(what: str, size: int | None, max_bytes: int | None) -> None:
+    """Raise WeightsError (TOO_LARGE) when ``size`` (None: unknown) is above ``max_bytes`` (None: no cap)."""
+    if size is not None and max_bytes is not None and size > max_bytes:
+        raise WeightsError(f"{what}: {_mb(size)}, more than the cap of {_mb(max_bytes)}", "TOO_LARGE")
 
 
 # ---- the cluster cache (fsspec) --------------------------------------------------------------
+MANIFEST_VERSION = 2  # 1: sizes only (not trusted); 2: size and sha256 per file
+_CHUNK = 8 * 1024 * 1024  # bytes per read while hashing a stream: a file is never held whole
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_RESERVED = (MANIFEST, LAST_USED)  # the caches' own files: never a name in a manifest
+_DRIVE = re.compile(r"[A-Za-z]:")
+
+
+class IntegrityError(WeightsError):
+    """A cluster-cache entry that cannot be trusted: a file whose bytes or size differ from its
+    manifest, a manifest without hashes (version 1), or a manifest naming a path outside its entry."""
+
+    def __init__(self, message: str, *, retry: bool = False) -> None:
+        # not permanent: an operator (or another worker) may publish the entry again
+        super().__init__(message, "INTEGRITY", permanent=False)
+        self.retry = retry  # a copy that did not match: fetching again may meet a finished re-publish
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    size: int
+    sha256: str | None  # None only in a version-1 manifest
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A cluster-cache entry's ``.sie-manifest.json``: ``{"version": 2, "files": {rel: {"size": n,
+    "sha256": hex}}, "published_at": t}`` (version 1, the old format, is ``{"files": {rel: n}}``)."""
+
+    version: int
+    files: dict[str, ManifestFile]
+
+    @property
+    def verifiable(self) -> bool:
+        """Every file carries a sha256: the only manifests a worker loads from."""
+        return self.version >= MANIFEST_VERSION and all(f.sha256 for f in self.files.values())
+
+    @property
+    def total(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def to_json(self, published_at: float) -> bytes:
+        files = {rel: {"size": f.size, "sha256": f.sha256} for rel, f in self.files.items()}
+        return json.dumps({"version": self.version, "files": files, "published_at": published_at}).encode()
+
+    @staticmethod
+    def parse(raw: bytes, key: str) -> Manifest:
+        """Raises IntegrityError for anything but a well-formed manifest whose paths stay inside the entry."""
+        try:
+            doc = json.loads(raw)
+            version = int(doc.get("version", 1))
+            items = doc["files"]
+            if not isinstance(items, dict):
+                raise TypeError("files is not an object")
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise IntegrityError(f"cluster cache entry {key}: unreadable manifest ({exc})") from exc
+        files = {}
+        for rel, spec in items.items():
+            safe_rel(rel, key)
+            size, sha = (spec, None) if version < 2 else _file_spec(spec)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise IntegrityError(f"cluster cache entry {key}: bad size for {rel!r} in its manifest")
+            if version >= 2 and (not isinstance(sha, str) or not _SHA256.fullmatch(sha)):
+                raise IntegrityError(f"cluster cache entry {key}: bad sha256 for {rel!r} in its manifest")
+            files[rel] = ManifestFile(size, sha)
+        return Manifest(version, files)
+
+
+def _file_spec(spec: Any) -> tuple[Any, Any]:
+    return (spec.get("size"), spec.get("sha256")) if isinstance(spec, dict) else (None, None)
+
+
+def safe_rel(rel: Any, key: str) -> PurePosixPath:
+    """A manifest's file name as a relative path that cannot leave the entry's directory: no absolute
+    path, no drive, no ``..``/``.``/empty component, no backslash, not the cache's own bookkeeping."""
+    path = PurePosixPath(rel) if isinstance(rel, str) else None
+    if (
+        path is None
+        or not rel
+        or rel.startswith("/")
+        or "\\" in rel
+        or "\x00" in rel
+        or path.is_absolute()
+        or _DRIVE.match(rel)
+        or any(part in ("", ".", "..") for part in rel.split("/"))
+        or path.name.startswith(_RESERVED)
+    ):
+        raise IntegrityError(
+            f"cluster cache entry {key}: its manifest names an unsafe path {str(rel)[:200]!r}"
+        )
+    return path
+
+
+def _copy_hashing(src: Any, dst: Any, limit: int | None = None) -> tuple[int, str]:
+    """Copy one stream into another in chunks; (bytes, sha256 hex). Stops once past ``limit`` bytes."""
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := src.read(_CHUNK):
+        digest.update(chunk)
+        dst.write(chunk)
+        size += len(chunk)
+        if limit is not None and size > limit:
+            break
+    return size, digest.hexdigest()
+
+
 class ClusterCache:
     """A shared directory or bucket; entries are ``<root>/<key>/...`` plus a manifest written last."""
 
@@ -181,32 +319,62 @@ class ClusterCache:
     def _path(self, key: str, rel: str = "") -> str:
         return f"{self.root}/{key}/{rel}" if rel else f"{self.root}/{key}"
 
-    def manifest(self, key: str) -> dict[str, int] | None:
+    def manifest(self, key: str) -> Manifest | None:
+        """The entry's manifest; None when there is none (or the bucket could not be read, logged).
+        Raises IntegrityError for a malformed manifest or one naming a path outside the entry."""
         try:
             with self.fs.open(self._path(key, MANIFEST), "rb") as f:
-                return dict(json.loads(f.read())["files"])
+                raw = f.read()
         except FileNotFoundError:
             return None
         except Exception as exc:
             log.warning("cluster cache %s: reading %s failed: %s", self.url, key, exc)
             return None
+        return Manifest.parse(raw, key)
 
     def keys(self) -> frozenset[str]:
-        """The complete entries (those with a manifest), in one listing. Raises OSError and the like."""
+        """The complete entries (those with a manifest, of any version), in one listing. Raises
+        OSError and the like. Manifests are not read here: a listed entry may still be refused
+        when it is fetched (version 1, or a file that does not match)."""
         return frozenset(
             path.rstrip("/").rsplit("/", 2)[-2] for path in self.fs.glob(f"{self.root}/*/{MANIFEST}")
         )
 
-    def fetch(self, key: str, files: dict[str, int], dest: Path) -> None:
-        for rel in files:
-            target = dest / rel
+    def fetch(self, key: str, manifest: Manifest, dest: Path) -> None:
+        """Copy the entry's files into ``dest`` (a fresh directory), checking each file's size and
+        sha256 against the manifest as it streams. Raises IntegrityError on the first mismatch (what
+        was written stays in ``dest``, for the caller to discard) or for a version-1 manifest."""
+        if not manifest.verifiable:
+            raise IntegrityError(f"cluster cache entry {key}: its manifest has no sha256 per file")
+        root = dest.resolve()
+        for rel, want in manifest.files.items():
+            target = dest / safe_rel(rel, key)
+            if not target.resolve().is_relative_to(root):  # a link inside dest: never write through it
+                raise IntegrityError(f"cluster cache entry {key}: {rel!r} leaves the entry")
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(self._path(key, rel), str(target))
+            with self.fs.open(self._path(key, rel), "rb") as src, target.open("xb") as dst:
+                size, sha = _copy_hashing(src, dst, limit=want.size)
+            if size != want.size or sha != want.sha256:
+                why = "sha256 differs" if size == want.size else f"size {size} != {want.size}"
+                raise IntegrityError(
+                    f"cluster cache entry {key}: file {rel[:200]!r} does not match its manifest ({why})",
+                    retry=True,
+                )
 
-    def publish(self, key: str, source: Path) -> bool:
-        """Upload a local directory under ``key`` unless it is already there. True when uploaded."""
-        if self.manifest(key) is not None:
+    def publish(self, key: str, source: Path, replace: bool = False) -> bool:
+        """Upload a local directory under ``key`` unless a trusted entry (a version-2 manifest) is
+        there already; ``replace``: even then (the entry was refused). True when uploaded. Each file
+        is hashed as it is uploaded, so the manifest holds the sha256 of exactly the bytes sent."""
+        try:
+            existing = self.manifest(key)
+        except IntegrityError:
+            existing = None  # malformed: replaced
+        if existing is not None and existing.verifiable and not replace:
             return False
+        if existing is not None or replace:
+            # the old manifest goes first: while the files are replaced the entry reads as incomplete
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(self._path(key, MANIFEST))
         files = {}
         for path in sorted(source.rglob("*")):
             rel = path.relative_to(source).as_posix()
@@ -218,13 +386,15 @@ class ClusterCache:
                 continue
             remote = self._path(key, rel)
             self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
-            self.fs.put_file(str(path), remote)
-            files[rel] = path.stat().st_size
+            with path.open("rb") as src, self.fs.open(remote, "wb") as dst:
+                size, sha = _copy_hashing(src, dst)
+            files[rel] = ManifestFile(size, sha)
+        manifest = Manifest(MANIFEST_VERSION, files)
         # written under a temporary name, then moved: readers never see half a manifest
         tmp = self._path(key, f"{MANIFEST}.{uuid.uuid4().hex[:8]}")
-        self.fs.pipe_file(tmp, json.dumps({"files": files, "published_at": time.time()}).encode())
+        self.fs.pipe_file(tmp, manifest.to_json(time.time()))
         self.fs.mv(tmp, self._path(key, MANIFEST))
-        log.info("published %s to the cluster cache %s (%s)", key, self.url, _mb(sum(files.values())))
+        log.info("published %s to the cluster cache %s (%s)", key, self.url, _mb(manifest.total))
         return True
 
 
@@ -238,6 +408,8 @@ class Source:
     local_path: str | None = None  # used in place when it exists
     hub_id: str | None = None
     fallback: str | None = None  # pkg:// or a local path, last resort
+    files: tuple[str, ...] | None = None  # from the hub only these (allow_patterns); None: every file
+    max_bytes: int | None = None  # a hub download above this is refused (before it starts when the hub says)
 
     @property
     def key(self) -> str:
@@ -364,17 +536,21 @@ class WeightCache:
         if local.is_dir():
             _touch(local)
             return local
-        if self.cluster is not None:
-            files = self.cluster.manifest(key)
-            if files is not None:
-                path = self._fill(key, lambda tmp: self._fetch_cluster(key, files, tmp), protect)
-                log.info("%s: weights from the cluster cache %s", source.ident, self.cluster.url)
-                return path
         errors: list[WeightsError] = []
+        refused = False  # the cluster entry exists but was not trusted: replaced once loaded elsewhere
+        if self.cluster is not None:
+            try:
+                cluster_path = self._from_cluster(source, key, protect)
+            except WeightsError as exc:
+                errors.append(exc)
+                refused = isinstance(exc, IntegrityError)
+            else:
+                if cluster_path is not None:
+                    return cluster_path
         if source.hub_id:
             try:
                 path = self._from_hub(source, key, protect)
-                self._publish(key, path)
+                self._publish(key, path, replace=refused)
                 return path
             except WeightsError as exc:
                 if exc.error_class == "GATED":
@@ -383,14 +559,15 @@ class WeightCache:
         if source.fallback:
             path = resolve_path(source.fallback)
             if path.exists():
-                if errors:
+                if source.hub_id and errors:
                     log.info("%s: hub unavailable, using packaged weights at %s", source.ident, path)
-                self._publish(key, path)
+                self._publish(key, path, replace=refused)
                 return path
             errors.append(WeightsError(f"fallback weights {source.fallback} do not exist"))
         if source.local_path:
             errors.insert(0, WeightsError(f"weights_path {source.local_path} does not exist"))
         if errors:
+            errors.sort(key=lambda e: not isinstance(e, IntegrityError))  # a refused entry says most
             raise (
                 errors[0]
                 if len(errors) == 1
@@ -425,42 +602,103 @@ class WeightCache:
         self.enforce_disk_pressure(protect)
         return final
 
-    def _fetch_cluster(self, key: str, files: dict[str, int], tmp: Path) -> None:
+    def _from_cluster(self, source: Source, key: str, protect: set[str]) -> Path | None:
+        """The entry copied from the cluster cache into the local one, each file's size and sha256
+        checked before the copy is moved into place; None when the cluster cache has no such entry.
+        A copy that does not match is discarded and fetched once more (a publisher may have been
+        replacing the entry meanwhile); a second mismatch, a version-1 manifest, or a manifest that
+        names a path outside the entry raise IntegrityError, a failed read WeightsError (NETWORK):
+        the caller goes on to the next tier."""
         assert self.cluster is not None
-        with Progress(f"{key} from {self.cluster.url}", tmp, self.progress_interval_s, sum(files.values())):
-            self.cluster.fetch(key, files, tmp)
+        cluster = self.cluster
+        refusal: IntegrityError | None = None
+        for attempt in (1, 2):
+            try:
+                manifest = cluster.manifest(key)  # read again on the second try
+                if manifest is None:
+                    return None
+                if not manifest.verifiable:
+                    raise IntegrityError(
+                        f"cluster cache entry {key}: its manifest (version {manifest.version}) has no "
+                        "sha256 per file, so it is not trusted (a worker that loads these weights from "
+                        "another tier publishes the entry again, with hashes)"
+                    )
+                path = self._fill(key, functools.partial(self._fetch_cluster, key, manifest), protect)
+            except IntegrityError as exc:
+                refusal = exc
+                again = exc.retry and attempt == 1
+                what = (
+                    "copy discarded, fetching it again"
+                    if again
+                    else "skipping the cluster cache for this load"
+                )
+                log.warning(
+                    "%s: %s; %s",
+                    source.ident,
+                    exc,
+                    f"copy discarded; {what}" if exc.retry and not again else what,
+                )
+                if not again:
+                    break
+                continue
+            except Exception as exc:  # the bucket failed mid-copy: the next tier may serve it
+                log.warning("%s: copying cluster cache entry %s failed: %s", source.ident, key, exc)
+                raise WeightsError(
+                    f"cluster cache entry {key}: copy failed ({exc})", "NETWORK", permanent=False
+                ) from exc
+            log.info("%s: weights from the cluster cache %s (sha256 checked)", source.ident, cluster.url)
+            return path
+        assert refusal is not None
+        raise refusal
+
+    def _fetch_cluster(self, key: str, manifest: Manifest, tmp: Path) -> None:
+        assert self.cluster is not None
+        with Progress(f"{key} from {self.cluster.url}", tmp, self.progress_interval_s, manifest.total):
+            self.cluster.fetch(key, manifest, tmp)
 
     def _from_hub(self, source: Source, key: str, protect: set[str]) -> Path:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
         hub_id = source.hub_id or ""
+        patterns = list(source.files) if source.files else None
         try:
             if hub_offline(self.offline):
                 # offline: only what the hub client has cached already, nothing is fetched
-                return Path(snapshot_download(hub_id, revision=source.revision, local_files_only=True))
+                return Path(
+                    snapshot_download(
+                        hub_id, revision=source.revision, local_files_only=True, allow_patterns=patterns
+                    )
+                )
 
             def download(tmp: Path) -> None:
-                total = hub_total_bytes(hub_id, source.revision)
+                total = hub_total_bytes(hub_id, source.revision, source.files)
+                check_size(hub_id, total, source.max_bytes)  # before a byte is fetched, when the hub says
                 with Progress(f"{hub_id} from the hub", tmp, self.progress_interval_s, total):
-                    snapshot_download(hub_id, revision=source.revision, local_dir=str(tmp))
+                    snapshot_download(
+                        hub_id, revision=source.revision, local_dir=str(tmp), allow_patterns=patterns
+                    )
+                # and what arrived (the hub client's .cache bookkeeping aside): never moved into the cache
+                check_size(hub_id, dir_size(tmp) - dir_size(tmp / ".cache"), source.max_bytes)
 
             return self._fill(key, download, protect)
         except GatedRepoError as exc:
             raise WeightsError(f"{hub_id} is gated: set HF_TOKEN with access ({exc})", "GATED") from exc
         except RepositoryNotFoundError as exc:
             raise WeightsError(f"{hub_id} does not exist on the hub", "NOT_FOUND") from exc
+        except WeightsError:  # refused above the cap
+            raise
         except Exception as exc:  # network down, offline cache miss, ...
             raise WeightsError(f"{hub_id}: hub unreachable or not cached ({exc})", "NETWORK") from exc
 
-    def _publish(self, key: str, path: Path) -> None:
+    def _publish(self, key: str, path: Path, replace: bool = False) -> None:
         if self.cluster is None:
             return
         cluster = self.cluster
 
         def upload() -> None:
             try:
-                cluster.publish(key, path)
+                cluster.publish(key, path, replace=replace)
             except Exception:
                 log.exception("publishing %s to the cluster cache %s failed", key, cluster.url)
 
