@@ -17,6 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 OUTPUT_TYPES = ("dense", "sparse", "multivector")
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+# a LoRA adapter's name: the profile charset without the dot (peft keys its modules by the name, and a
+# module name cannot hold a dot), starting with a letter or digit, at most LORA_NAME_MAX characters
+LORA_NAME_MAX = 128
+LORA_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# a hub repository id: ``org/name``
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 DEFAULT_PROFILE = "default"
@@ -86,6 +93,35 @@ class Profile(_Strict):
         return self.adapter_path.split(":", 1)[0] if self.adapter_path else None
 
 
+class Lora(_Strict):
+    """One LoRA adapter a model declares (``loras: {NAME: ...}``); requests select it by NAME.
+
+    Exactly one source: ``hf_id`` (a hub repository ``org/name``, optionally pinned to ``revision``;
+    only ``adapter_config.json`` and ``*.safetensors`` are fetched, up to ``SIE_MAX_LORA_BYTES``) or
+    ``path`` (a local directory or ``pkg://package/subdir`` the operator provides). ``sha256``: the
+    hex SHA-256 of the adapter's ``adapter_model.safetensors``, checked before it is loaded.
+    """
+
+    hf_id: str | None = None
+    path: str | None = None
+    revision: str | None = None
+    sha256: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Lora:
+        if (self.hf_id is None) == (self.path is None):
+            raise ValueError("a LoRA needs exactly one of hf_id or path")
+        if self.hf_id is not None and (not HUB_ID_RE.match(self.hf_id) or ".." in self.hf_id):
+            raise ValueError(f"LoRA hf_id {self.hf_id!r} is not a hub id of the form org/name")
+        if self.path is not None and not self.path.strip():
+            raise ValueError("LoRA path must not be empty")
+        if self.revision is not None and (self.hf_id is None or not self.revision.strip()):
+            raise ValueError("LoRA revision needs hf_id and must not be empty")
+        if self.sha256 is not None and not SHA256_RE.match(self.sha256):
+            raise ValueError("LoRA sha256 must be 64 lowercase hex digits")
+        return self
+
+
 class Routing(_Strict):
     policy: Literal["remote_only", "fallback", "threshold"] | None = None
     fallback_profile: str | None = None
@@ -112,6 +148,9 @@ class ModelConfig(_Strict):
     max_sequence_length: int | None = Field(default=None, gt=0)
     pool: str | None = None
     routing: Routing | None = None
+    # the LoRA adapters requests may select (``options.lora`` = a NAME here); none declared: no LoRA
+    # (None, the default, keeps the field out of exclude_none dumps of configs that declare none)
+    loras: dict[str, Lora] | None = None
     profiles: dict[str, Profile]
 
     @field_validator("sie_id")
@@ -138,6 +177,12 @@ class ModelConfig(_Strict):
                 raise ValueError(f"profile {name!r} needs adapter_path or extends")
             elif prof.max_batch_tokens is None:
                 raise ValueError(f"profile {name!r} needs max_batch_tokens")
+        for name in self.loras or {}:
+            if len(name) > LORA_NAME_MAX or not LORA_NAME_RE.match(name):
+                raise ValueError(
+                    f"invalid LoRA name {name[:LORA_NAME_MAX]!r}: letters, digits, '_' and '-', "
+                    f"starting with a letter or digit, at most {LORA_NAME_MAX} characters"
+                )
         return self
 
     def resolved_profile(self, name: str) -> Profile:
@@ -166,6 +211,14 @@ class ModelConfig(_Strict):
         ids = [self.sie_id] if DEFAULT_PROFILE in self.profiles else []
         ids += [model_spec(self.sie_id, p) for p in self.profiles if p != DEFAULT_PROFILE]
         return ids
+
+    def lora(self, name: str) -> Lora | None:
+        """The declared LoRA called ``name`` (None: not declared)."""
+        return (self.loras or {}).get(name)
+
+    def lora_names(self) -> list[str]:
+        """The names of the declared LoRAs, sorted."""
+        return sorted(self.loras or {})
 
     def adapter_modules(self) -> set[str]:
         return {m for p in self.profiles for m in [self.resolved_profile(p).adapter_module] if m}
@@ -216,8 +269,9 @@ def bundle_config_hash(bundle: Bundle, models: list[ModelConfig], *, pool: str |
     """SHA-256 over the configs of every model routable to ``bundle``.
 
     Byte-identical wherever it is computed: sorted keys, compact separators, models sorted by id,
-    profiles by name, only profiles whose adapter module the bundle lists. ``""`` when the bundle
-    serves no model. With ``pool`` only models owned by that pool (default pool: none set) count.
+    profiles by name, only profiles whose adapter module the bundle lists; a model's declared LoRAs
+    count too (a worker that has not applied a new adapter would refuse requests for it, so
+    gateways route those only to workers whose hash matches). ``""`` when the bundle serves no model. With ``pool`` only models owned by that pool (default pool: none set) count.
     """
     adapters = set(bundle.adapters)
     entries = []
@@ -241,7 +295,16 @@ def bundle_config_hash(bundle: Bundle, models: list[ModelConfig], *, pool: str |
                 }
             )
         if profiles:
-            entries.append({"sie_id": model.sie_id, "revision": model.hf_revision, "profiles": profiles})
+            entry: dict[str, Any] = {
+                "sie_id": model.sie_id,
+                "revision": model.hf_revision,
+                "profiles": profiles,
+            }
+            if model.loras:  # absent when none are declared: hashes of models without LoRAs stay as they were
+                entry["loras"] = {
+                    name: lora.model_dump(exclude_none=True) for name, lora in sorted(model.loras.items())
+                }
+            entries.append(entry)
     if not entries:
         return ""
     blob = json.dumps(entries, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -268,6 +331,7 @@ __all__ = [
     "Bundle",
     "EncodeTask",
     "Inputs",
+    "Lora",
     "ModelConfig",
     "OUTPUT_TYPES",
     "Profile",

@@ -15,8 +15,8 @@ from typing import Any
 
 from protocol.api import OVERFLOW_POLICIES, EncodeParams, ExtractParams, Item, ScoreParams, TokenizeParams
 from protocol.catalog import Resolved, model_dims, supported_outputs
-from protocol.errors import invalid_input
-from protocol.model_config import OUTPUT_TYPES
+from protocol.errors import SIEError, invalid_input
+from protocol.model_config import LORA_NAME_MAX, OUTPUT_TYPES, ModelConfig
 
 MEDIA = ("images", "audio", "video", "document")
 OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
@@ -240,10 +240,36 @@ class MuveraConfig:
         )
 
 
-def lora(options: dict[str, Any]) -> str | None:
-    """The LoRA a request runs with: ``options.lora`` or ``options.lora_id``."""
+def lora_refusal(config: ModelConfig, value: Any) -> SIEError | None:
+    """Why ``value`` selects no LoRA of ``config`` (400 INVALID_INPUT, param ``lora``), or None when it
+    names one the model declares. The message names the declared adapters and never repeats the
+    value: whatever a client sends (a path, a hub id, a long string) is only ever compared to names."""
+    if isinstance(value, str) and len(value) <= LORA_NAME_MAX and config.lora(value) is not None:
+        return None
+    names = config.lora_names()
+    if not names:
+        return invalid_input(f"Model '{config.sie_id}' declares no LoRA adapters", param="lora")
+    if not isinstance(value, str):
+        why = "must be a string naming one of the model's LoRA adapters"
+    elif len(value) > LORA_NAME_MAX:
+        why = f"is longer than {LORA_NAME_MAX} characters"
+    else:
+        why = "names no LoRA adapter the model declares"
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return invalid_input(f"lora {why}; model '{config.sie_id}' declares: {shown}", param="lora")
+
+
+def lora(resolved: Resolved, options: dict[str, Any]) -> str | None:
+    """The LoRA a request runs with: ``options.lora`` or ``options.lora_id``, a NAME among the
+    adapters the model's config declares (``loras:``); anything else is a 400 INVALID_INPUT, before
+    any file or the hub is looked at."""
     value = options.get("lora") or options.get("lora_id")
-    return str(value) if value else None
+    if not value:  # unset, null or empty: the base model
+        return None
+    error = lora_refusal(resolved.config, value)
+    if error is not None:
+        raise error
+    return str(value)
 
 
 def output_dim(value: Any, native: int | None) -> int:
@@ -306,7 +332,7 @@ def encode_options(resolved: Resolved, params: EncodeParams | None) -> EncodeOpt
         output_dtype=dtype,
         instruction=explicit,
         is_query=is_query,
-        lora=lora(options),
+        lora=lora(resolved, options),
         max_length=limit,
         truncate=truncate,
         normalize=bool(options.get("normalize", True)),
@@ -337,7 +363,7 @@ def score_options(resolved: Resolved, params: ScoreParams | None) -> ScoreOption
     return ScoreOptions(
         options=options,
         instruction=explicit,
-        lora=lora(options),
+        lora=lora(resolved, options),
         max_length=max_length(options, False),
         truncate=truncates(options),
         chunk=chunking(options, "score"),
@@ -372,7 +398,7 @@ def extract_options(resolved: Resolved, params: ExtractParams | None) -> Extract
         labels=tuple(labels),
         output_schema=params.output_schema or None,
         instruction=explicit,
-        lora=lora(options),
+        lora=lora(resolved, options),
         max_length=max_length(options, False),
         truncate=truncates(options),
     )

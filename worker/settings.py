@@ -134,6 +134,9 @@ class WorkerSettings(BaseSettings):
     # LoRA (worker/models/lora.py)
     max_loras_per_model: int = Field(default=10, ge=1)  # LRU of loaded LoRA adapters per model
     lora_loading_retry_after_s: float = 1.0  # Retry-After of 503 LORA_LOADING
+    max_lora_bytes: int = Field(
+        default=512 * 1024 * 1024, gt=0
+    )  # largest LoRA adapter fetched from the hub (its adapter_config.json and *.safetensors); larger ones are refused
     # weights (worker/models/weights.py): local disk cache -> cluster cache -> hub
     hf_offline: bool = False  # never contact the hub (HF_HUB_OFFLINE=1 also honoured)
     disk_cache_dir: str = "~/.cache/sie/weights"  # local weight cache (hub and cluster downloads land here)

@@ -50,8 +50,8 @@ def settings(**kw: Any) -> WorkerSettings:
     return WorkerSettings(**{**base, **kw})
 
 
-def no_lora(name: str) -> Path:
-    raise AssertionError(f"no LoRA expected, got {name}")
+def no_lora(config: ModelConfig, name: str) -> Path:
+    raise AssertionError(f"no LoRA expected, got {name} of {config.sie_id}")
 
 
 def direct_forward(lm: LoadedModel, ctx: Any, units: list[Any]) -> list[Any]:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from protocol.catalog import Resolved
 from protocol.errors import SIEError
+from protocol.model_config import ModelConfig
 from protocol.priority import BULK, INTERACTIVE
 from worker.adapters.base import Adapter, Prepared, RequestContext
 from worker.batching.former import BatchFormer, BatchStats
@@ -49,7 +50,8 @@ class ModelEnv:
     placement: Placement
     metrics: WorkerMetrics
     forward: ForwardFn
-    resolve_lora: Callable[[str], Path]
+    # (a model's config, a LoRA it declares) -> the LoRA's directory
+    resolve_lora: Callable[[ModelConfig, str], Path]
     lora_pool: Executor
 
 
@@ -97,7 +99,7 @@ class LoadedModel:
             resolved.model_id,
             adapter,
             max_loras=s.max_loras_per_model,
-            resolve=env.resolve_lora,
+            resolve=functools.partial(env.resolve_lora, resolved.config),
             resolve_pool=env.lora_pool,
             on_inference_thread=self.alone,
             retry_after_s=s.lora_loading_retry_after_s,

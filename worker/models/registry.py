@@ -35,6 +35,7 @@ from worker.models.loaded import (
     load_signature,
 )
 from worker.models.loop_bridge import LoopBridge
+from worker.models.lora import resolve_declared
 from worker.models.memory import MemoryManager
 from worker.models.placement import Placement
 from worker.models.precision import load_precision
@@ -400,14 +401,12 @@ class ModelRegistry:
         """Cache entries of loaded models: never evicted from the disk cache (any thread)."""
         return {Source.of_model(lm.resolved.config).key for lm in self.loaded()}
 
-    def resolve_lora(self, name: str) -> Path:
-        """Loader thread: a LoRA named by a local directory (absolute, ``./`` or ``~``) or a hub id."""
-        if name.startswith(("/", "./", "../", "~")):
-            path = Path(name).expanduser()
-            if not path.is_dir():
-                raise WeightsError(f"LoRA directory {name} does not exist")
-            return path
-        return self.weights.resolve(Source(ident=name, hub_id=name), protect=self.weight_keys())
+    def resolve_lora(self, config: ModelConfig, name: str) -> Path:
+        """Loader thread: the directory of the LoRA ``name`` that ``config`` declares (only a declared
+        entry: a name is never a path or a hub id; see :func:`worker.models.lora.resolve_declared`)."""
+        return resolve_declared(
+            config, name, self.weights, max_bytes=self.settings.max_lora_bytes, protect=self.weight_keys()
+        )
 
 
 def load_error(resolved: Resolved, exc: Exception, attempts: int) -> SIEError:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from protocol import tracing
 from protocol.errors import invalid_input
+from protocol.params import lora_refusal
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared, RequestContext
 from worker.batching.former import BatchInfo, chunk_by_cost, token_counts
@@ -32,11 +33,16 @@ class Executor:
         self.max_padding_share = max_padding_share
 
     async def _ensure_lora(self, lm: LoadedModel, lora: str | None) -> None:
-        """A request naming a LoRA needs a model that supports them, and the LoRA loaded (else 503)."""
+        """A request naming a LoRA needs a model that supports them and declares it, and the LoRA loaded
+        (else 503)."""
         if not lora:
             return
         if not lm.adapter.supports_lora:
             raise invalid_input(f"Model '{lm.model_id}' does not support LoRA adapters", param="lora")
+        # again here (the front doors checked it): only an adapter the loaded config declares is loaded
+        refusal = lora_refusal(lm.resolved.config, lora)
+        if refusal is not None:
+            raise refusal
         lm.loras.ensure(lora)
 
     async def _prepare(self, lm: LoadedModel, ctx: RequestContext, inputs: list[Any]) -> list[Prepared]:

@@ -37,7 +37,10 @@ def catalog() -> Catalog:
     return Catalog(
         [
             config(
-                "emb", {"encode": {"dense": {"dim": 8}, "multivector": {"dim": 4}}}, inputs={"text": True}
+                "emb",
+                {"encode": {"dense": {"dim": 8}, "multivector": {"dim": 4}}},
+                inputs={"text": True},
+                loras={"l": {"path": "/srv/adapters/l"}, "other": {"hf_id": "acme/other-lora"}},
             ),
             config("rank", {"score": {}}, inputs={"text": True}),
             config("ner", {"extract": {}}, inputs={"text": True}),
@@ -62,6 +65,51 @@ def test_encode_options_apply_the_profile_and_let_the_request_win():
     )
     assert (mine.output_dtype, mine.instruction, mine.lora) == ("float16", "find", "l")
     assert "profile" not in encode_options(resolved, EncodeParams(options={"profile": "query"})).options
+
+
+def test_a_lora_is_selected_by_a_declared_name():
+    resolved = catalog().resolve("emb")
+    assert encode_options(resolved, EncodeParams(options={"lora_id": "other"})).lora == "other"
+    for unset in (None, ""):
+        assert encode_options(resolved, EncodeParams(options={"lora": unset})).lora is None
+
+
+ATTACKS = [
+    "/etc",
+    "~",
+    "../..",
+    "/proc/self",
+    "./l",
+    "acme/other-lora",
+    "some-org/undeclared",
+    "L",
+    "x" * 10_000,
+]
+
+
+@pytest.mark.parametrize("value", [*ATTACKS, ["l"], {"path": "/etc"}, 7])
+def test_anything_but_a_declared_lora_name_is_refused_naming_the_declared_ones(value):
+    resolved = catalog().resolve("emb")
+    message = refused(lambda: encode_options(resolved, EncodeParams(options={"lora": value})), "lora")
+    assert message.endswith("model 'emb' declares: l, other"), message
+    assert len(message) < 200
+    if isinstance(value, str):  # the client's string is never repeated
+        assert f"'{value}'" not in message and (len(value) < 3 or value not in message), message
+
+
+@pytest.mark.parametrize(
+    ("spec", "call"),
+    [
+        ("rank", lambda r, o: score_options(r, ScoreParams(options=o))),
+        ("ner", lambda r, o: extract_options(r, ExtractParams(options=o))),
+        ("img", lambda r, o: encode_options(r, EncodeParams(options=o))),
+    ],
+)
+@pytest.mark.parametrize("value", ["/etc", "l", "acme/other-lora"])
+def test_a_lora_on_a_model_declaring_none_is_refused(spec, call, value):
+    resolved = catalog().resolve(spec)
+    message = refused(lambda: call(resolved, {"lora": value}), "lora")
+    assert message == f"Model '{spec}' declares no LoRA adapters"
 
 
 def test_encode_options_derive_matryoshka_muvera_and_chunking():
