@@ -203,6 +203,7 @@ def check_size(what: str, size: int | None, max_bytes: int | None) -> None:
 # ---- the cluster cache (fsspec) --------------------------------------------------------------
 MANIFEST_VERSION = 2  # 1: sizes only (not trusted); 2: size and sha256 per file
 _CHUNK = 8 * 1024 * 1024  # bytes per read while hashing a stream: a file is never held whole
+_MANIFEST_MAX_BYTES = 16 * 1024 * 1024  # a manifest is read whole: a poisoned one cannot be endless
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _RESERVED = (MANIFEST, LAST_USED)  # the caches' own files: never a name in a manifest
 _DRIVE = re.compile(r"[A-Za-z]:")
@@ -324,12 +325,16 @@ class ClusterCache:
         Raises IntegrityError for a malformed manifest or one naming a path outside the entry."""
         try:
             with self.fs.open(self._path(key, MANIFEST), "rb") as f:
-                raw = f.read()
+                raw = f.read(_MANIFEST_MAX_BYTES + 1)
         except FileNotFoundError:
             return None
         except Exception as exc:
             log.warning("cluster cache %s: reading %s failed: %s", self.url, key, exc)
             return None
+        if len(raw) > _MANIFEST_MAX_BYTES:
+            raise IntegrityError(
+                f"cluster cache entry {key}: its manifest is over {_mb(_MANIFEST_MAX_BYTES)}"
+            )
         return Manifest.parse(raw, key)
 
     def keys(self) -> frozenset[str]:

@@ -480,6 +480,15 @@ def test_a_malformed_manifest_is_refused_and_replaced(tmp_path, doc):
     assert files_of(cluster / "m--main") == files_of(src)
 
 
+def test_an_oversized_manifest_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(weights, "_MANIFEST_MAX_BYTES", 100)
+    _, cluster = publish_entry(tmp_path)  # its manifest is ~400 bytes
+    cache = WeightCache(tmp_path / "d", cluster_url=str(cluster), offline=True)
+    with pytest.raises(IntegrityError, match="its manifest is over"):
+        cache.resolve(Source(ident="m"))
+    assert cache.local_entries() == []
+
+
 def seed_v1(cluster: Path, src: Path, key: str = "m--main") -> None:
     """An entry as the cache wrote it before the hashes: the files, and sizes only."""
     files = {}
