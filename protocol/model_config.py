@@ -111,13 +111,13 @@ class Lora(_Strict):
     def _check(self) -> Lora:
         if (self.hf_id is None) == (self.path is None):
             raise ValueError("a LoRA needs exactly one of hf_id or path")
-        if self.hf_id is not None and (not HUB_ID_RE.match(self.hf_id) or ".." in self.hf_id):
+        if self.hf_id is not None and (not HUB_ID_RE.fullmatch(self.hf_id) or ".." in self.hf_id):
             raise ValueError(f"LoRA hf_id {self.hf_id!r} is not a hub id of the form org/name")
         if self.path is not None and not self.path.strip():
             raise ValueError("LoRA path must not be empty")
         if self.revision is not None and (self.hf_id is None or not self.revision.strip()):
             raise ValueError("LoRA revision needs hf_id and must not be empty")
-        if self.sha256 is not None and not SHA256_RE.match(self.sha256):
+        if self.sha256 is not None and not SHA256_RE.fullmatch(self.sha256):
             raise ValueError("LoRA sha256 must be 64 lowercase hex digits")
         return self
 
@@ -178,7 +178,7 @@ class ModelConfig(_Strict):
             elif prof.max_batch_tokens is None:
                 raise ValueError(f"profile {name!r} needs max_batch_tokens")
         for name in self.loras or {}:
-            if len(name) > LORA_NAME_MAX or not LORA_NAME_RE.match(name):
+            if len(name) > LORA_NAME_MAX or not LORA_NAME_RE.fullmatch(name):
                 raise ValueError(
                     f"invalid LoRA name {name[:LORA_NAME_MAX]!r}: letters, digits, '_' and '-', "
                     f"starting with a letter or digit, at most {LORA_NAME_MAX} characters"
