@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: SQLite under the state directory)",
     )
     up.add_argument("--preload", help="comma-separated models the worker loads at start")
-    up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, admin token")
+    up.add_argument("--state-dir", default=".sie-state", help="JetStream, SQLite, logs, tokens (0600)")
     up.add_argument("--detach", action="store_true", help="run in the background; `sie down` stops it")
     up.add_argument(
         "--gateways",

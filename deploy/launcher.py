@@ -74,16 +74,104 @@ def write_unless_same(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def admin_token(state_dir: Path) -> str:
-    """SIE_ADMIN_TOKEN, else a token generated once and kept in the state directory."""
-    if os.environ.get("SIE_ADMIN_TOKEN"):
-        return os.environ["SIE_ADMIN_TOKEN"]
-    path = state_dir / "admin-token"
+def write_secret(path: Path, text: str) -> bool:
+    """Create ``path`` holding ``text``, readable by this user alone (0600) from its first byte:
+    written to a new file opened O_CREAT|O_EXCL with mode 0600 (never a file created with the umask's
+    mode and narrowed after), then linked into place, so that a reader never sees it half written.
+    False when ``path`` already exists (another process got there first: its content stands)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.link(tmp, path)  # atomic, and refuses to replace a file that exists
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def state_token(state_dir: Path, name: str, env_var: str) -> str:
+    """The operator's ``env_var``, else a token generated once and kept in ``<state_dir>/<name>``
+    (0600; one made looser by hand is narrowed again)."""
+    if os.environ.get(env_var, "").strip():
+        return os.environ[env_var].strip()
+    path = state_dir / name
     if not path.exists():
-        state_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(24))
+        write_secret(path, secrets.token_urlsafe(24))
+    if path.stat().st_mode & 0o077:
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+# sie up's secrets: (file in the state directory, the variable an operator may set instead)
+ADMIN_TOKEN = ("admin-token", "SIE_ADMIN_TOKEN")  # config service writes (sie models add/delete)
+CONFIG_READ_TOKEN = ("config-read-token", "SIE_CONFIG_READ_TOKEN")  # config reads: gateways, sidecars
+POOL_ADMIN_TOKEN = ("pool-admin-token", "SIE_POOL_ADMIN_TOKEN")  # the gateway's admin token (pool writes)
+# variables holding a secret: a child gets one only where tokens_for() hands it to its kind
+SECRET_VARS = frozenset(
+    {
+        "SIE_ADMIN_TOKEN",
+        "SIE_POOL_ADMIN_TOKEN",
+        "SIE_CONFIG_READ_TOKEN",
+        "SIE_CONFIG_SERVICE_TOKEN",
+        "SIE_AUTH_TOKEN",
+        "SIE_AUTH_TOKENS",
+        "SIE_AUTH_BULK_TOKENS",
+        "SIE_API_KEY",
+    }
+)
+GATEWAY_AUTH_VARS = (
+    "SIE_AUTH_TOKEN",
+    "SIE_AUTH_TOKENS",
+    "SIE_AUTH_BULK_TOKENS",
+)  # an operator's, for gateways
+
+
+def admin_token(state_dir: Path) -> str:
+    """SIE_ADMIN_TOKEN, else a token generated once and kept in the state directory: the config
+    service's admin token (model config writes)."""
+    return state_token(state_dir, *ADMIN_TOKEN)
+
+
+def token_lines(state_dir: Path) -> str:
+    """Where a ``sie up``'s secrets are (never the secrets themselves), for its last lines."""
+    lines = []
+    for (name, var), what in (
+        (ADMIN_TOKEN, "admin token (config writes, `sie models add`)"),
+        (POOL_ADMIN_TOKEN, "pool-admin token (gateway pool writes)"),
+        (CONFIG_READ_TOKEN, "config read token (gateways, sidecars)"),
+    ):
+        where = f"from {var}" if os.environ.get(var, "").strip() else str(state_dir / name)
+        lines.append(f"  {what + ':':<48} {where}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The secrets of one ``sie up``; each child gets only those its kind uses (Cluster.tokens_for)."""
+
+    admin: str  # the config service's SIE_ADMIN_TOKEN: model config writes
+    config_read: (
+        str  # the config service's SIE_CONFIG_READ_TOKEN; gateways' and sidecars' SIE_CONFIG_SERVICE_TOKEN
+    )
+    pool_admin: str  # the gateways' SIE_ADMIN_TOKEN: pool create, renew, delete
+
+
+def child_kind(cmd: list[str]) -> str:
+    """What a child is, from its command line: ``config``, ``gateway``, ``sidecar``, ``worker``, or
+    ``other`` (nats-server and anything else, which get no secret)."""
+    module = cmd[cmd.index("-m") + 1] if "-m" in cmd[:-1] else ""
+    return {
+        "config_service": "config",
+        "gateway": "gateway",
+        "sidecar": "sidecar",
+        "worker.ipc": "worker",
+    }.get(module, "other")
 
 
 def _port_open(port: int) -> bool:
@@ -338,15 +426,15 @@ class Cluster:
         return f"http://127.0.0.1:{self.gateway_port}"
 
     def env(self) -> dict[str, str]:
+        """What every child gets: this environment less its secrets (SECRET_VARS), and the cluster's
+        addresses; each kind's secrets come on top from tokens_for()."""
         return {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in SECRET_VARS},
             "SIE_NATS_URL": self.nats_url,
             **(self._cluster_nats_env() if self.nats_replicas > 1 else {}),
             "SIE_MODELS_DIR": self.models_dir,
             "SIE_BUNDLES_DIR": self.bundles_dir,
-            "SIE_ADMIN_TOKEN": admin_token(self.state_dir),
             "SIE_CONFIG_SERVICE_URL": self.config_urls,
-            "SIE_CONFIG_SERVICE_TOKEN": admin_token(self.state_dir),
             "SIE_POOL": "default",
             "SIE_BUNDLE": "default",
             "SIE_MACHINE_PROFILE": self.machine_profile,
@@ -354,6 +442,38 @@ class Cluster:
             "PYTHONUNBUFFERED": "1",
             **self._observe_env(),
         }
+
+    def tokens(self) -> Tokens:
+        """This cluster's secrets: the operator's SIE_ADMIN_TOKEN, SIE_CONFIG_READ_TOKEN and
+        SIE_POOL_ADMIN_TOKEN, else tokens generated once into the state directory (0600)."""
+        return Tokens(
+            admin=state_token(self.state_dir, *ADMIN_TOKEN),
+            config_read=state_token(self.state_dir, *CONFIG_READ_TOKEN),
+            pool_admin=state_token(self.state_dir, *POOL_ADMIN_TOKEN),
+        )
+
+    def tokens_for(self, kind: str) -> dict[str, str]:
+        """The secrets a child of ``kind`` (child_kind) holds, least privilege: the config service its
+        admin and read tokens; a gateway the read token for the config service and its own pool-admin
+        token (not the config service's admin token), plus an operator's inference tokens; a sidecar
+        the read token; a worker and nats-server nothing."""
+        if kind not in ("config", "gateway", "sidecar"):
+            return {}
+        tokens = self.tokens()
+        if kind == "config":
+            return {"SIE_ADMIN_TOKEN": tokens.admin, "SIE_CONFIG_READ_TOKEN": tokens.config_read}
+        if kind == "sidecar":
+            return {"SIE_CONFIG_SERVICE_TOKEN": tokens.config_read}
+        inference = {k: os.environ[k] for k in GATEWAY_AUTH_VARS if os.environ.get(k)}
+        return {
+            "SIE_CONFIG_SERVICE_TOKEN": tokens.config_read,
+            "SIE_ADMIN_TOKEN": tokens.pool_admin,
+            **inference,
+        }
+
+    def child_env(self, cmd: list[str], extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The whole environment of the child running ``cmd``: env(), its kind's secrets, ``extra``."""
+        return {**self.env(), **self.tokens_for(child_kind(cmd)), **(extra or {})}
 
     def _cluster_nats_env(self) -> dict[str, str]:
         """With several NATS members: streams and buckets replicated on all of them, and a gateway
@@ -377,7 +497,7 @@ class Cluster:
     ) -> subprocess.Popen:
         split = self.cpu_split()
         cpus = None if split is None else split[0] if worker else split[1]
-        return self.supervisor.spawn(name, cmd, {**self.env(), **(extra or {})}, cpus=cpus)
+        return self.supervisor.spawn(name, cmd, self.child_env(cmd, extra), cpus=cpus)
 
     def cpu_split(self) -> tuple[frozenset[int], frozenset[int]] | None:
         """(the worker processes' CPUs, the other processes'), by ``worker_cpus`` of the CPUs this
@@ -756,8 +876,8 @@ def up(
         cluster.supervisor.info["ready"] = True
         cluster.supervisor.write_state()
         print(
-            f"\nsie-cluster is up: point a client at {cluster.gateway_url}  (admin token in "
-            f"{cluster.state_dir}/admin-token; Ctrl-C or `{sie_command()} down` stops)",
+            f"\nsie-cluster is up: point a client at {cluster.gateway_url}  "
+            f"(Ctrl-C or `{sie_command()} down` stops)\n{token_lines(cluster.state_dir)}",
             flush=True,
         )
         return cluster.supervise()
@@ -806,7 +926,7 @@ def _detach(state: Path, argv: list[str]) -> int:
             if doc.get("supervisor_pid") == proc.pid and doc.get("ready"):
                 print(
                     f"sie-cluster is up: point a client at {doc['gateway_url']}  "
-                    f"(`{sie} status`, `{sie} logs -f`, `{sie} down`)"
+                    f"(`{sie} status`, `{sie} logs -f`, `{sie} down`)\n{token_lines(state)}"
                 )
                 return 0
             time.sleep(0.2)

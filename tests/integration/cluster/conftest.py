@@ -13,12 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.launcher import Cluster
+from deploy.launcher import Cluster, Tokens
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
 from tests.support.sdk312 import sdk_unavailable
 
-ADMIN = "cluster-admin-token"
+ADMIN = "cluster-admin-token"  # the config service's admin token (model config writes)
+POOL_ADMIN = "cluster-pool-admin-token"  # the gateways' admin token (pool writes)
+CONFIG_READ = "cluster-config-read-token"  # what gateways and sidecars read the config service with
 FAKE = "sie-fake"
 
 
@@ -31,8 +33,6 @@ class TestCluster(Cluster):
         env = {k: v for k, v in super().env().items() if not k.startswith("SIE_AUTH")}
         env.update(
             {
-                "SIE_ADMIN_TOKEN": ADMIN,
-                "SIE_CONFIG_SERVICE_TOKEN": ADMIN,
                 "SIE_GATEWAY_CONFIGURED_GPUS": "cpu,l4",
                 "SIE_GATEWAY_PROVISIONING_RETRY_AFTER_S": "2",
                 "SIE_CONFIG_POLL_INTERVAL_S": "2",
@@ -42,6 +42,9 @@ class TestCluster(Cluster):
             }
         )
         return env
+
+    def tokens(self) -> Tokens:
+        return Tokens(admin=ADMIN, config_read=CONFIG_READ, pool_admin=POOL_ADMIN)
 
     def spawn_gateway(self, name: str, token: str | None = None, **env: str) -> str:
         """Another gateway process on this cluster's NATS and config service, once it sees a

@@ -8,6 +8,7 @@ worker through the NATS delta (sidecar → ApplyModelConfig → verified hash)."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import subprocess
@@ -19,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from deploy.launcher import Cluster
+from deploy.launcher import Cluster, Tokens
 from protocol.codec import unpackb
 from protocol.work import Heartbeat
 from tests.support.cluster import running
@@ -68,8 +69,6 @@ class LiveCluster(Cluster):
         env = {k: v for k, v in super().env().items() if not k.startswith("SIE_AUTH")}
         env.update(
             {
-                "SIE_ADMIN_TOKEN": ADMIN,
-                "SIE_CONFIG_SERVICE_TOKEN": ADMIN,
                 "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
                 "SIE_STREAM_STORAGE": "memory",
                 "SIE_HF_OFFLINE": "1",
@@ -80,6 +79,9 @@ class LiveCluster(Cluster):
             }
         )
         return env
+
+    def tokens(self) -> Tokens:
+        return dataclasses.replace(super().tokens(), admin=ADMIN)  # the read and pool-admin ones generated
 
     def log(self, name: str) -> str:
         path = self.state_dir / "logs" / f"{name}.log"

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -123,10 +124,31 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
             timeout=60,
         )
         assert r.status_code == 200 and len(r.json()["items"][0]["dense"]["values"]) == 384
-        assert (tmp_path / "state" / "admin-token").exists()
+        # least privilege: the worker holds no token; the gateway its own pool-admin token, not the
+        # config service's admin token; token files are this user's alone
+        state = tmp_path / "state"
+        tokens = {
+            name: (state / name).read_text()
+            for name in ("admin-token", "pool-admin-token", "config-read-token")
+        }
+        assert all(stat.S_IMODE((state / name).stat().st_mode) == 0o600 for name in tokens)
+        by_module = {m: _environ(p) for p in children for m in ("worker.ipc", "gateway", "sidecar", "config_service")
+                     if f"-m {m} " in _cmdline(p) + " "}  # fmt: skip
+        assert set(by_module) == {"worker.ipc", "gateway", "sidecar", "config_service"}
+        assert not set(tokens.values()) & set(by_module["worker.ipc"].values())
+        assert by_module["gateway"]["SIE_ADMIN_TOKEN"] == tokens["pool-admin-token"]
+        assert tokens["admin-token"] not in by_module["gateway"].values()
+        assert by_module["sidecar"]["SIE_CONFIG_SERVICE_TOKEN"] == tokens["config-read-token"]
+        assert by_module["config_service"]["SIE_ADMIN_TOKEN"] == tokens["admin-token"]
+        pool = {"name": "up-pool", "gpus": {"cpu": 1}}
+        assert httpx.post(gateway + "/v1/pools", json=pool, timeout=10).status_code == 401
+        admin = {"Authorization": f"Bearer {tokens['pool-admin-token']}"}
+        assert httpx.post(gateway + "/v1/pools", json=pool, headers=admin, timeout=10).status_code == 201
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)  # reads while it waits: a full pipe never stalls sie up
         assert proc.returncode == 0, out
+        assert f"{state}/pool-admin-token" in out and f"{state}/admin-token" in out
+        assert tokens["pool-admin-token"] not in out and tokens["admin-token"] not in out
         time.sleep(0.5)
         alive = [
             p
