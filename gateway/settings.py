@@ -136,7 +136,9 @@ class GatewaySettings(BaseSettings):
     auth_bulk_tokens: Annotated[list[str], NoDecode] = Field(
         default_factory=list
     )  # CSV of accepted inference tokens whose requests default to the bulk priority class
-    admin_token: str | None = None  # token required for pool and config writes (POST/PUT/DELETE)
+    admin_token: str | None = (
+        None  # token required for pool and config writes (POST/PUT/DELETE), in every auth mode (none included); unset: those routes answer 403
+    )
     auth_exempt_operational: bool = False  # true: /, /health and /metrics answer without a token
 
     # Pools

@@ -13,7 +13,9 @@ from protocol.openapi import JSON, YAML, Op, Param
 TITLE = "sie-cluster gateway"
 DESCRIPTION = (
     "The cluster's HTTP edge: the SIE inference routes (msgpack or JSON), OpenAI-, Cohere- and "
-    "TEI-compatible routes, pools, and read-only mirrors of the config service."
+    "TEI-compatible routes, pools, and read-only mirrors of the config service. Pool writes "
+    "(create, renew, delete) need the gateway's admin token (SIE_ADMIN_TOKEN) in every auth mode: "
+    "403 FORBIDDEN while none is configured."
 )
 POOL = Param("name", "The pool name (case-insensitive).")
 CONFIG_MODEL = Param("model_id", "The model id.")

@@ -13,12 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.cluster.conftest import FAKE, TestCluster
+from tests.integration.cluster.conftest import FAKE, POOL_ADMIN, TestCluster
 from tests.support.cluster import wait_for_worker
 from tests.support.nats_server import free_port
 from tests.support.polling import wait_until
 
 PINNED = "sie-fake:slow-batch"
+ADMIN_HEADERS = {"Authorization": f"Bearer {POOL_ADMIN}"}  # pool writes need the gateway's admin token
 
 
 class IdleCluster(TestCluster):
@@ -74,7 +75,10 @@ def _wait(predicate, what: str) -> None:
 def test_pool_pinned_model_is_loaded_and_never_idle_unloaded(cluster):
     url = cluster.gateway_url
     resp = httpx.post(
-        url + "/v1/pools", json={"name": "keep", "gpus": {"cpu": 1}, "pinned_models": [PINNED]}, timeout=10
+        url + "/v1/pools",
+        json={"name": "keep", "gpus": {"cpu": 1}, "pinned_models": [PINNED]},
+        timeout=10,
+        headers=ADMIN_HEADERS,
     )
     assert resp.status_code == 201, resp.text
     assert resp.json()["spec"]["pinned_models"] == [PINNED]
@@ -92,6 +96,6 @@ def test_pool_pinned_model_is_loaded_and_never_idle_unloaded(cluster):
     assert _loaded(url, PINNED)
 
     # without the pool nothing pins it: it goes the way of any idle model
-    assert httpx.delete(url + "/v1/pools/keep", timeout=10).status_code == 200
+    assert httpx.delete(url + "/v1/pools/keep", headers=ADMIN_HEADERS, timeout=10).status_code == 200
     _wait(lambda: [] in _pinned_on_workers(url) and [FAKE] not in _pinned_on_workers(url), "pin lifted")
     _wait(lambda: not _loaded(url, PINNED), "the formerly pinned model unloaded when idle")

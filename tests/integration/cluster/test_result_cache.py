@@ -17,7 +17,7 @@ import pytest
 
 from protocol.codec import unpackb
 from protocol.subjects import lane_durable, pool_stream_name
-from tests.integration.cluster.conftest import ADMIN, FAKE
+from tests.integration.cluster.conftest import ADMIN, FAKE, POOL_ADMIN
 from tests.support.sdk312 import run_sdk
 
 MSGPACK = {"Content-Type": "application/json", "Accept": "application/msgpack"}
@@ -262,10 +262,10 @@ def test_bulk_requests_travel_on_the_bulk_durable(cluster, how):
         headers["Authorization"] = "Bearer bulk-tok"
     else:
         bad = httpx.post(url + "/v1/pools", json={"name": "bad-class", "gpus": {"cpu": 1}, "priority": "urgent"},
-                         headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)  # fmt: skip
+                         headers={"Authorization": f"Bearer {POOL_ADMIN}"}, timeout=30)  # fmt: skip
         assert bad.status_code == 400, bad.text
         r = httpx.post(url + "/v1/pools", json={"name": "batch-jobs", "gpus": {"cpu": 1}, "priority": "bulk"},
-                       headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)  # fmt: skip
+                       headers={"Authorization": f"Bearer {POOL_ADMIN}"}, timeout=30)  # fmt: skip
         assert r.status_code in (200, 201), r.text
         headers["X-SIE-Pool"] = "batch-jobs"
 
@@ -294,7 +294,7 @@ def test_sdks_choose_the_priority_class(cluster, sdk):
         with pytest.raises(ValueError, match="priority"):
             client.encode(FAKE, {"text": "x"}, priority="urgent")
     r = httpx.post(cluster.gateway_url + "/v1/pools", json={"name": "sdk-bulk", "gpus": {"cpu": 1}, "priority": "bulk"},
-                   headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)  # fmt: skip
+                   headers={"Authorization": f"Bearer {POOL_ADMIN}"}, timeout=30)  # fmt: skip
     assert r.status_code in (200, 201), r.text
     for gpu, text in [("sdk-bulk/cpu", "public sdk, bulk by its pool"), ("cpu", "public sdk, interactive")]:
         before = bulk_delivered(cluster)

@@ -9,7 +9,7 @@ import time
 import httpx
 import yaml
 
-from tests.integration.cluster.conftest import ADMIN, FAKE, spawn_pair
+from tests.integration.cluster.conftest import ADMIN, FAKE, POOL_ADMIN, spawn_pair
 from tests.support.sdk312 import run_sdk
 
 SDK_HEADERS = {"X-SIE-SDK-Version": "0.10.1"}
@@ -210,7 +210,7 @@ def test_check_23_pools(cluster, sdk):
         from sie_sdk.client.errors import PoolError
         sync_mod.DEFAULT_LEASE_RENEWAL_INTERVAL_S = 1.5  # the SDK reads this module constant per cycle
         res = {}
-        with SIEClient(URL) as c:
+        with SIEClient(URL, api_key=__POOL_ADMIN__) as c:  # one key for all: pool writes need the admin one
             c.create_pool("Eval-1", {"cpu": 1})
             p = c.get_pool("eval-1")
             res["get"] = [sorted(p), p["status"].get("state"), p["name"]]
@@ -232,7 +232,7 @@ def test_check_23_pools(cluster, sdk):
             except PoolError as e:
                 res["bad"] = type(e).__name__
         print(json.dumps(res))
-        """,
+        """.replace("__POOL_ADMIN__", repr(POOL_ADMIN)),
         cluster.gateway_url,
         timeout=120,
     )
@@ -245,6 +245,8 @@ def test_check_23_pools(cluster, sdk):
     assert out["bad"] == "PoolError"
     # the renew route answers the caller's spelling; unknown pools are 404
     with httpx.Client(base_url=cluster.gateway_url, timeout=10) as c:
+        assert c.post("/v1/pools", json={"name": "Renew-Me"}).status_code == 401  # no admin token
+        c.headers["Authorization"] = f"Bearer {POOL_ADMIN}"
         assert c.post("/v1/pools", json={"name": "Renew-Me", "gpus": {"cpu": 1}}).status_code == 201
         r = c.post("/v1/pools/Renew-Me/renew")
         assert r.status_code == 200 and r.json() == {"message": "Pool renewed"}
@@ -402,7 +404,10 @@ def test_check_29_config_round_trip_and_gateway_mirror(cluster):
     listing = httpx.get(gw + "/v1/configs/models").json()["models"]
     assert {"model_id": "acme/fake-copy", "profiles": ["default"], "source": "api"} in listing
     r = httpx.post(gw + "/v1/configs/models", content=NEW_MODEL, headers=admin)
-    assert r.status_code == 405
+    assert r.status_code == 401  # the config service's admin token opens nothing on a gateway
+    pool_admin = {"Authorization": f"Bearer {POOL_ADMIN}"}
+    r = httpx.post(gw + "/v1/configs/models", content=NEW_MODEL, headers=pool_admin)
+    assert r.status_code == 405  # and the gateway's own admin token finds a read-only mirror
     metrics = httpx.get(gw + "/metrics").text
     assert f"sie_gateway_config_epoch {float(epoch1)}" in metrics
 

@@ -29,6 +29,7 @@ from tests.support.nats_server import free_port
 from tests.support.polling import wait_until
 
 ADMIN = "admin-secret"
+GATEWAY_ADMIN = "gateway-pool-admin"  # the gateway's own admin token (pools), not the config service's
 READ = "read-secret"
 
 BUNDLE = "name: default\npriority: 10\nadapters:\n  - worker.adapters.dense\n"
@@ -208,6 +209,7 @@ async def start_gateway(nats_server, config_settings, tmp_path):
             nats_url=nats_url or nats_server.url,
             config_service_url=config_urls or f"http://127.0.0.1:{config_settings.config_port}",
             config_service_token=READ,
+            admin_token=GATEWAY_ADMIN,
             config_poll_interval_s=poll_s,
             gateway_configured_gpus=["cpu"],
             stream_storage="memory",
@@ -314,10 +316,15 @@ async def test_post_to_config_service_reaches_gateway_by_delta(start_gateway, co
         remote = (await c.get(cfg.url + "/v1/configs/epoch")).json()
     status, body = await gw.get("/v1/configs/epoch")
     assert body["epoch"] == remote["epoch"] == 1 and body["bundles_hash"] == remote["bundles_hash"]
-    # writes are refused
+    # writes are refused: admin routes need the gateway's admin token even with auth off, and with
+    # it the read-only mirror answers 405
     for method, path in (("POST", "/v1/configs/models"), ("PUT", "/v1/configs/models/acme/new-dense"),
                          ("DELETE", "/v1/configs/models/acme/new-dense")):  # fmt: skip
         async with gw.session.request(method, gw.url(path), data=model_yaml("x/y")) as resp:
+            assert resp.status == 401, (method, path)
+            assert (await resp.json())["detail"]["code"] == "UNAUTHORIZED"
+        admin = {"Authorization": f"Bearer {GATEWAY_ADMIN}"}
+        async with gw.session.request(method, gw.url(path), data=model_yaml("x/y"), headers=admin) as resp:
             assert resp.status == 405, (method, path)
             assert (await resp.json())["detail"]["error"] == "method_not_allowed"
     # the new model resolves for inference (no worker: provisioning, not 404)

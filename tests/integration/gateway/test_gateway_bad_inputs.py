@@ -85,8 +85,9 @@ async def test_a_body_shorter_than_its_content_length_times_out(nats_server, sta
     "body", [DEEP, HUGE_INT, '{"name":"\\ud800"}'], ids=["deep", "huge-int", "surrogate"]
 )
 async def test_malformed_pool_body_is_a_400(start_gateway, body):
-    h = await start_gateway()
-    async with h.session.post(h.url("/v1/pools"), data=body.encode(), headers=JSON) as resp:
+    h = await start_gateway(admin_token="pool-admin")  # admin routes need it in every auth mode
+    admin = {**JSON, "Authorization": "Bearer pool-admin"}
+    async with h.session.post(h.url("/v1/pools"), data=body.encode(), headers=admin) as resp:
         raw = await resp.read()
         assert resp.status == 400, raw
         assert resp.headers["X-SIE-Error-Code"] == "INVALID_INPUT"

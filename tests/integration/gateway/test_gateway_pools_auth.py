@@ -11,13 +11,15 @@ from tests.integration.gateway.test_gateway_flow import SDK, post, wait_workers
 from tests.support.polling import wait_until
 
 JSON = {"Accept": "application/json"}
+POOL_ADMIN = "pool-admin-1"  # admin routes need the gateway's admin token in every auth mode
+ADMIN_JSON = {**JSON, "Authorization": f"Bearer {POOL_ADMIN}"}
 
 
 async def test_pool_lifecycle_shared_by_replicas_and_routing(nats_server, start_gateway):
-    g1 = await start_gateway()
-    g2 = await start_gateway()
+    g1 = await start_gateway(admin_token=POOL_ADMIN)
+    g2 = await start_gateway(admin_token=POOL_ADMIN)
     async with g1.session.post(
-        g1.url("/v1/pools"), json={"name": "Eval-1", "gpus": {"l4": 1}}, headers=JSON
+        g1.url("/v1/pools"), json={"name": "Eval-1", "gpus": {"l4": 1}}, headers=ADMIN_JSON
     ) as r:
         assert r.status == 201
         created = await r.json()
@@ -44,17 +46,17 @@ async def test_pool_lifecycle_shared_by_replicas_and_routing(nats_server, start_
         assert status == 200
     finally:
         await w.stop()
-    async with g1.session.post(g1.url("/v1/pools/Eval-1/renew"), headers=SDK) as r:
+    async with g1.session.post(g1.url("/v1/pools/Eval-1/renew"), headers={**SDK, **ADMIN_JSON}) as r:
         assert r.status == 200
     async with g2.session.get(g2.url("/v1/pools"), headers=JSON) as r:
         assert {p["name"] for p in (await r.json())["pools"]} == {"default", "eval-1"}
-    async with g2.session.delete(g2.url("/v1/pools/Eval-1"), headers=JSON) as r:
+    async with g2.session.delete(g2.url("/v1/pools/Eval-1"), headers=ADMIN_JSON) as r:
         assert r.status == 200
-    async with g1.session.delete(g1.url("/v1/pools/eval-1"), headers=JSON) as r:
+    async with g1.session.delete(g1.url("/v1/pools/eval-1"), headers=ADMIN_JSON) as r:
         assert r.status == 404 and (await r.json())["detail"]["code"] == "NOT_FOUND"
     async with g1.session.get(g1.url("/v1/pools/eval-1"), headers=JSON) as r:
         assert r.status == 404
-    async with g1.session.delete(g1.url("/v1/pools/default"), headers=JSON) as r:
+    async with g1.session.delete(g1.url("/v1/pools/default"), headers=ADMIN_JSON) as r:
         assert r.status == 403
     # unknown pool on a request: 404 naming the pool
     status, _, body = await post(
@@ -64,7 +66,7 @@ async def test_pool_lifecycle_shared_by_replicas_and_routing(nats_server, start_
 
 
 async def test_pool_validation_and_expiry(start_gateway):
-    g = await start_gateway(pool_ttl_s=1.0)
+    g = await start_gateway(pool_ttl_s=1.0, admin_token=POOL_ADMIN)
     for body in (
         {"name": "x", "gpus": {"not-a-profile": 1}},
         {"name": "bad name!"},
@@ -73,10 +75,11 @@ async def test_pool_validation_and_expiry(start_gateway):
         {"name": "x", "bundle": "nope"},
         {"name": "x", "ttl_seconds": 999999},
     ):
-        async with g.session.post(g.url("/v1/pools"), json=body) as r:
+        async with g.session.post(g.url("/v1/pools"), json=body, headers=ADMIN_JSON) as r:
             assert r.status == 400, body
             assert isinstance((await r.json())["detail"], dict)
-    async with g.session.post(g.url("/v1/pools"), json={"name": "short", "pinned_models": [DENSE]}) as r:
+    short = {"name": "short", "pinned_models": [DENSE]}
+    async with g.session.post(g.url("/v1/pools"), json=short, headers=ADMIN_JSON) as r:
         assert r.status == 201
 
     async def expired() -> bool:
@@ -84,8 +87,52 @@ async def test_pool_validation_and_expiry(start_gateway):
             return r.status == 404
 
     await wait_until(expired, what="the pool's lease to expire")
-    async with g.session.post(g.url("/v1/pools/short/renew")) as r:
+    async with g.session.post(g.url("/v1/pools/short/renew"), headers=ADMIN_JSON) as r:
         assert r.status == 404
+
+
+async def test_pool_writes_are_closed_without_an_admin_token_even_with_auth_off(start_gateway):
+    g = await start_gateway()  # SIE_AUTH_MODE none, no SIE_ADMIN_TOKEN
+    writes = [
+        ("POST", "/v1/pools", {"name": "p"}),
+        ("POST", "/v1/pools/p/renew", None),
+        ("DELETE", "/v1/pools/p", None),
+        ("POST", "/v1/admin/anything", None),
+    ]
+    for method, path, body in writes:
+        for headers in (JSON, {**JSON, "Authorization": "Bearer anything"}):
+            async with g.session.request(method, g.url(path), json=body, headers=headers) as r:
+                assert r.status == 403, (method, path)
+                detail = (await r.json())["detail"]
+                assert detail["code"] == "FORBIDDEN" and "set SIE_ADMIN_TOKEN" in detail["message"]
+    async with g.session.get(g.url("/v1/pools"), headers=JSON) as r:
+        assert r.status == 200  # reads stay open with auth off
+    async with g.session.get(g.url("/v1/models"), headers=JSON) as r:
+        assert r.status == 200
+
+
+async def test_pool_writes_need_the_admin_token_with_auth_off(start_gateway):
+    g = await start_gateway(admin_token=POOL_ADMIN)  # SIE_AUTH_MODE none
+    body = {"name": "p", "gpus": {"l4": 1}}
+    async with g.session.post(g.url("/v1/pools"), json=body, headers=JSON) as r:
+        assert r.status == 401 and (await r.json())["detail"]["code"] == "UNAUTHORIZED"
+    wrong = {**JSON, "Authorization": "Bearer not-the-admin"}
+    async with g.session.post(g.url("/v1/pools"), json=body, headers=wrong) as r:
+        assert r.status == 401 and (await r.json())["detail"]["code"] == "UNAUTHORIZED"
+    async with g.session.post(g.url("/v1/pools"), json=body, headers=ADMIN_JSON) as r:
+        assert r.status == 201
+    async with g.session.post(g.url("/v1/pools/p/renew"), headers=JSON) as r:
+        assert r.status == 401
+    async with g.session.post(g.url("/v1/pools/p/renew"), headers=ADMIN_JSON) as r:
+        assert r.status == 200
+    async with g.session.get(g.url("/v1/pools/p"), headers=JSON) as r:
+        assert r.status == 200  # a read: no token with auth off
+    async with g.session.delete(g.url("/v1/pools/p"), headers=JSON) as r:
+        assert r.status == 401
+    async with g.session.delete(g.url("/v1/pools/p"), headers=ADMIN_JSON) as r:
+        assert r.status == 200
+    status, _, _ = await post(g, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, SDK)
+    assert status == 503  # inference stays open with auth off (no worker: provisioning)
 
 
 async def test_readyz_waits_one_heartbeat_interval_for_the_worker_registry(nats_server, start_gateway):
@@ -128,6 +175,12 @@ async def test_auth_tokens_admin_and_probes(nats_server, start_gateway):
         assert r.status == 200
     async with g.session.get(g.url("/metrics")) as r:
         assert r.status == 401
+    # token mode without an admin token: admin routes are off, whatever the token
+    g = await start_gateway(auth_mode="token", auth_tokens=["inf-1"])
+    async with g.session.post(
+        g.url("/v1/pools"), json={"name": "p"}, headers={"Authorization": "Bearer inf-1"}
+    ) as r:
+        assert r.status == 403 and "SIE_ADMIN_TOKEN" in (await r.json())["detail"]["message"]
 
 
 async def test_dlq_forwarding_fails_the_item_at_once(nats_server, start_gateway):
