@@ -110,6 +110,13 @@ def default_headers(api_key: str | None, remote: str | None = None) -> dict[str,
     return headers
 
 
+def admin_headers(admin_key: str | None) -> dict[str, str]:
+    """What pool writes (create, renew, delete) send on top of the defaults: the gateway's admin token
+    as their bearer token when one is given (a gateway needs it for them in every auth mode); else
+    nothing, and they go with the API key, as the public SDK sends them."""
+    return {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+
+
 JSON_HEADERS = {"Accept": JSON}
 JSON_BODY_HEADERS = {"Accept": JSON, "Content-Type": JSON}
 

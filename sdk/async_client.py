@@ -63,6 +63,7 @@ class SIEAsyncClient:
         *,
         timeout_s: float | None = None,
         api_key: str | None = None,
+        admin_key: str | None = None,
         gpu: str | None = None,
         priority: str | None = None,
         options: dict[str, Any] | None = None,
@@ -76,6 +77,7 @@ class SIEAsyncClient:
     ) -> None:
         self._base_url = W.resolve_base_url(base_url)
         self._api_key = W.resolve_api_key(api_key, self._base_url)
+        self._admin_headers = W.admin_headers(admin_key)  # pool writes: the gateway's admin token
         self._connect_timeout, self._read_timeout = W.resolve_timeouts(
             timeout_s, connect_timeout_s, read_timeout_s
         )
@@ -456,7 +458,12 @@ class SIEAsyncClient:
             pinned_models=pinned_models,
             queue_pool=queue_pool,
         )
-        answer = await self._simple("POST", "/v1/pools", headers=W.JSON_BODY_HEADERS, data=W.json_bytes(body))
+        answer = await self._simple(
+            "POST",
+            "/v1/pools",
+            headers={**W.JSON_BODY_HEADERS, **self._admin_headers},
+            data=W.json_bytes(body),
+        )
         P.created(name, answer.status, answer.body)
         if name not in self._renewers and not self._closed:
             renewer = P.TaskRenewer(name, lambda: self._renew(name), self.lease_renewal_interval_s)
@@ -464,7 +471,9 @@ class SIEAsyncClient:
             renewer.start()
 
     async def _renew(self, name: str) -> bool:
-        answer = await self._simple("POST", f"/v1/pools/{name}/renew", headers=W.JSON_HEADERS)
+        answer = await self._simple(
+            "POST", f"/v1/pools/{name}/renew", headers={**W.JSON_HEADERS, **self._admin_headers}
+        )
         return answer.status < 400
 
     async def get_pool(self, name: str) -> dict[str, Any] | None:
@@ -475,7 +484,9 @@ class SIEAsyncClient:
         renewer = self._renewers.pop(name, None)
         if renewer is not None:
             await renewer.stop()
-        answer = await self._simple("DELETE", f"/v1/pools/{name}", headers=W.JSON_HEADERS)
+        answer = await self._simple(
+            "DELETE", f"/v1/pools/{name}", headers={**W.JSON_HEADERS, **self._admin_headers}
+        )
         return P.deleted(name, answer.status, answer.body)
 
     # ------------------------------------------------------------ lifecycle

@@ -54,6 +54,11 @@ class SIEClient:
     Call-compatible with ``sie_sdk.SIEClient``: ``encode``, ``score``, ``extract``,
     ``list_models``, ``get_model``, ``get_capacity``, ``wait_for_capacity``, ``watch``,
     ``create_pool``/``get_pool``/``delete_pool``, ``close`` and use as a context manager.
+
+    ``api_key`` (else ``SIE_API_KEY``) goes with every request as its bearer token. A gateway wants
+    its admin token (its SIE_ADMIN_TOKEN; ``sie up``'s ``pool-admin-token``) for pool writes in every
+    auth mode: ``admin_key`` sends that one with ``create_pool``, the lease renewals and
+    ``delete_pool`` only (without it they go with ``api_key``, as the public SDK sends them).
     """
 
     lease_renewal_interval_s: float = W.DEFAULT_LEASE_RENEWAL_INTERVAL_S
@@ -64,6 +69,7 @@ class SIEClient:
         *,
         timeout_s: float | None = None,
         api_key: str | None = None,
+        admin_key: str | None = None,
         gpu: str | None = None,
         priority: str | None = None,
         options: dict[str, Any] | None = None,
@@ -77,6 +83,7 @@ class SIEClient:
     ) -> None:
         self._base_url = W.resolve_base_url(base_url)
         self._api_key = W.resolve_api_key(api_key, self._base_url)
+        self._admin_headers = W.admin_headers(admin_key)  # pool writes: the gateway's admin token
         self._connect_timeout, self._read_timeout = W.resolve_timeouts(
             timeout_s, connect_timeout_s, read_timeout_s
         )
@@ -468,7 +475,12 @@ class SIEClient:
             pinned_models=pinned_models,
             queue_pool=queue_pool,
         )
-        response = self._simple("POST", "/v1/pools", headers=W.JSON_BODY_HEADERS, content=W.json_bytes(body))
+        response = self._simple(
+            "POST",
+            "/v1/pools",
+            headers={**W.JSON_BODY_HEADERS, **self._admin_headers},
+            content=W.json_bytes(body),
+        )
         P.created(name, response.status_code, response.content)
         with self._lock:
             if name not in self._renewers and not self._closed:
@@ -477,7 +489,9 @@ class SIEClient:
                 renewer.start()
 
     def _renew(self, name: str) -> bool:
-        response = self._simple("POST", f"/v1/pools/{name}/renew", headers=W.JSON_HEADERS)
+        response = self._simple(
+            "POST", f"/v1/pools/{name}/renew", headers={**W.JSON_HEADERS, **self._admin_headers}
+        )
         return response.status_code < 400
 
     def get_pool(self, name: str) -> dict[str, Any] | None:
@@ -487,7 +501,9 @@ class SIEClient:
     def delete_pool(self, name: str) -> bool:
         """Stop renewing and delete the pool; ``False`` when the gateway does not know it."""
         self._stop_renewal(name)
-        response = self._simple("DELETE", f"/v1/pools/{name}", headers=W.JSON_HEADERS)
+        response = self._simple(
+            "DELETE", f"/v1/pools/{name}", headers={**W.JSON_HEADERS, **self._admin_headers}
+        )
         return P.deleted(name, response.status_code, response.content)
 
     def _stop_renewal(self, name: str) -> None:

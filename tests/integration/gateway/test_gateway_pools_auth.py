@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from protocol.codec import packb, unpackb
 from tests.integration.gateway.conftest import DENSE
 from tests.integration.gateway.fake_worker import FakeWorker
@@ -133,6 +135,27 @@ async def test_pool_writes_need_the_admin_token_with_auth_off(start_gateway):
         assert r.status == 200
     status, _, _ = await post(g, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, SDK)
     assert status == 503  # inference stays open with auth off (no worker: provisioning)
+
+
+async def test_our_sdk_sends_its_admin_key_on_pool_writes(start_gateway):
+    from sdk import SIEAsyncClient
+    from sdk.errors import PoolError
+
+    g = await start_gateway(auth_mode="token", auth_tokens=["inf-1"], admin_token=POOL_ADMIN)
+    base = g.url("/").rstrip("/")
+    async with SIEAsyncClient(base, api_key="inf-1") as plain:
+        with pytest.raises(PoolError) as refused:
+            await plain.create_pool("sdk-pool", {"l4": 1})
+        assert refused.value.status_code == 403 and refused.value.code == "FORBIDDEN"
+    async with SIEAsyncClient(base, api_key="inf-1", admin_key=POOL_ADMIN, lease_renewal_interval_s=0.2) as c:
+        await c.create_pool("sdk-pool", {"l4": 1})
+        first = (await c.get_pool("sdk-pool"))["status"]["last_renewed"]  # a read, with the API key
+
+        async def renewed() -> bool:
+            return (await c.get_pool("sdk-pool"))["status"]["last_renewed"] != first
+
+        await wait_until(renewed, what="the SDK's renewal, with the admin key, accepted")
+        assert await c.delete_pool("sdk-pool") is True
 
 
 async def test_readyz_waits_one_heartbeat_interval_for_the_worker_registry(nats_server, start_gateway):

@@ -238,6 +238,26 @@ def on_the_wire(make_client, pools: int) -> int:
     return 0 if make_client.kind == "sync" else pools
 
 
+def test_pool_writes_carry_the_admin_key_and_the_rest_the_api_key(server, make_client):
+    client = make_client(api_key="inference-key", admin_key="pool-admin-key", lease_renewal_interval_s=0.05)
+    client.create_pool("p")
+    client.sleep(0.3)
+    client.get_pool("p")
+    client.delete_pool("p")
+    client.encode("m", {"text": "x"})
+    auth = {(c.method, c.path.split("/")[-1]): c.headers.get("Authorization") for c in server.calls()}
+    assert auth[("POST", "pools")] == "Bearer pool-admin-key"
+    assert auth[("POST", "renew")] == "Bearer pool-admin-key"
+    assert auth[("DELETE", "p")] == "Bearer pool-admin-key"
+    assert auth[("GET", "p")] == "Bearer inference-key"  # a read: the API key
+    assert auth[("POST", "m")] == "Bearer inference-key"
+    # without an admin key, pool writes go with the API key (as the public SDK sends them)
+    plain = make_client(api_key="only-key")
+    plain.create_pool("q")
+    (create,) = server.calls("/v1/pools", "POST")[-1:]
+    assert create.headers["Authorization"] == "Bearer only-key"
+
+
 def test_pool_lifecycle_and_lease_renewal(server, make_client):
     client = make_client(lease_renewal_interval_s=0.05)
     client.create_pool("Eval-1", {"l4": 1}, minimum_worker_count=0, pinned_models=["m"])
