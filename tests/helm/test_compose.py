@@ -15,27 +15,111 @@ COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "compose.
 DOCKER = COMPOSE.parents[1] / "docker"
 
 
+# the secrets an operator exports before `docker compose up` (the file's header says how)
+SECRETS = ("SIE_API_TOKEN", "SIE_POOL_ADMIN_TOKEN", "SIE_ADMIN_TOKEN", "SIE_CONFIG_READ_TOKEN")
+_VARIABLE = re.compile(r"\$\{(\w+)(?::([?-])([^}]*))?\}")
+
+
+class Refused(Exception):
+    """What `docker compose` says when a required variable is unset or empty (``${VAR:?message}``)."""
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's variable interpolation of one value: ``${VAR}``, ``${VAR:-default}`` and
+    ``${VAR:?message}`` (Refused when VAR is unset or empty)."""
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        got = env.get(name, "")
+        if op == "?" and not got:
+            raise Refused(f"{name}: {arg}")
+        return got or (arg if op == "-" else "")
+
+    return _VARIABLE.sub(one, value)
+
+
 def services() -> dict:
     return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+def environment(name: str) -> dict[str, str]:
+    return {k: str(v) for k, v in services()[name].get("environment", {}).items()}
 
 
 def test_compose_env_is_what_the_code_reads(monkeypatch):
     svcs = services()
     assert {"nats", "config", "gateway", "worker", "sidecar"} <= set(svcs)
+    exported = {name: f"{name.lower()}-value" for name in SECRETS}
     for name in ("config", "gateway", "worker", "sidecar"):
-        env = {k: str(v) for k, v in svcs[name]["environment"].items()}
+        env = environment(name)
         known = CONTAINER_ENV[name]()
         for key in env:
             assert key in known or key in NON_SIE, f"compose {name} sets {key}, which no code reads"
         with monkeypatch.context() as m:
             for k, v in env.items():
-                m.setenv(
-                    k,
-                    v.replace("${SIE_ADMIN_TOKEN:-change-me-admin-token}", "t").replace(
-                        "${SIE_PRELOAD_MODELS:-}", ""
-                    ),
-                )
+                m.setenv(k, interpolate(v, exported))
             SETTINGS_FOR[name]()
+
+
+def test_compose_refuses_to_start_without_each_secret_and_has_no_default_one():
+    text = COMPOSE.read_text()
+    assert "change-me" not in text
+    for name in SECRETS:
+        assert f"export {name}=$(openssl rand -hex 24)" in text  # the header says what to export
+        others = {n: "x" for n in SECRETS if n != name}
+        refused = []
+        for svc in ("config", "gateway", "sidecar"):
+            for value in environment(svc).values():
+                try:
+                    interpolate(value, others)
+                except Refused as exc:
+                    refused.append(str(exc))
+        assert refused and all(r.startswith(f"{name}: export {name}") for r in refused), (name, refused)
+    # no secret has a default to fall back on
+    for svc in services().values():
+        for value in svc.get("environment", {}).values():
+            for m in _VARIABLE.finditer(str(value)):
+                if "TOKEN" in m.group(1):
+                    assert m.group(2) == "?", m.group(0)
+
+
+def test_compose_hands_each_process_only_its_own_secrets():
+    secret = {n: f"<{n}>" for n in SECRETS}
+    env = {
+        svc: {k: interpolate(v, secret) for k, v in environment(svc).items()}
+        for svc in services()
+        if svc != "nats"
+    }
+    held = {svc: {k: v for k, v in e.items() if v in secret.values()} for svc, e in env.items()}
+    assert held == {
+        "config": {
+            "SIE_ADMIN_TOKEN": "<SIE_ADMIN_TOKEN>",
+            "SIE_CONFIG_READ_TOKEN": "<SIE_CONFIG_READ_TOKEN>",
+        },
+        "gateway": {
+            "SIE_AUTH_TOKENS": "<SIE_API_TOKEN>",
+            "SIE_ADMIN_TOKEN": "<SIE_POOL_ADMIN_TOKEN>",  # its own admin token, not the config service's
+            "SIE_CONFIG_SERVICE_TOKEN": "<SIE_CONFIG_READ_TOKEN>",
+        },
+        "sidecar": {"SIE_CONFIG_SERVICE_TOKEN": "<SIE_CONFIG_READ_TOKEN>"},
+        "worker": {},
+    }
+    assert env["gateway"]["SIE_AUTH_MODE"] == "token"
+    for svc in ("gateway", "sidecar"):
+        assert env[svc]["SIE_CONFIG_SERVICE_URL"] == f"http://config:{env['config']['SIE_CONFIG_PORT']}"
+
+
+def test_compose_publishes_nats_nowhere_and_config_on_loopback_only():
+    svcs = services()
+    assert "ports" not in svcs["nats"]  # 4222 (clients) and 8222 (monitor): the compose network only
+    for svc, ports in ((s, svcs[s].get("ports", [])) for s in svcs):
+        for port in ports:
+            host, _, rest = str(port).rpartition(":")
+            if svc == "gateway":
+                continue  # the one front door, behind SIE_AUTH_MODE token
+            assert host.startswith("127.0.0.1:") or host == "127.0.0.1", (svc, port)
+            assert rest not in ("4222", "8222"), (svc, port)
+    assert svcs["config"]["ports"] == ["127.0.0.1:8090:8090"]
 
 
 def test_compose_worker_pod_shares_the_socket():
