@@ -683,8 +683,10 @@ class WeightCache:
                     snapshot_download(
                         hub_id, revision=source.revision, local_dir=str(tmp), allow_patterns=patterns
                     )
-                # and what arrived (the hub client's .cache bookkeeping aside): never moved into the cache
-                check_size(hub_id, dir_size(tmp) - dir_size(tmp / ".cache"), source.max_bytes)
+                if source.max_bytes is not None:
+                    # and what arrived (the hub client's .cache bookkeeping aside): above the cap it is
+                    # never moved into the cache
+                    check_size(hub_id, dir_size(tmp) - dir_size(tmp / ".cache"), source.max_bytes)
 
             return self._fill(key, download, protect)
         except GatedRepoError as exc:
