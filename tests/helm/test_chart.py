@@ -585,7 +585,12 @@ def test_dashboard_configmap_is_json(render):
         ),
         ({"workers.pools.default.profiles.cpu.minReplicas": "5"}, "minReplicas > maxReplicas"),
         ({"nats.replicas": "2"}, "nats/replicas"),
-        ({"auth.mode": "token"}, "inferenceTokens"),
+        ({"gateway.service.type": "LoadBalancer"}, "auth.allowAnonymous"),
+        ({"gateway.service.type": "NodePort"}, "auth.mode=token"),
+        (
+            {"nats.replicas": "3", "queue.streamReplicas": "3", "nats.auth.enabled": "false"},
+            "nats.auth.enabled",
+        ),
         ({"workers.modelReadyTimeoutSec": "5000"}, "startup probe budget"),
         ({"autoscaling.mode": "hpa"}, "autoscaling/mode"),
         ({"gateway.replicas": "0"}, "gateway/replicas"),
@@ -622,9 +627,13 @@ def test_a_nats_cluster_drops_a_hung_members_routes_within_seconds(render, tmp_p
     the config is one nats-server takes."""
     docs = render.template(sets={"nats.replicas": "3", "queue.streamReplicas": "3"})
     conf = local_nats_conf(docs, tmp_path)
-    cluster = conf[conf.index("cluster {") :]
+    (sec,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-nats-auth")]
+    cluster = sec["stringData"]["cluster.conf"]
     assert 'ping_interval: "1s"' in cluster and "ping_max: 2" in cluster, cluster
-    (tmp_path / "nats.conf").write_text(conf.replace("include ./auth/auth.conf", ""))
+    (tmp_path / "auth").mkdir()
+    for key in ("auth.conf", "cluster.conf"):
+        (tmp_path / "auth" / key).write_text(sec["stringData"][key])
+    (tmp_path / "nats.conf").write_text(conf)
     check_nats_conf(tmp_path / "nats.conf")
 
 

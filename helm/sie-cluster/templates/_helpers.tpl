@@ -45,6 +45,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "sie.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}{{ .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
+{{/* The gateway's and the config service's ServiceAccounts: no workload identity, no bucket. */}}
+{{- define "sie.gatewayServiceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}{{ .Values.serviceAccount.gatewayName | default (include "sie.gatewayName" .) }}{{- else -}}{{ include "sie.serviceAccountName" . }}{{- end -}}
+{{- end -}}
+{{- define "sie.configServiceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}{{ .Values.serviceAccount.configName | default (include "sie.configName" .) }}{{- else -}}{{ include "sie.serviceAccountName" . }}{{- end -}}
+{{- end -}}
 
 {{/* worker StatefulSet name: (dict "ctx" $ "pool" "default" "profile" "l4") */}}
 {{- define "sie.workerName" -}}
@@ -75,12 +82,41 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "sie.natsScheme" -}}
-{{- if and (not .Values.nats.install) (hasPrefix "tls://" .Values.nats.externalUrl) -}}tls{{- else -}}nats{{- end -}}
+{{- if and .Values.nats.install .Values.nats.tls.enabled -}}tls
+{{- else if and (not .Values.nats.install) (hasPrefix "tls://" .Values.nats.externalUrl) -}}tls
+{{- else -}}nats{{- end -}}
+{{- end -}}
+
+{{- define "sie.natsTlsSecretName" -}}
+{{- if .Values.nats.tls.existingSecret -}}{{ .Values.nats.tls.existingSecret }}{{- else -}}{{ include "sie.natsName" . }}-tls{{- end -}}
+{{- end -}}
+
+{{/* A NATS client container trusts the NATS server's CA (nats.tls.enabled): nats-py's default
+     SSL context reads SSL_CERT_FILE. Env entries, then the volume mount and volume. */}}
+{{- define "sie.natsTlsEnv" -}}
+{{- if and .Values.nats.install .Values.nats.tls.enabled }}
+- name: SSL_CERT_FILE
+  value: /etc/sie/nats-ca/ca.crt
+{{- end }}
+{{- end -}}
+{{- define "sie.natsTlsMount" -}}
+{{- if and .Values.nats.install .Values.nats.tls.enabled }}
+- {name: nats-ca, mountPath: /etc/sie/nats-ca, readOnly: true}
+{{- end }}
+{{- end -}}
+{{- define "sie.natsTlsVolume" -}}
+{{- if and .Values.nats.install .Values.nats.tls.enabled }}
+- name: nats-ca
+  secret:
+    secretName: {{ include "sie.natsTlsSecretName" . }}
+    items:
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
 {{- end -}}
 
 {{- define "sie.natsMonitoringEndpoint" -}}
 {{- if .Values.nats.install -}}
-{{- printf "%s.%s.svc:%d" (include "sie.natsName" .) .Release.Namespace (int .Values.nats.monitorPort) -}}
+{{- printf "%s-monitor.%s.svc:%d" (include "sie.natsName" .) .Release.Namespace (int .Values.nats.monitorPort) -}}
 {{- else -}}
 {{- .Values.nats.externalMonitoringEndpoint -}}
 {{- end -}}
@@ -204,3 +240,12 @@ workers.gpuModelProcesses on a cuda device, else 1. Called with (dict "ctx" $ "p
 {{- $mp := get .ctx.Values.machineProfiles .profile }}
 {{- $mp.modelProcesses | default (ternary .ctx.Values.workers.gpuModelProcesses 1 (eq (include "sie.device" .) "cuda")) }}
 {{- end }}
+
+{{/* Auth before exposure: a gateway reachable from outside the cluster (a NodePort or
+LoadBalancer Service) with auth off fails to render, unless auth.allowAnonymous says so. */}}
+{{- define "sie.checkExposure" -}}
+{{- $type := .Values.gateway.service.type -}}
+{{- if and (has $type (list "NodePort" "LoadBalancer")) (eq .Values.auth.mode "none") (not .Values.auth.allowAnonymous) -}}
+{{- fail (printf "gateway.service.type=%s exposes the gateway outside the cluster with auth.mode=none: set auth.mode=token (a token is generated into the Secret %s when auth.inferenceTokens is empty), or auth.allowAnonymous=true to serve anyone who reaches it" $type (include "sie.authSecretName" .)) -}}
+{{- end -}}
+{{- end -}}
