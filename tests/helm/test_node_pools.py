@@ -139,8 +139,11 @@ def test_the_guides_cluster_cache_reaches_the_workers_with_their_identity(render
     assert all("SIE_CLUSTER_CACHE_URL" not in e for e in _worker_env(render.template(values, crds=True)))
     bucket = url.split("/")[2]
     assert bucket in text.split("--set workers.clusterCache.url")[0], "the guide creates the bucket it sets"
-    (sa,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    # the workload identity is on the workers' ServiceAccount alone (they read the bucket)
+    (sa,) = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"].get("annotations")]
     assert annotation in sa["metadata"]["annotations"]
+    others = [d for d in docs if d["kind"] == "ServiceAccount" and d is not sa]
+    assert len(others) == 2 and not any(d["metadata"].get("annotations") for d in others)
     # the identity the guide binds is the ServiceAccount the pods run as, in the namespace installed to
     bound = (
         f"[sie/{sa['metadata']['name']}]"
