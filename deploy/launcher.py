@@ -70,7 +70,10 @@ def write_unless_same(path: Path, text: str) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
+    # 0600 from the first byte: the NATS config holds its users' passwords
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
     os.replace(tmp, path)
 
 
@@ -308,8 +311,21 @@ def split_cpus(available: set[int], worker_cpus: int) -> tuple[frozenset[int], f
 # close the others still count its clients' subscriptions: a queue group (the sidecars' direct path,
 # docs/ha.md) then sends some messages to a client of the hung member, where they are lost; with the
 # default the route stayed for the 10 s write deadline and more, with this about 3 s. The chart's
-# NATS config says the same (helm/sie-cluster/templates/nats.yaml).
-ROUTE_PINGS = 'cluster {\n  ping_interval: "1s"\n  ping_max: 2\n}\n'
+# NATS config says the same (helm/sie-cluster/templates/nats-auth-secret.yaml).
+ROUTE_PINGS = '  ping_interval: "1s"\n  ping_max: 2\n'
+
+# NATS users: one per role with the allow-lists of protocol/nats_permissions.py, as the chart's, and
+# with several members a route user; each password generated once into the state directory (0600).
+NATS_ROLE_OF_KIND = {"gateway": "gateway", "sidecar": "sidecar", "config": "config"}
+NATS_ROUTE_USER = "route"
+
+
+def nats_password(state_dir: Path, user: str) -> str:
+    """The NATS password of ``user`` (a role or the route user), generated once (0600)."""
+    path = state_dir / "nats" / f"{user}-password"
+    if not path.exists():
+        write_secret(path, secrets.token_urlsafe(24))
+    return path.read_text().strip()
 
 
 @dataclass
@@ -358,8 +374,33 @@ class Cluster:
 
     @property
     def nats_url(self) -> str:
-        """What the clients get (SIE_NATS_URL): every member of the cluster, comma-separated."""
+        """Every member of the cluster, comma-separated, without credentials (what is shown)."""
         return ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_client_ports)
+
+    def nats_url_for(self, role: str) -> str:
+        """SIE_NATS_URL of a client in ``role`` (gateway, sidecar, config): every member, each with the
+        role's user and password."""
+        password = nats_password(self.state_dir, role)
+        return ",".join(f"nats://{role}:{password}@127.0.0.1:{port}" for port in self.nats_client_ports)
+
+    def nats_conf(self) -> str:
+        """The config every member reads: the users and their allow-lists, and with several members
+        the route pings and the route user (a server that does not know its password cannot join),
+        and the routes to every member (here, not on the command line, which anyone may read)."""
+        from protocol.nats_permissions import ROLES, auth_block
+
+        conf = auth_block({role: nats_password(self.state_dir, role) for role in ROLES})
+        if self.nats_replicas == 1:
+            return conf
+        password = nats_password(self.state_dir, NATS_ROUTE_USER)
+        routes = ", ".join(
+            f'"nats://{NATS_ROUTE_USER}:{password}@127.0.0.1:{port}"' for port in self.nats_route_ports
+        )
+        return (
+            f"{conf}cluster {{\n{ROUTE_PINGS}"
+            f'  authorization {{\n    user: {NATS_ROUTE_USER}\n    password: "{password}"\n    timeout: 2\n  }}\n'
+            f"  routes: [{routes}]\n}}\n"
+        )
 
     @property
     def nats_client_ports(self) -> list[int]:
@@ -387,16 +428,22 @@ class Cluster:
     def nats_command(self, index: int) -> list[str]:
         """The command line of member ``index`` (0-based): a single JetStream server, or one member of
         the cluster ``sie`` with routes to every member and its own store directory."""
-        cmd = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.nats_client_ports[index]), "-js"]
-        if self.nats_replicas == 1:
-            return [*cmd, "-sd", str(self.state_dir / "jetstream")]
-        routes = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_route_ports)
-        conf = self.state_dir / "jetstream" / "cluster.conf"  # what the flags cannot say
-        write_unless_same(conf, ROUTE_PINGS)
-        return [
-            *cmd,
+        conf = self.state_dir / "jetstream" / "nats.conf"  # what the flags cannot say, and no secret
+        write_unless_same(conf, self.nats_conf())
+        cmd = [
+            nats_server_binary(),
             "-c",
             str(conf),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.nats_client_ports[index]),
+        ]
+        cmd.append("-js")
+        if self.nats_replicas == 1:
+            return [*cmd, "-sd", str(self.state_dir / "jetstream")]
+        return [
+            *cmd,
             "-sd",
             str(self.state_dir / "jetstream" / self.nats_names[index]),
             "-n",
@@ -405,8 +452,6 @@ class Cluster:
             "sie",
             "--cluster",
             f"nats://127.0.0.1:{self.nats_route_ports[index]}",
-            "--routes",
-            routes,
             "-m",
             str(self.nats_monitor_ports[index]),
         ]
@@ -456,16 +501,19 @@ class Cluster:
         """The secrets a child of ``kind`` (child_kind) holds, least privilege: the config service its
         admin and read tokens; a gateway the read token for the config service and its own pool-admin
         token (not the config service's admin token), plus an operator's inference tokens; a sidecar
-        the read token; a worker and nats-server nothing."""
+        the read token; a worker and nats-server nothing. Each of the three also gets SIE_NATS_URL
+        with its own NATS user (nats_url_for), whose allow-lists are its role's."""
         if kind not in ("config", "gateway", "sidecar"):
             return {}
         tokens = self.tokens()
+        nats = {"SIE_NATS_URL": self.nats_url_for(NATS_ROLE_OF_KIND[kind])}  # its own NATS user
         if kind == "config":
-            return {"SIE_ADMIN_TOKEN": tokens.admin, "SIE_CONFIG_READ_TOKEN": tokens.config_read}
+            return {**nats, "SIE_ADMIN_TOKEN": tokens.admin, "SIE_CONFIG_READ_TOKEN": tokens.config_read}
         if kind == "sidecar":
-            return {"SIE_CONFIG_SERVICE_TOKEN": tokens.config_read}
+            return {**nats, "SIE_CONFIG_SERVICE_TOKEN": tokens.config_read}
         inference = {k: os.environ[k] for k in GATEWAY_AUTH_VARS if os.environ.get(k)}
         return {
+            **nats,
             "SIE_CONFIG_SERVICE_TOKEN": tokens.config_read,
             "SIE_ADMIN_TOKEN": tokens.pool_admin,
             **inference,

@@ -58,6 +58,7 @@ _OBJ_PAYLOADS = f"OBJ_{PAYLOADS_BUCKET}"
 # JetStream calls every JetStream client makes (account info, stream and consumer info).
 _JS_READ = [
     "$JS.API.INFO",
+    "$JS.API.STREAM.NAMES",  # a stream looked up by subject (the payload store's reads)
     "$JS.API.STREAM.INFO.*",
     "$JS.API.CONSUMER.INFO.*.*",
 ]

@@ -196,7 +196,7 @@ def wait_heartbeat_hash(c: Cluster, expected: str, timeout: float = 15.0) -> Hea
     code = (
         "import asyncio, nats, sys\n"
         "async def main():\n"
-        f"    nc = await nats.connect({c.nats_url!r})\n"
+        f"    nc = await nats.connect({c.nats_url_for('gateway')!r})\n"
         "    sub = await nc.subscribe('sie.health.>')\n"
         f"    end = asyncio.get_running_loop().time() + {timeout}\n"
         "    last = b''\n"

@@ -47,7 +47,7 @@ CACHED_YAML_V2 = (
 
 def _nats(cluster, coro_fn):
     async def run():
-        nc = await nats.connect(cluster.nats_url)
+        nc = await nats.connect(cluster.nats_url_for("gateway"))  # what a gateway may read
         try:
             return await coro_fn(nc.jetstream())
         finally:
