@@ -9,8 +9,8 @@ It starts empty and not ready (``/readyz`` 503) and never blocks the gateway's s
   anything is installed; the models and bundles are then replaced in one step and the local
   epoch becomes the export's epoch (also when that is *lower* than before: the config service
   lost its state and the export is the truth).
-* **deltas** on ``sie.config.models._all`` from trusted producers only
-  (``SIE_NATS_CONFIG_TRUSTED_PRODUCERS``): a delta for epoch ``local + 1`` is applied and
+* **deltas** on ``sie.config.models._all``, which only the config service's NATS user may publish
+  (protocol/nats_permissions.py: the server refuses anyone else): a delta for epoch ``local + 1`` is applied and
   advances the epoch; the per-bundle copies of the same write (same epoch) only refresh that
   bundle's expected hash; an older delta is dropped (it could undo a newer write); a delta that
   skips epochs is applied and a re-export is scheduled for what was missed. A tombstone
@@ -44,7 +44,6 @@ from protocol.config_delta import (
     decode_config_delta,
     epoch_bump_is_news,
     epoch_order,
-    is_trusted_producer,
     parse_epoch_info,
     parse_export,
 )
@@ -71,7 +70,6 @@ class ConfigServiceRegistry(CatalogRegistry):
         url: str,
         *,
         token: str | None = None,
-        trusted_producers: list[str] | tuple[str, ...] = ("sie-config",),
         poll_interval_s: float = 30.0,
         http_timeout_s: float = 10.0,
         backoff_initial_s: float = 1.0,
@@ -80,7 +78,6 @@ class ConfigServiceRegistry(CatalogRegistry):
         super().__init__(Catalog())
         self.replicas = ReplicaUrls(url)
         self.token = token or None
-        self.trusted_producers = [t for t in trusted_producers if t] or ["sie-config"]
         self.poll_interval_s = poll_interval_s
         self.http_timeout_s = http_timeout_s
         self.backoff_initial_s = backoff_initial_s
@@ -320,9 +317,6 @@ class ConfigServiceRegistry(CatalogRegistry):
             log.warning("undecodable config delta dropped: %s", exc)
             return self._count(kind, "invalid")
         kind = "epoch_bump" if delta.is_epoch_bump else "tombstone" if delta.is_tombstone else "model"
-        if not is_trusted_producer(delta.router_id, self.trusted_producers):
-            log.warning("config delta from untrusted producer %r dropped", delta.router_id)
-            return self._count(kind, "untrusted")
         async with self._lock:
             if not self.bootstrapped:
                 return self._count(kind, "before_bootstrap")  # the first export will carry it

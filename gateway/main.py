@@ -29,15 +29,13 @@ def build_registry(settings: GatewaySettings) -> ModelRegistry:
     """The config service's mirror when SIE_CONFIG_SERVICE_URL is set, else the catalog YAML dirs."""
     if settings.config_service_url:
         log.info(
-            "model registry: config service %s (poll every %.0f s, trusted producers %s)",
+            "model registry: config service %s (poll every %.0f s)",
             settings.config_service_url,
             settings.config_poll_interval_s,
-            settings.nats_config_trusted_producers,
         )
         return ConfigServiceRegistry(
             settings.config_service_url,
             token=settings.config_service_token,
-            trusted_producers=settings.nats_config_trusted_producers,
             poll_interval_s=settings.config_poll_interval_s,
             http_timeout_s=settings.config_http_timeout_s,
             backoff_max_s=settings.config_bootstrap_backoff_max_s,

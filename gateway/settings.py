@@ -169,9 +169,6 @@ class GatewaySettings(BaseSettings):
     config_bootstrap_backoff_max_s: float = Field(
         default=60.0, gt=0
     )  # longest wait between failed bootstrap attempts (from 1 s, doubling)
-    nats_config_trusted_producers: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["sie-config"]
-    )  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
     models_dir: str = "worker/catalog/models"  # model YAML directory, used without a config service
     bundles_dir: str = "worker/catalog/bundles"  # bundle YAML directory, used without a config service
     log_level: str = "INFO"  # logging level
@@ -183,7 +180,6 @@ class GatewaySettings(BaseSettings):
         "gateway_configured_gpus",
         "auth_tokens",
         "auth_bulk_tokens",
-        "nats_config_trusted_producers",
         mode="before",
     )
     @classmethod

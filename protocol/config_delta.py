@@ -25,7 +25,8 @@ MAX_CONFIG_DELTA_BYTES = 1024 * 1024
 
 
 class ConfigDelta(BaseModel):
-    """One config notification. ``router_id`` is the publisher identity (the config pod name)."""
+    """One config notification. ``router_id`` names the config pod that wrote it (logs only: a delta
+    is trusted because only the config service's NATS user may publish its subject)."""
 
     # pydantic reserves the ``model_config`` attribute name, so the wire key ``model_config``
     # maps onto ``model_config_yaml``; populate_by_name lets code build it either way.
@@ -208,12 +209,6 @@ def parse_export(data: bytes | str | dict[str, Any]) -> ConfigExport:
         raise ConfigDeltaError(f"invalid export response: {exc}") from exc
 
 
-def is_trusted_producer(router_id: str, trusted: str | list[str] | tuple[str, ...] = "sie-config") -> bool:
-    """Who may publish config deltas: an exact match of a trusted producer id or ``{trusted}-…`` pod-name prefix."""
-    names = [trusted] if isinstance(trusted, str) else list(trusted)
-    return any(router_id == t or router_id.startswith(t + "-") for t in names if t)
-
-
 __all__ = [
     "MAX_CONFIG_DELTA_BYTES",
     "ConfigDelta",
@@ -223,7 +218,6 @@ __all__ = [
     "ExportedModel",
     "decode_config_delta",
     "encode_config_delta",
-    "is_trusted_producer",
     "parse_epoch_info",
     "parse_export",
 ]

@@ -2,7 +2,6 @@
 
 ``ConfigApplier`` subscribes to ``sie.config.models.{bundle}``; for every delta it checks
 
-- the producer is trusted (``SIE_NATS_CONFIG_TRUSTED_PRODUCERS``, the gateway's rule),
 - the delta is for this bundle and this pool,
 - the epoch is newer than the one applied (``protocol.config_delta.epoch_order``: stale or duplicate is dropped),
 
@@ -42,7 +41,6 @@ from protocol.config_delta import (
     EpochOrder,
     decode_config_delta,
     epoch_order,
-    is_trusted_producer,
     parse_epoch_info,
     parse_export,
 )
@@ -64,7 +62,6 @@ APPLIED = "applied"
 MISMATCH = "mismatch"
 FAILED = "failed"
 INVALID = "invalid"
-UNTRUSTED = "untrusted"
 OTHER_BUNDLE = "other_bundle"
 OTHER_POOL = "other_pool"
 STALE = "stale"
@@ -158,8 +155,6 @@ class ConfigApplier:
 
     def check(self, delta: ConfigDelta) -> str | None:
         """Why a delta is ignored, or None when it is to be applied."""
-        if not is_trusted_producer(delta.router_id, self.settings.trusted_producers):
-            return UNTRUSTED
         if delta.bundle_id != self.bundle:
             return OTHER_BUNDLE
         if (delta.pool or "default").lower() != self.pool:
@@ -180,9 +175,8 @@ class ConfigApplier:
         async with self._apply_lock:
             reason = self.check(delta)
             if reason is not None:
-                level = logging.WARNING if reason == UNTRUSTED else logging.DEBUG
                 log.log(
-                    level,
+                    logging.DEBUG,
                     "ignoring config delta from %r for %s/%s epoch %d: %s",
                     delta.router_id,
                     delta.bundle_id,

@@ -116,9 +116,6 @@ class SidecarSettings(BaseSettings):
     config_service_token: str | None = (
         None  # bearer token for the config service's read routes (export needs read or admin)
     )
-    nats_config_trusted_producers: str = (
-        "sie-config"  # CSV of delta publishers accepted (exact or NAME-… pod prefix)
-    )
     worker_config_poll_interval_ms: int = Field(default=30000, gt=0)  # config service epoch poll period
     worker_config_full_export_interval_ms: int = Field(
         default=300000, gt=0
@@ -178,10 +175,6 @@ class SidecarSettings(BaseSettings):
     def progress_interval_s(self) -> float:
         """Progress-ACK held messages this often (a third of ack_wait, at most 10 s)."""
         return max(0.5, min(10.0, self.ack_wait_s / 3))
-
-    @property
-    def trusted_producers(self) -> list[str]:
-        return [p.strip() for p in self.nats_config_trusted_producers.split(",") if p.strip()]
 
     @property
     def loading_recheck_cap_s(self) -> float:

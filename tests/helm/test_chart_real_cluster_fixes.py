@@ -41,7 +41,6 @@ def test_gateway_and_sidecar_read_the_registry_from_this_releases_config_service
             assert env["SIE_CONFIG_SERVICE_URL"]["value"] == f"http://{config}.ml.svc:8090"
             ref = env["SIE_CONFIG_SERVICE_TOKEN"]["valueFrom"]["secretKeyRef"]
             assert ref["key"] == "SIE_CONFIG_READ_TOKEN"
-            assert env["SIE_NATS_CONFIG_TRUSTED_PRODUCERS"]["value"] == config
         cfg = {e["name"]: e.get("value") for e in by_name["config"]["env"]}
         # the image's source tree is /app (deploy/docker/): the catalog the worker loads
         for key, folder in (("SIE_BUNDLES_DIR", "bundles"), ("SIE_MODELS_DIR", "models")):

@@ -146,8 +146,6 @@ gateway knew only the models baked into its image and never saw a model added th
 - name: SIE_CONFIG_SERVICE_TOKEN
   valueFrom:
     secretKeyRef: {name: {{ include "sie.authSecretName" . }}, key: SIE_CONFIG_READ_TOKEN}
-- name: SIE_NATS_CONFIG_TRUSTED_PRODUCERS
-  value: {{ include "sie.configName" . | quote }}
 {{- end -}}
 
 {{/* Stream knobs written identically to gateway and sidecar. */}}

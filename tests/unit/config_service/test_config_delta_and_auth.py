@@ -13,7 +13,6 @@ from protocol.config_delta import (
     ConfigDeltaError,
     decode_config_delta,
     encode_config_delta,
-    is_trusted_producer,
 )
 from protocol.http import bearer_token
 
@@ -63,13 +62,6 @@ def test_decode_refuses_bad_payloads(raw):
 def test_decode_refuses_oversized_payload():
     with pytest.raises(ConfigDeltaError, match="exceeds"):
         decode_config_delta(b" " * (MAX_CONFIG_DELTA_BYTES + 1))
-
-
-def test_trusted_producer_rule():
-    assert is_trusted_producer("sie-config")
-    assert is_trusted_producer("sie-config-7f9c-abcde")
-    assert not is_trusted_producer("sie-configX")
-    assert not is_trusted_producer("evil")
 
 
 def test_bearer_token():
