@@ -3,6 +3,7 @@ our SDK; a model added through the config service's Service is served, and goes 
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -111,9 +112,10 @@ profiles:
 
 CONFIG_CALL = """
 import json, os, sys, urllib.error, urllib.request
-method, path, body = sys.argv[1], sys.argv[2], sys.stdin.read().encode() or None
-req = urllib.request.Request("http://sie-config:8090" + path, data=body, method=method,
-    headers={"Authorization": "Bearer " + os.environ["SIE_ADMIN_TOKEN"], "Content-Type": "application/yaml"})
+method, path = sys.argv[1], sys.argv[2]
+token, _, body = sys.stdin.read().partition("\\n")
+req = urllib.request.Request("http://sie-config:8090" + path, data=body.encode() or None, method=method,
+    headers={"Authorization": "Bearer " + (token or os.environ["SIE_ADMIN_TOKEN"]), "Content-Type": "application/yaml"})
 try:
     with urllib.request.urlopen(req, timeout=60) as r:
         print(json.dumps([r.status, r.read().decode()]))
@@ -122,13 +124,24 @@ except urllib.error.HTTPError as e:
 """
 
 
-def config_call(cluster: Cluster, method: str, path: str, body: str = "") -> tuple[int, str]:
-    """A request to the config service's Service from inside the cluster (a gateway pod holds
-    the admin token in its environment), as an operator's in-cluster job would make it."""
+def admin_token(cluster: Cluster) -> str:
+    """The config service's admin token, as an operator reads it from the auth Secret."""
+    secret = cluster.get("secret", f"{cluster.release}-auth")
+    return base64.b64decode(secret["data"]["SIE_ADMIN_TOKEN"]).decode()
+
+
+def config_call(
+    cluster: Cluster, method: str, path: str, body: str = "", token: str | None = None
+) -> tuple[int, str]:
+    """A request to the config service's Service from inside the cluster, as an operator's
+    in-cluster job would make it: with ``token`` (default: the admin token from the Secret), or
+    with "" the token the gateway pod it runs in holds (its own admin token: pool writes only)."""
     pod = cluster.pod_names("gateway")[0]
+    token = admin_token(cluster) if token is None else token
     out = cluster.kubectl(
-        "exec", "-i", pod, "-c", "gateway", "--", "python", "-c", CONFIG_CALL, method, path, stdin=body
-    )
+        "exec", "-i", pod, "-c", "gateway", "--", "python", "-c", CONFIG_CALL, method, path,
+        stdin=f"{token}\n{body}",
+    )  # fmt: skip
     status, text = json.loads(out.strip().splitlines()[-1])
     return int(status), text
 
@@ -145,6 +158,9 @@ def encode_status(url: str, model: str) -> tuple[int, httpx.Response]:
 
 def test_model_added_through_the_config_service_is_served_then_deleted(cluster: Cluster, table):
     assert encode_status(cluster.gateway_url, ADD_MODEL)[0] == 404
+    # the gateway holds a pool-admin token, not the config service's: its token writes no config
+    status, text = config_call(cluster, "POST", "/v1/configs/models", MODEL_YAML, token="")
+    assert status in (401, 403), (status, text)
     t0 = time.monotonic()
     status, text = config_call(cluster, "POST", "/v1/configs/models", MODEL_YAML)
     assert status == 201, text

@@ -22,7 +22,8 @@ def replicas(cluster: Cluster, sts: str) -> int:
 def test_scale_from_zero_through_the_gateways_scaler(cluster: Cluster, sdk, table):
     cluster.wait_ready()
     assert replicas(cluster, SPARE) == 0
-    sa = f"system:serviceaccount:{cluster.namespace}:sie-server"
+    gateway = cluster.get("deployment", f"{cluster.release}-gateway")["spec"]["template"]["spec"]
+    sa = f"system:serviceaccount:{cluster.namespace}:{gateway['serviceAccountName']}"
     # the chart's Role lets the gateway's ServiceAccount scale its worker StatefulSets, nothing more
     can = cluster.kubectl(
         "auth", "can-i", "patch", f"statefulsets.apps/{SPARE}", "--subresource=scale", "--as", sa
