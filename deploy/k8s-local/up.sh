@@ -47,5 +47,6 @@ for _ in $(seq 1 120); do curl -sf "$GATEWAY_URL/readyz" >/dev/null && break; sl
 curl -sf "$GATEWAY_URL/readyz" >/dev/null || die "gateway not ready at $GATEWAY_URL"
 kubectl get pods -n "$NS" -o wide >&2
 step "ready"
+say "the gateway needs a bearer token: kubectl -n $NS get secret $RELEASE-auth -o jsonpath='{.data.SIE_AUTH_TOKENS}' | base64 -d"
 echo "$GATEWAY_URL"
 echo "KUBECONFIG=$KUBECONFIG"

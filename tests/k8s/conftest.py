@@ -107,7 +107,11 @@ def cluster() -> Cluster:
             pytest.fail(why)
         pytest.skip(why)
     assert helm is not None
-    return Cluster(kubeconfig=kubeconfig, helm_bin=helm)
+    cluster = Cluster(kubeconfig=kubeconfig, helm_bin=helm)
+    # the gateway runs with token auth (deploy/k8s-local/values.yaml): both SDKs, here and in the
+    # scripts the suite runs, send SIE_API_KEY; plain HTTP calls take cluster.headers()
+    os.environ["SIE_API_KEY"] = cluster.api_key()
+    return cluster
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ that ``make k8s-up`` printed, the gateway's node port on 127.0.0.1, the public s
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -51,6 +52,15 @@ class Cluster:
                 f"{' '.join(cmd)} -> {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             )
         return proc.stdout
+
+    def api_key(self) -> str:
+        """The gateway's inference token, as an operator reads it from the auth Secret."""
+        data = self.get("secret", f"{self.release}-auth")["data"]
+        return base64.b64decode(data["SIE_AUTH_TOKENS"]).decode().split(",")[0].strip()
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        """Headers of a plain HTTP call to the gateway: the bearer token, and ``extra``."""
+        return {"Authorization": f"Bearer {self.api_key()}", **extra}
 
     def kubectl(self, *args: str, **kw) -> str:
         return self.run("kubectl", "-n", self.namespace, *args, **kw)

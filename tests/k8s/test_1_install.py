@@ -86,15 +86,15 @@ def test_worker_probes_and_the_shared_socket(cluster: Cluster, table):
 
 
 def test_local_values_only_change_what_the_node_needs(table):
-    """The harness's values: the node port (and, since it exposes the gateway, the explicit
-    anonymous use the chart asks for), requests that fit 2 cores, and a pool at zero."""
+    """The harness's values: the node port (and, since it exposes the gateway, token auth),
+    requests that fit 2 cores, and a pool at zero."""
     values = yaml.safe_load(LOCAL_VALUES.read_text())
     assert set(values) == {"auth", "gateway", "config", "nats", "machineProfiles", "workers"}
-    assert values["auth"] == {"allowAnonymous": True}  # NATS users, tokens, policies: the defaults
+    assert values["auth"] == {"mode": "token"}  # a generated token; NATS users, policies: the defaults
     assert "image" not in values["gateway"] and "global" not in values  # default images
     table.row(
         "chart defaults kept",
-        "local values: node port 30080 (allowAnonymous), 2-core requests, cpu-spare at 0; images default",
+        "local values: node port 30080 with token auth, 2-core requests, cpu-spare at 0; images default",
     )
 
 

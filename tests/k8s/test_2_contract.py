@@ -146,18 +146,18 @@ def config_call(
     return int(status), text
 
 
-def encode_status(url: str, model: str) -> tuple[int, httpx.Response]:
+def encode_status(cluster: Cluster, model: str) -> tuple[int, httpx.Response]:
     r = httpx.post(
-        f"{url}/v1/encode/{model}",
+        f"{cluster.gateway_url}/v1/encode/{model}",
         json={"items": [{"text": TEXTS[0]}]},
-        headers={"Accept": "application/json"},
+        headers=cluster.headers(Accept="application/json"),
         timeout=120,
     )
     return r.status_code, r
 
 
 def test_model_added_through_the_config_service_is_served_then_deleted(cluster: Cluster, table):
-    assert encode_status(cluster.gateway_url, ADD_MODEL)[0] == 404
+    assert encode_status(cluster, ADD_MODEL)[0] == 404
     # the gateway holds a pool-admin token, not the config service's: its token writes no config
     status, text = config_call(cluster, "POST", "/v1/configs/models", MODEL_YAML, token="")
     assert status in (401, 403), (status, text)
@@ -166,7 +166,7 @@ def test_model_added_through_the_config_service_is_served_then_deleted(cluster: 
     assert status == 201, text
     deadline = t0 + 300
     while True:
-        code, resp = encode_status(cluster.gateway_url, ADD_MODEL)
+        code, resp = encode_status(cluster, ADD_MODEL)
         if code == 200 or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -178,11 +178,13 @@ def test_model_added_through_the_config_service_is_served_then_deleted(cluster: 
     status, text = config_call(cluster, "DELETE", f"/v1/configs/models/{ADD_MODEL}")
     assert status in (200, 204), text
     deadline = time.monotonic() + 120
-    while (code := encode_status(cluster.gateway_url, ADD_MODEL)[0]) != 404 and time.monotonic() < deadline:
+    while (code := encode_status(cluster, ADD_MODEL)[0]) != 404 and time.monotonic() < deadline:
         time.sleep(1)
     assert code == 404
     # the model list through the gateway no longer names it
-    models = httpx.get(cluster.gateway_url + "/v1/models", headers={"Accept": "application/json"}, timeout=30)
+    models = httpx.get(
+        cluster.gateway_url + "/v1/models", headers=cluster.headers(Accept="application/json"), timeout=30
+    )
     assert ADD_MODEL not in models.text
     table.row(
         "config service: add, serve, delete",

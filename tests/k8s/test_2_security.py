@@ -71,6 +71,7 @@ def http(name, method, url, body=None):
 
 http("config service export (reads)", "GET", f"http://{{CONFIG}}/v1/configs/export")
 http("config service model write", "POST", f"http://{{CONFIG}}/v1/configs/models", b"sie_id: evil/model\n")
+http("gateway encode", "POST", f"http://{{GATEWAY}}/v1/encode/sentence-transformers/all-MiniLM-L6-v2", b'{{"items": [{{"text": "x"}}]}}')
 http("gateway pool create (admin)", "POST", f"http://{{GATEWAY}}/v1/pools", json.dumps({{"name": "evil", "gpus": {{"cpu": 1}}}}).encode())
 http("gateway pool delete (admin)", "DELETE", f"http://{{GATEWAY}}/v1/pools/default")
 print("RESULT " + json.dumps(out))
@@ -110,7 +111,7 @@ def test_a_pod_without_credentials_is_refused_everywhere(cluster: Cluster, table
     results: dict[str, str] = json.loads(line[len("RESULT ") :])
     for check, outcome in sorted(results.items()):
         table.row(f"no credentials: {check}", outcome[:100])
-    assert len(results) == 8, results
+    assert len(results) == 9, results
     # refused by the service itself (NATS's authorization, a 401/403), not merely unreachable
     allowed = {k: v for k, v in results.items() if not v.startswith("refused")}
     assert not allowed, allowed

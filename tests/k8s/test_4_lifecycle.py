@@ -63,7 +63,7 @@ def test_scale_from_zero_through_the_gateways_scaler(cluster: Cluster, sdk, tabl
     spare = {f"{SPARE}-0", f"{SPARE}-0-p1"}
     deadline = time.monotonic() + 180  # generous: the second process loads the model on its own
     while time.monotonic() < deadline:
-        health = httpx.get(cluster.gateway_url + "/health", timeout=10).json()
+        health = httpx.get(cluster.gateway_url + "/health", headers=cluster.headers(), timeout=10).json()
         healthy = {w["url"].removeprefix("nats:") for w in health["workers"] if w["healthy"]}
         if spare <= healthy:
             break
