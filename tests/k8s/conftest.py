@@ -109,7 +109,9 @@ def cluster() -> Cluster:
     assert helm is not None
     cluster = Cluster(kubeconfig=kubeconfig, helm_bin=helm)
     # the gateway runs with token auth (deploy/k8s-local/values.yaml): both SDKs, here and in the
-    # scripts the suite runs, send SIE_API_KEY; plain HTTP calls take cluster.headers()
+    # scripts the suite runs, send SIE_API_KEY to SIE_BASE_URL's origin (and to no other: the public
+    # sie-sdk scopes the key to it); plain HTTP calls take cluster.headers()
+    os.environ["SIE_BASE_URL"] = cluster.gateway_url
     os.environ["SIE_API_KEY"] = cluster.api_key()
     return cluster
 
