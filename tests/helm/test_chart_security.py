@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from protocol import nats_permissions
 from tests.helm.conftest import CHART
@@ -437,3 +438,24 @@ def test_network_policy_values(render):
     assert [p["port"] for p in workers["ports"]] == [9095, 9096, 9097]
     assert workers["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
     assert not by_kind(render.template(sets={"networkPolicy.enabled": "false"}), "NetworkPolicy")
+
+
+def test_a_change_to_the_allow_lists_rolls_the_nats_members(render, tmp_path):
+    """The lists live in the auth Secret, which the pods only read at start: the members' pod
+    template changes with them, so an upgrade that changes them restarts NATS."""
+    import shutil
+
+    def checksum(chart: Path) -> str:
+        res = render.run("template", "sie", str(chart), "--namespace", "sie")
+        assert res.returncode == 0, res.stderr
+        docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+        sts = named(docs, "StatefulSet", "sie-nats")
+        return sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    copy = tmp_path / "sie-cluster"
+    shutil.copytree(CHART, copy)
+    before = checksum(copy)
+    perms = json.loads((copy / "files" / "nats-permissions.json").read_text())
+    perms["sidecar"]["publish"]["allow"].append("sie.extra.>")
+    (copy / "files" / "nats-permissions.json").write_text(json.dumps(perms))
+    assert checksum(copy) != before
