@@ -10,7 +10,7 @@ from collections.abc import Callable
 import nats
 from nats.aio.client import Client
 
-from protocol.nats_url import failover_options
+from protocol.nats_url import failover_options, redacted
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class DeltaPublisher:
             error_cb=self._error,
         )
         self._state(True)
-        log.info("NATS connected to %s", self.url)
+        log.info("NATS connected to %s", redacted(self.url))
 
     async def _connect_loop(self) -> None:
         delay = 0.5
@@ -83,7 +83,9 @@ class DeltaPublisher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("NATS connect to %s failed (%s); retrying in %.1fs", self.url, exc, delay)
+                log.warning(
+                    "NATS connect to %s failed (%s); retrying in %.1fs", redacted(self.url), exc, delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 

@@ -19,7 +19,7 @@ from gateway.registry import CatalogRegistry, ModelRegistry
 from gateway.settings import GatewaySettings
 from protocol import eventloop, heap, tracing
 from protocol.logs import setup_logging
-from protocol.nats_url import failover_options
+from protocol.nats_url import failover_options, redacted
 
 log = logging.getLogger("gateway")
 HEAR_WORKERS_S = 1.0  # before it listens, a gateway waits at most this long for the first heartbeat
@@ -91,7 +91,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         app[GATEWAY_KEY].router_id,
         settings.gateway_host,
         settings.gateway_port,
-        settings.nats_url,
+        redacted(settings.nats_url),
     )
     scaler_task: asyncio.Task[None] | None = None
     scaler_settings = K8sScalerSettings()

@@ -6,6 +6,7 @@ goes, reconnects to another without waiting for it to come back."""
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 SCHEMES = ("nats://", "tls://", "ws://", "wss://")
@@ -24,6 +25,12 @@ def nats_servers(url: str) -> list[str]:
                 f"SIE_NATS_URL member {server!r} is not a NATS URL (it must start with one of {', '.join(SCHEMES)})"
             )
     return servers
+
+
+def redacted(url: str) -> str:
+    """``url`` fit for a log line: each member's password replaced by ``***`` (a NATS URL carries
+    its user's password: ``nats://gateway:PASSWORD@host:4222``)."""
+    return re.sub(r"(://[^:/@,\s]+):[^@/,\s]*@", r"\1:***@", url)
 
 
 # A member that stops answering (SIGSTOP, a hung VM, a partition) keeps its TCP connections open, so

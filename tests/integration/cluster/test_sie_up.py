@@ -149,6 +149,16 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         assert proc.returncode == 0, out
         assert f"{state}/pool-admin-token" in out and f"{state}/admin-token" in out
         assert tokens["pool-admin-token"] not in out and tokens["admin-token"] not in out
+        # each NATS client has a user of its own, and no password reaches a log or the output
+        nats_passwords = {
+            role: (state / "nats" / f"{role}-password").read_text()
+            for role in ("gateway", "sidecar", "config")
+        }
+        assert f"gateway:{nats_passwords['gateway']}@" in by_module["gateway"]["SIE_NATS_URL"]
+        assert f"sidecar:{nats_passwords['sidecar']}@" in by_module["sidecar"]["SIE_NATS_URL"]
+        logs = "".join(p.read_text(errors="replace") for p in (state / "logs").glob("*.log")) + out
+        assert "NATS nats://gateway:***@" in logs  # the gateway's start line, redacted
+        assert not any(pw in logs for pw in nats_passwords.values())
         time.sleep(0.5)
         alive = [
             p

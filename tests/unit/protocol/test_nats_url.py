@@ -54,3 +54,12 @@ def test_the_config_service_may_run_without_nats_but_not_with_a_bad_list(monkeyp
     monkeypatch.setenv("SIE_NATS_URL", "nats://a:1,b:2")
     with pytest.raises(ValidationError, match="is not a NATS URL"):
         ConfigServiceSettings()
+
+
+def test_redacted_hides_every_members_password():
+    from protocol.nats_url import redacted
+
+    url = "nats://gateway:s3cr:et@127.0.0.1:4250,tls://sidecar:pw@h2:4222,nats://h3:4222"
+    shown = redacted(url)
+    assert "s3cr" not in shown and ":pw@" not in shown
+    assert shown == "nats://gateway:***@127.0.0.1:4250,tls://sidecar:***@h2:4222,nats://h3:4222"
