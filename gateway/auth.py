@@ -11,8 +11,6 @@ from protocol import http
 from protocol.errors import ErrorCode, SIEError
 
 PROBES = frozenset({"/healthz", "/readyz"})
-OPERATIONAL = frozenset({"/", "/health", "/metrics"})
-DOCS = frozenset({"/openapi.json", "/docs"})  # the API's description is open, like the probes
 ADMIN_PREFIXES = ("/v1/pools", "/v1/config", "/v1/admin")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -59,11 +57,7 @@ def check(
     if is_admin_route(request.method, path):
         check_admin(request, tokens=tokens, admin_token=admin_token)
         return
-    if not enabled:
-        return
-    if path in PROBES or path in DOCS or path.startswith("/docs/assets/"):
-        return
-    if exempt_operational and (path in OPERATIONAL or path.startswith("/ws/")):
+    if not enabled or http.open_without_token(path, PROBES, exempt_operational):
         return
     if not tokens and not admin_token:
         raise SIEError(ErrorCode.INTERNAL_ERROR, "Auth is enabled but no tokens are configured", status=500)

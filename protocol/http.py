@@ -300,6 +300,20 @@ def bearer_token(header: str | None) -> str | None:
     return value or None
 
 
+# Routes a front door answers without a token: the API's description (and its assets) always, and
+# with ``exempt_operational`` (SIE_AUTH_EXEMPT_OPERATIONAL) the status pages a scraper reads.
+DOCS_PATHS = frozenset({"/openapi.json", "/docs"})
+OPERATIONAL_PATHS = frozenset({"/", "/health", "/metrics"})
+
+
+def open_without_token(path: str, probes: frozenset[str], exempt_operational: bool) -> bool:
+    """Whether ``path`` answers without a bearer token on a front door whose probes are ``probes``
+    (the gateway's and ``sie serve``'s rule alike)."""
+    if path in probes or path in DOCS_PATHS or path.startswith("/docs/assets/"):
+        return True
+    return exempt_operational and (path in OPERATIONAL_PATHS or path.startswith("/ws/"))
+
+
 def token_matches(token: str, candidates: Iterable[str | None]) -> bool:
     """Whether ``token`` equals one of the configured (non-empty) ``candidates``, in constant time
     per candidate (every candidate is compared)."""

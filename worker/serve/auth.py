@@ -4,7 +4,8 @@ As Text Embeddings Inference's and vLLM's ``--api-key``: with one or more keys s
 comma-separated), a request needs ``Authorization: Bearer <key>``. Missing or wrong: 401
 UNAUTHORIZED. The probes (``/healthz``, ``/livez``, ``/readyz``) stay open for the orchestrator,
 and so do ``/openapi.json`` and ``/docs``, as on the gateway. ``/``, ``/health``, ``/metrics`` and
-``/ws/status`` need the key too unless SIE_AUTH_EXEMPT_OPERATIONAL is true (the gateway's rule).
+``/ws/status`` need the key too unless SIE_AUTH_EXEMPT_OPERATIONAL is true (the gateway's rule,
+protocol.http.open_without_token).
 The comparison is constant-time (protocol.http.token_matches); the keys are never logged.
 """
 
@@ -16,20 +17,11 @@ from protocol import http
 from protocol.errors import ErrorCode, SIEError
 
 PROBES = frozenset({"/healthz", "/livez", "/readyz"})
-DOCS = frozenset({"/openapi.json", "/docs"})
-OPERATIONAL = frozenset({"/", "/health", "/metrics"})
-
-
-def is_open(path: str, exempt_operational: bool) -> bool:
-    """Whether ``path`` answers without a key."""
-    if path in PROBES or path in DOCS or path.startswith("/docs/assets/"):
-        return True
-    return exempt_operational and (path in OPERATIONAL or path.startswith("/ws/"))
 
 
 def check(request: web.Request, keys: list[str], exempt_operational: bool) -> None:
     """Raise SIEError 401 UNAUTHORIZED when ``keys`` are set and the request carries none of them."""
-    if not keys or is_open(request.path, exempt_operational):
+    if not keys or http.open_without_token(request.path, PROBES, exempt_operational):
         return
     token = http.bearer_token(request.headers.get("Authorization"))
     if token is None:
