@@ -98,17 +98,20 @@ def write_secret(path: Path, text: str) -> bool:
         tmp.unlink(missing_ok=True)
 
 
-def state_token(state_dir: Path, name: str, env_var: str) -> str:
-    """The operator's ``env_var``, else a token generated once and kept in ``<state_dir>/<name>``
-    (0600; one made looser by hand is narrowed again)."""
-    if os.environ.get(env_var, "").strip():
-        return os.environ[env_var].strip()
-    path = state_dir / name
+def state_secret(path: Path) -> str:
+    """A secret generated once and kept in ``path`` (0600; one made looser by hand is narrowed again)."""
     if not path.exists():
         write_secret(path, secrets.token_urlsafe(24))
     if path.stat().st_mode & 0o077:
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def state_token(state_dir: Path, name: str, env_var: str) -> str:
+    """The operator's ``env_var``, else a token kept in ``<state_dir>/<name>`` (state_secret)."""
+    if os.environ.get(env_var, "").strip():
+        return os.environ[env_var].strip()
+    return state_secret(state_dir / name)
 
 
 # sie up's secrets: (file in the state directory, the variable an operator may set instead)
@@ -314,18 +317,14 @@ def split_cpus(available: set[int], worker_cpus: int) -> tuple[frozenset[int], f
 # NATS config says the same (helm/sie-cluster/templates/nats-auth-secret.yaml).
 ROUTE_PINGS = '  ping_interval: "1s"\n  ping_max: 2\n'
 
-# NATS users: one per role with the allow-lists of protocol/nats_permissions.py, as the chart's, and
-# with several members a route user; each password generated once into the state directory (0600).
-NATS_ROLE_OF_KIND = {"gateway": "gateway", "sidecar": "sidecar", "config": "config"}
+# NATS users: one per role with the allow-lists of protocol/nats_permissions.py, as the chart's (the
+# roles are the child kinds config, gateway and sidecar), and with several members a route user.
 NATS_ROUTE_USER = "route"
 
 
 def nats_password(state_dir: Path, user: str) -> str:
-    """The NATS password of ``user`` (a role or the route user), generated once (0600)."""
-    path = state_dir / "nats" / f"{user}-password"
-    if not path.exists():
-        write_secret(path, secrets.token_urlsafe(24))
-    return path.read_text().strip()
+    """The NATS password of ``user`` (a role or the route user), generated once (state_secret)."""
+    return state_secret(state_dir / "nats" / f"{user}-password")
 
 
 @dataclass
@@ -430,16 +429,8 @@ class Cluster:
         the cluster ``sie`` with routes to every member and its own store directory."""
         conf = self.state_dir / "jetstream" / "nats.conf"  # what the flags cannot say, and no secret
         write_unless_same(conf, self.nats_conf())
-        cmd = [
-            nats_server_binary(),
-            "-c",
-            str(conf),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(self.nats_client_ports[index]),
-        ]
-        cmd.append("-js")
+        cmd = [nats_server_binary(), "-c", str(conf), "-a", "127.0.0.1"]
+        cmd += ["-p", str(self.nats_client_ports[index]), "-js"]
         if self.nats_replicas == 1:
             return [*cmd, "-sd", str(self.state_dir / "jetstream")]
         return [
@@ -506,7 +497,7 @@ class Cluster:
         if kind not in ("config", "gateway", "sidecar"):
             return {}
         tokens = self.tokens()
-        nats = {"SIE_NATS_URL": self.nats_url_for(NATS_ROLE_OF_KIND[kind])}  # its own NATS user
+        nats = {"SIE_NATS_URL": self.nats_url_for(kind)}  # its own NATS user: the role is the kind
         if kind == "config":
             return {**nats, "SIE_ADMIN_TOKEN": tokens.admin, "SIE_CONFIG_READ_TOKEN": tokens.config_read}
         if kind == "sidecar":
