@@ -350,7 +350,11 @@ class ClusterCache:
         sha256 against the manifest as it streams. Raises IntegrityError on the first mismatch (what
         was written stays in ``dest``, for the caller to discard) or for a version-1 manifest."""
         if not manifest.verifiable:
-            raise IntegrityError(f"cluster cache entry {key}: its manifest has no sha256 per file")
+            raise IntegrityError(
+                f"cluster cache entry {key}: its manifest (version {manifest.version}) has no sha256 "
+                "per file, so it is not trusted (a worker that loads these weights from another tier "
+                "publishes the entry again, with hashes)"
+            )
         root = dest.resolve()
         for rel, want in manifest.files.items():
             target = dest / safe_rel(rel, key)
@@ -622,27 +626,12 @@ class WeightCache:
                 manifest = cluster.manifest(key)  # read again on the second try
                 if manifest is None:
                     return None
-                if not manifest.verifiable:
-                    raise IntegrityError(
-                        f"cluster cache entry {key}: its manifest (version {manifest.version}) has no "
-                        "sha256 per file, so it is not trusted (a worker that loads these weights from "
-                        "another tier publishes the entry again, with hashes)"
-                    )
                 path = self._fill(key, functools.partial(self._fetch_cluster, key, manifest), protect)
             except IntegrityError as exc:
                 refusal = exc
                 again = exc.retry and attempt == 1
-                what = (
-                    "copy discarded, fetching it again"
-                    if again
-                    else "skipping the cluster cache for this load"
-                )
-                log.warning(
-                    "%s: %s; %s",
-                    source.ident,
-                    exc,
-                    f"copy discarded; {what}" if exc.retry and not again else what,
-                )
+                then = "fetching it again" if again else "skipping the cluster cache for this load"
+                log.warning("%s: %s; %s", source.ident, exc, f"copy discarded, {then}" if exc.retry else then)
                 if not again:
                     break
                 continue
