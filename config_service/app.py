@@ -18,10 +18,10 @@ from config_service.forward import RETRY_AFTER_S, WriteForwarder
 from config_service.registry import ConfigError
 from config_service.service import ConfigService
 from config_service.settings import BODY_TIMEOUT_S, MAX_BODY_BYTES
-from protocol import openapi
+from iokit import openapi
+from iokit.http import bearer_token, config_error_detail, loads_json, read_body, token_matches
 from protocol.codec import CodecError
 from protocol.config_delta import ResolveBody
-from protocol.http import bearer_token, config_error_detail, loads_json, read_body, token_matches
 
 log = logging.getLogger(__name__)
 

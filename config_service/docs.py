@@ -1,14 +1,14 @@
 """The config service's OpenAPI document (``/openapi.json``) and docs page (``/docs``): its
-operations, each with the model its handler parses (``protocol/openapi.py`` builds the document)."""
+operations, each with the model its handler parses (``iokit/openapi.py`` builds the document)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from protocol import openapi
+from iokit import openapi
+from iokit.openapi import JSON, YAML, Op, Param
 from protocol.config_delta import ConfigExport, EpochInfo, ResolveBody
 from protocol.model_config import ModelConfig
-from protocol.openapi import JSON, YAML, Op, Param
 
 TITLE = "sie-cluster config service"
 DESCRIPTION = (

@@ -20,7 +20,8 @@ from config_service.registry import CatalogLoadError, load_baseline_models, load
 from config_service.service import ConfigService
 from config_service.settings import ConfigServiceSettings
 from config_service.store import Store, make_engine, migrate
-from protocol import eventloop, heap
+from iokit import eventloop
+from protocol import heap
 from protocol.logs import setup_logging
 
 log = logging.getLogger("config_service")

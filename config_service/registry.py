@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from iokit.http import config_error_detail
 from protocol.codec import CodecError, check_plain
-from protocol.http import config_error_detail
 from protocol.model_config import (
     MODEL_ID_RE,
     PROFILE_NAME_RE,

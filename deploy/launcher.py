@@ -206,7 +206,7 @@ def _is_writer(url: str) -> bool:
 def _ready_pid(url: str) -> int | None:
     """The process id a ready gateway's ``/readyz`` at ``url`` names (None: not ready). Each call is a
     new connection, so replicas sharing the port answer in turn."""
-    from protocol.http import READY_PID_HEADER
+    from iokit.http import READY_PID_HEADER
 
     try:
         with urllib.request.urlopen(url, timeout=1) as resp:
@@ -454,7 +454,7 @@ class Cluster:
     @property
     def config_urls(self) -> str:
         """Every config replica's URL, comma-separated: gateways and sidecars read from the next one
-        when theirs cannot be reached (protocol/replicas.py)."""
+        when theirs cannot be reached (iokit/replicas.py)."""
         return ",".join(f"http://127.0.0.1:{self.config_port + i}" for i in range(self.config_replicas))
 
     @property

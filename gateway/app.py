@@ -56,8 +56,9 @@ from gateway.routes.status import (
     handle_ws_cluster_status,
 )
 from gateway.settings import GatewaySettings
-from protocol import openapi, rerank
-from protocol.http import close_status_sockets
+from iokit import openapi
+from iokit.http import close_status_sockets
+from protocol import rerank
 
 __all__ = ["GATEWAY_KEY", "create_app"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from protocol import http
+from iokit import http
 from protocol.errors import ErrorCode, SIEError
 
 PROBES = frozenset({"/healthz", "/readyz"})

@@ -43,9 +43,9 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from gateway.kv import KeyValueMirror, bucket_keys
+from iokit.payloads import drop_idle_readers
 from protocol.api import BatchBody
 from protocol.errors import ErrorCode, SIEError, invalid_input
-from protocol.payloads import drop_idle_readers
 from protocol.subjects import BULK
 
 log = logging.getLogger(__name__)

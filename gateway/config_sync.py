@@ -36,6 +36,7 @@ import aiohttp
 import yaml
 
 from gateway.registry import CatalogRegistry, Route
+from iokit.replicas import ReplicaUrls
 from protocol.catalog import Catalog
 from protocol.config_delta import (
     ConfigDeltaError,
@@ -49,7 +50,6 @@ from protocol.config_delta import (
 )
 from protocol.errors import ErrorCode, SIEError
 from protocol.model_config import Bundle, ModelConfig, bundles_hash, load_yaml, parse_model_yaml
-from protocol.replicas import ReplicaUrls
 from protocol.subjects import CONFIG_ALL
 
 log = logging.getLogger("gateway.config_sync")

@@ -32,10 +32,11 @@ from gateway.result_cache import ResultCache, cached_result
 from gateway.routing import Lane
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerRegistry
-from protocol import http, tracing
+from iokit import http
+from iokit.payloads import HEADER as PAYLOAD_HEADER
+from protocol import tracing
 from protocol.errors import ErrorCode, SIEError, invalid_input
 from protocol.logs import bind
-from protocol.payloads import HEADER as PAYLOAD_HEADER
 from protocol.priority import PRIORITY_HEADER, request_priority
 from protocol.result_cache import model_config_hash, work_item_key
 from protocol.streams import dlq_stream_config
@@ -585,7 +586,7 @@ class Gateway:
         """The work messages of ``plan`` (indices into ``todo``; ``payloads``: their encodings, each
         item's own fields when ``shared`` holds what they share). An item over the NATS max payload
         goes into the payload store, its message left with an empty body and a header naming the
-        object (protocol.payloads). With one pod on the lane, each message also says how many of the
+        object (iokit.payloads). With one pod on the lane, each message also says how many of the
         request's items that pod will see, so that it can batch them together."""
         together = len(todo) if one_puller else 1
         results = self.dispatcher.results_subject

@@ -27,9 +27,9 @@ from nats.js.api import StreamConfig
 from gateway.metrics import GatewayMetrics, labelled
 from gateway.publisher import AckedPublisher, PublishAbandoned
 from gateway.routing import Lane
+from iokit.payloads import PayloadStore
 from protocol import tracing
 from protocol.errors import ErrorCode, SIEError
-from protocol.payloads import PayloadStore
 from protocol.streams import DEFAULT_ACK_WAIT_S, reconcile_stream, stream_config, stream_fields
 from protocol.subjects import (
     BULK,
@@ -178,7 +178,7 @@ class Dispatcher:
         self.publish_timeout_s = publish_timeout_s
         self.queue_full_retry_after_s = queue_full_retry_after_s
         self.bulk_share = bulk_share
-        # work items and results over the NATS max payload (protocol.payloads)
+        # work items and results over the NATS max payload (iokit.payloads)
         self.payloads = PayloadStore(self.js, storage=storage, replicas=replicas, max_age_s=max_age_s)
         self.publish_window = publish_concurrency  # a request's items waiting for their acks at once
         self._collectors: dict[str, Collector] = {}

@@ -12,7 +12,8 @@ from gateway import responses
 from gateway.core import GATEWAY_KEY, Gateway, Provisioning
 from gateway.result_cache import CACHE_WORKER_ID
 from gateway.settings import GatewaySettings
-from protocol import SERVER_VERSION, http
+from iokit import http
+from protocol import SERVER_VERSION
 from protocol.codec import CodecError, wants_msgpack_response
 from protocol.errors import SIEError, format_retry_after, invalid_input
 from protocol.work import WorkResult

@@ -17,7 +17,8 @@ from gateway.config_sync import ConfigServiceRegistry
 from gateway.k8s_scaler import K8sScalerSettings, build_scaler
 from gateway.registry import CatalogRegistry, ModelRegistry
 from gateway.settings import GatewaySettings
-from protocol import eventloop, heap, tracing
+from iokit import eventloop
+from protocol import heap, tracing
 from protocol.logs import setup_logging
 from protocol.nats_url import failover_options, redacted
 

@@ -19,7 +19,8 @@ from gateway.http_common import (
     provisioning_response,
 )
 from gateway.metrics import labelled
-from protocol import SERVER_VERSION, http, rerank
+from iokit import http
+from protocol import SERVER_VERSION, rerank
 from protocol.errors import ErrorCode, SIEError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ count (``input_tokens``), from which the sidecar learns to predict tokens for it
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,7 +33,7 @@ from protocol.work import WorkItem, WorkResult, _from_map, merged_item, shared_f
 
 IPC_VERSION = 1
 MAX_FRAME_BYTES = 32 * 1024 * 1024
-_LEN = struct.Struct(">I")
+FRAME_HEADER = struct.Struct(">I")
 
 # Methods
 PING = "Ping"
@@ -92,7 +91,7 @@ def encode_frame(obj: dict[str, Any], *, max_bytes: int = MAX_FRAME_BYTES) -> by
     payload = packb(obj)
     if len(payload) > max_bytes:
         raise FrameTooLarge(f"frame of {len(payload)} bytes exceeds the {max_bytes}-byte cap")
-    return _LEN.pack(len(payload)) + payload
+    return FRAME_HEADER.pack(len(payload)) + payload
 
 
 def decode_payload(payload: bytes) -> dict[str, Any]:
@@ -106,36 +105,6 @@ def decode_payload(payload: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise FrameError("frame body must be a msgpack map")
     return obj
-
-
-async def read_frame_bytes(reader: asyncio.StreamReader, *, max_bytes: int = MAX_FRAME_BYTES) -> bytes | None:
-    """The raw body of the next frame; None on a clean EOF between frames.
-
-    Raises FrameTooLarge when the length exceeds ``max_bytes`` (nothing of the body is read) and
-    FrameError when the stream ends inside a frame.
-    """
-    try:
-        header = await reader.readexactly(_LEN.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise FrameError("connection closed inside a frame header") from exc
-    (length,) = _LEN.unpack(header)
-    if length > max_bytes:
-        raise FrameTooLarge(f"frame of {length} bytes exceeds the {max_bytes}-byte cap")
-    if length == 0:
-        return b""
-    try:
-        return await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        raise FrameError("connection closed inside a frame body") from exc
-
-
-async def write_frame(
-    writer: asyncio.StreamWriter, obj: dict[str, Any], *, max_bytes: int = MAX_FRAME_BYTES
-) -> None:
-    writer.write(encode_frame(obj, max_bytes=max_bytes))
-    await writer.drain()
 
 
 # --------------------------------------------------------------------------- envelopes
@@ -428,9 +397,7 @@ __all__ = [
     "disposition_for",
     "encode_frame",
     "outcome_from_result",
-    "read_frame_bytes",
     "request_envelope",
     "response_envelope",
     "run_batch_response",
-    "write_frame",
 ]

@@ -23,7 +23,7 @@ import json
 import sys
 from typing import Any
 
-from protocol.payloads import BUCKET as PAYLOADS_BUCKET
+from protocol.streams import PAYLOADS_BUCKET
 from protocol.subjects import (
     CONFIG_PREFIX,
     DIRECT_PREFIX,

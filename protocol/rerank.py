@@ -20,7 +20,7 @@ route; ``Left`` is refused), and ``model`` as an extension (default: the server'
 ``rerank_default_model`` setting). Answer: ``[{index, score, text?}]``.
 
 Unknown fields and bad values are 400 (the OpenAI error envelope, as on ``/v1/embeddings``, on
-Cohere's routes; TEI's error shape on TEI's: protocol.http ``rerank_error_response``).
+Cohere's routes; TEI's error shape on TEI's: iokit.http ``rerank_error_response``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ from protocol.subjects import (
     pool_stream_subjects,
 )
 
+# The JetStream object store that holds request payloads too large for a work message (iokit.payloads).
+PAYLOADS_BUCKET = "SIE_PAYLOADS"
+
 STREAM_STORAGES = ("file", "memory")
 
 DEFAULT_STREAM_STORAGE = "file"

@@ -555,7 +555,7 @@ class WorkResult:
     #: truncation totals of the item (score: of its whole request): items cut, tokens cut off
     truncated_items: int = 0
     dropped_tokens: int = 0
-    #: the result's bytes are in the payload store under this name (protocol.payloads): it was
+    #: the result's bytes are in the payload store under this name (iokit.payloads): it was
     #: larger than the NATS max payload
     result_ref: str | None = None
 

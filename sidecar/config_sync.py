@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 from nats.aio.msg import Msg
 
+from iokit.replicas import ReplicaUrls
 from protocol import ipc
 from protocol.config_delta import (
     ConfigDelta,
@@ -44,7 +45,6 @@ from protocol.config_delta import (
     parse_epoch_info,
     parse_export,
 )
-from protocol.replicas import ReplicaUrls
 from protocol.subjects import config_subject
 from sidecar.barrier import ExecutionBarrier
 from sidecar.ipc_client import IpcClient, IpcRemoteError, IpcTransportError

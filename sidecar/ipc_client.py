@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from iokit import frames
 from protocol import ipc
 
 log = logging.getLogger("sie.sidecar.ipc")
@@ -80,7 +81,7 @@ class IpcClient:
         reason = "connection closed by the worker"
         try:
             while True:
-                payload = await ipc.read_frame_bytes(reader, max_bytes=self.max_frame_bytes)
+                payload = await frames.read_frame_bytes(reader, max_bytes=self.max_frame_bytes)
                 if payload is None:
                     break
                 try:

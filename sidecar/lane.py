@@ -58,8 +58,8 @@ from typing import TYPE_CHECKING
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from iokit.payloads import PayloadStore
 from protocol.clock import Clock, MonotonicClock
-from protocol.payloads import PayloadStore
 from protocol.subjects import BULK, HEALTH_SOLICIT, INTERACTIVE
 from sidecar.barrier import ExecutionBarrier
 from sidecar.deliveries import Delivery, Held, ModelScheduler
@@ -121,7 +121,7 @@ class LaneConsumer:
         self.metrics = SidecarMetrics(settings.pool, settings.machine_profile, settings.bundle)
         self.stopping = asyncio.Event()
         clock = clock or MonotonicClock()
-        # work items and results over the NATS max payload (protocol.payloads)
+        # work items and results over the NATS max payload (iokit.payloads)
         self.payloads = PayloadStore(
             self.js,
             storage=settings.stream_storage,

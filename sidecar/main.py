@@ -11,7 +11,8 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from protocol import eventloop, heap, tracing
+from iokit import eventloop
+from protocol import heap, tracing
 from protocol.logs import setup_logging
 from protocol.nats_url import failover_options
 from protocol.siblings import Siblings

@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 import nats.js.errors
 
+from iokit.payloads import HEADER as PAYLOAD_HEADER
+from iokit.payloads import PayloadReader
 from protocol import ipc, tracing
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
-from protocol.payloads import HEADER as PAYLOAD_HEADER
-from protocol.payloads import PayloadReader
 from protocol.subjects import BULK, INTERACTIVE
 from protocol.work import WorkResult
 from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
@@ -314,7 +314,7 @@ class Scheduler:
 
     async def _bodies(self, live: list[Delivery]) -> dict[str, bytes]:
         """Each delivery's body by item id: the message's, or the payload store's object that the
-        message names (protocol.payloads). An object that is gone fails its item; a store that
+        message names (iokit.payloads). An object that is gone fails its item; a store that
         does not answer leaves the item to a redelivery."""
         bodies: dict[str, bytes] = {}
         for d in live:

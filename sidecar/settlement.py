@@ -45,7 +45,7 @@ class Publisher(Protocol):
 
 
 class PayloadWriter(Protocol):
-    """:class:`protocol.payloads.PayloadStore`, as settlement uses it."""
+    """:class:`iokit.payloads.PayloadStore`, as settlement uses it."""
 
     async def put(self, name: str, data: bytes) -> None: ...
 
@@ -79,7 +79,7 @@ class Settlement:
     ) -> None:
         self.nc = nc
         self.js = js
-        self.payloads = payloads  # results over the max payload go there (protocol.payloads)
+        self.payloads = payloads  # results over the max payload go there (iokit.payloads)
         self.worker_id = worker_id
         self.nak_delay_s = nak_delay_s
         self.oom_nak_delay_s = oom_nak_delay_s

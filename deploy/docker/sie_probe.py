@@ -18,7 +18,8 @@ import os
 import sys
 import uuid
 
-from protocol.ipc import PING, PingResponse, decode_payload, encode_frame, read_frame_bytes, request_envelope
+from iokit.frames import read_frame_bytes
+from protocol.ipc import PING, PingResponse, decode_payload, encode_frame, request_envelope
 
 DEFAULT_SOCKET = "/var/run/sie/ipc.sock"
 

@@ -7,7 +7,7 @@ from aiohttp import web
 from gateway.http_common import (
     gateway_of,
 )
-from protocol import http
+from iokit import http
 
 
 async def handle_config_models(request: web.Request) -> web.Response:

@@ -1,14 +1,14 @@
 """The gateway's OpenAPI document (``/openapi.json``) and docs page (``/docs``): its operations,
-each with the model its handler parses (``protocol/openapi.py`` builds the document)."""
+each with the model its handler parses (``iokit/openapi.py`` builds the document)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from protocol import openapi
+from iokit import openapi
+from iokit.openapi import JSON, YAML, Op, Param
 from protocol.api import BatchBody, FileUpload, PoolBody
 from protocol.config_delta import EpochInfo
-from protocol.openapi import JSON, YAML, Op, Param
 
 TITLE = "sie-cluster gateway"
 DESCRIPTION = (

@@ -14,7 +14,8 @@ from gateway.http_common import (
     success_headers,
 )
 from gateway.routes.inference import run_score
-from protocol import http, rerank
+from iokit import http
+from protocol import rerank
 from protocol.api import ScoreParams
 from protocol.codec import unpackb
 from protocol.errors import SIEError

@@ -15,7 +15,7 @@ from aiohttp import web
 from gateway.core import Gateway
 from gateway.http_common import gateway_of
 from gateway.workers import WorkerRecord
-from protocol import http
+from iokit import http
 
 
 def _in_state(w: WorkerRecord, model_id: str, state: str) -> bool:

@@ -13,8 +13,8 @@ from gateway.core import Gateway
 from gateway.http_common import (
     gateway_of,
 )
+from iokit.http import READY_PID_HEADER, index_body, stream_status
 from protocol import SERVER_VERSION, openai
-from protocol.http import READY_PID_HEADER, index_body, stream_status
 from protocol.weights import best as best_weights
 
 #: the open ``/ws/cluster-status`` sockets (closed at shutdown)

@@ -19,7 +19,7 @@ import time
 import urllib.request
 from urllib.parse import urlsplit
 
-from protocol import eventloop
+from iokit import eventloop
 from protocol.codec import packb, unpackb
 
 _END = b"\r\n\r\n"

@@ -310,7 +310,7 @@ def test_every_env_var_is_one_the_code_reads(variant):
                     f"{name}: {workload['metadata']['name']}/{c['name']} sets {env}, which no code reads"
                 )
             else:
-                assert env in NON_SIE | environ_reads("protocol"), (
+                assert env in NON_SIE | environ_reads("protocol") | environ_reads("iokit"), (
                     f"{name}: {c['name']} sets unexpected {env}"
                 )
     assert seen == set(CONTAINER_ENV)

@@ -1,5 +1,6 @@
-"""The house rule of the layout: process packages import protocol, never each other; protocol
-imports none of them."""
+"""The house rule of the layout: process packages import protocol and iokit, never each other;
+protocol (the pure wire contract) imports none of them and does no I/O; iokit (the shared I/O)
+imports protocol only."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def imported_packages(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("package", [*PROCESSES, "protocol"])
+@pytest.mark.parametrize("package", [*PROCESSES, "protocol", "iokit"])
 def test_packages_import_only_protocol(package):
     forbidden = set(PROCESSES) - {package}
     offenders = {
@@ -32,6 +33,27 @@ def test_packages_import_only_protocol(package):
         if imported_packages(path) & forbidden
     }
     assert not offenders, f"{package} imports another process package: {offenders}"
+
+
+@pytest.mark.parametrize("package", ["protocol", "iokit"])
+def test_the_shared_packages_stay_below_the_processes(package):
+    below = {"protocol"} if package == "iokit" else set()
+    reached = {
+        str(path.relative_to(ROOT)): sorted(imported_packages(path) & ({*PROCESSES, "iokit"} - below))
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+    assert not {k: v for k, v in reached.items() if v}
+
+
+def test_protocol_does_no_io():
+    """protocol/ is the wire contract: no HTTP server or client, no NATS, no sockets."""
+    io = {"aiohttp", "nats", "socket", "uvloop", "requests", "httpx"}
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(imported_packages(path) & io)
+        for path in sorted((ROOT / "protocol").rglob("*.py"))
+        if imported_packages(path) & io
+    }
+    assert not offenders, offenders
 
 
 def _project_ancestors(cls: type, packages: tuple[str, ...]) -> list[str]:

@@ -205,10 +205,10 @@ def test_the_readme_lists_every_request_limit_with_its_default():
 
 def test_the_readme_says_items_over_a_queue_message_go_through_the_payload_store():
     """An item over the NATS server's max_payload travels through the payload store (issue 34,
-    protocol/payloads.py): no limit of its own; nats-server's default is 1 MiB, the chart's 8MB."""
+    iokit/payloads.py): no limit of its own; nats-server's default is 1 MiB, the chart's 8MB."""
     import re
 
-    from protocol.payloads import BUCKET
+    from protocol.streams import PAYLOADS_BUCKET as BUCKET
 
     rows = [ln for ln in _outside_the_settings_table(README.read_text()) if ln.startswith("|")]
     (row,) = [ln for ln in rows if "max_payload" in ln and "work-queue message" in ln]

@@ -25,7 +25,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
-from protocol import eventloop, ipc, tracing
+from iokit import eventloop, frames
+from protocol import ipc, tracing
 from protocol.errors import ErrorCode, SIEError
 from protocol.logs import setup_logging
 from protocol.priority import INTERACTIVE, PRIORITIES
@@ -323,7 +324,7 @@ class IpcServer:
         try:
             while True:
                 try:
-                    payload = await ipc.read_frame_bytes(reader, max_bytes=self.max_frame_bytes)
+                    payload = await frames.read_frame_bytes(reader, max_bytes=self.max_frame_bytes)
                 except ipc.FrameTooLarge as exc:
                     # The body was not read: the stream cannot be resynchronised. Say why, then close.
                     log.warning("closing IPC connection: %s", exc)

@@ -13,21 +13,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from protocol import SERVER_VERSION, openapi, rerank, tracing
-from protocol.api import (
-    EncodeParams,
-    EncodeRequest,
-    ExtractRequest,
-    Item,
-    ScoreParams,
-    ScoreRequest,
-    TokenizeRequest,
-    parse_request,
-    truncation_totals,
-    usage,
-)
-from protocol.errors import SIEError, invalid_input
-from protocol.http import (
+from iokit import openapi
+from iokit.http import (
     base_headers,
     close_status_sockets,
     decode_body,
@@ -44,6 +31,20 @@ from protocol.http import (
     timing_headers,
     unexpected_error,
 )
+from protocol import SERVER_VERSION, rerank, tracing
+from protocol.api import (
+    EncodeParams,
+    EncodeRequest,
+    ExtractRequest,
+    Item,
+    ScoreParams,
+    ScoreRequest,
+    TokenizeRequest,
+    parse_request,
+    truncation_totals,
+    usage,
+)
+from protocol.errors import SIEError, invalid_input
 from protocol.logs import bind
 from protocol.openai import (
     dense_dimension,

@@ -5,15 +5,15 @@ comma-separated), a request needs ``Authorization: Bearer <key>``. Missing or wr
 UNAUTHORIZED. The probes (``/healthz``, ``/livez``, ``/readyz``) stay open for the orchestrator,
 and so do ``/openapi.json`` and ``/docs``, as on the gateway. ``/``, ``/health``, ``/metrics`` and
 ``/ws/status`` need the key too unless SIE_AUTH_EXEMPT_OPERATIONAL is true (the gateway's rule,
-protocol.http.open_without_token).
-The comparison is constant-time (protocol.http.token_matches); the keys are never logged.
+iokit.http.open_without_token).
+The comparison is constant-time (iokit.http.token_matches); the keys are never logged.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from protocol import http
+from iokit import http
 from protocol.errors import ErrorCode, SIEError
 
 PROBES = frozenset({"/healthz", "/livez", "/readyz"})

@@ -1,12 +1,12 @@
 """``sie serve``'s OpenAPI document (``/openapi.json``) and docs page (``/docs``): its operations,
-each with the model its handler parses (``protocol/openapi.py`` builds the document)."""
+each with the model its handler parses (``iokit/openapi.py`` builds the document)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from protocol import openapi
-from protocol.openapi import Op
+from iokit import openapi
+from iokit.openapi import Op
 
 TITLE = "sie serve"
 DESCRIPTION = (

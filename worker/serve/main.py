@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from protocol import eventloop, tracing
+from iokit import eventloop
+from protocol import tracing
 from protocol.logs import setup_logging
 from worker.processes import resolve_processes, start_siblings
 from worker.runtime import Runtime

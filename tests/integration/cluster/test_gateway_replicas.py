@@ -8,7 +8,7 @@ from __future__ import annotations
 import urllib.request
 
 from deploy.launcher import Cluster
-from protocol.http import READY_PID_HEADER
+from iokit.http import READY_PID_HEADER
 from tests.support.nats_server import free_port
 
 

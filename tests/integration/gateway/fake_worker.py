@@ -16,9 +16,9 @@ import numpy as np
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, StreamConfig
 
+from iokit.payloads import HEADER as PAYLOAD_HEADER
 from protocol.codec import packb
-from protocol.payloads import BUCKET as PAYLOAD_BUCKET
-from protocol.payloads import HEADER as PAYLOAD_HEADER
+from protocol.streams import PAYLOADS_BUCKET as PAYLOAD_BUCKET
 from protocol.streams import lane_consumer_config, stream_config
 from protocol.subjects import HEALTH_SOLICIT, INTERACTIVE, health_subject, lane_durable, pool_stream_name
 from protocol.work import Heartbeat, RoutingHeader, WorkItem, WorkResult, pack_results, work_items_of

@@ -1,4 +1,4 @@
-"""Reading key-value buckets (gateway/kv.py) and object stores (protocol/payloads.py) against a
+"""Reading key-value buckets (gateway/kv.py) and object stores (iokit/payloads.py) against a
 real nats-server: what a listing and a mirror return, and that no read leaves consumers behind on
 the server (nats-py's own ``KeyValue.keys`` left one per call for minutes: about 45 a minute from a
 gateway's loops)."""
@@ -15,8 +15,8 @@ from nats.js.api import KeyValueConfig
 
 import gateway.kv
 from gateway.kv import LISTING_IDLE_S, KeyValueMirror, bucket_keys
-from protocol.payloads import BUCKET as PAYLOADS
-from protocol.payloads import READER_IDLE_S, PayloadStore
+from iokit.payloads import READER_IDLE_S, PayloadStore
+from protocol.streams import PAYLOADS_BUCKET as PAYLOADS
 from tests.support.polling import wait_until
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from config_service.app import EXPORT, PUBLIC, READ, WRITE, Auth, check_auth
+from iokit.http import bearer_token
 from protocol.config_delta import (
     MAX_CONFIG_DELTA_BYTES,
     ConfigDelta,
@@ -14,7 +15,6 @@ from protocol.config_delta import (
     decode_config_delta,
     encode_config_delta,
 )
-from protocol.http import bearer_token
 
 
 def test_delta_round_trip_uses_wire_names():

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from iokit.http import decode_body, loads_json
 from protocol.codec import MAX_DEPTH, CodecError, check_plain, packb
 from protocol.errors import SIEError
-from protocol.http import decode_body, loads_json
 
 
 def nested(depth: int) -> str:

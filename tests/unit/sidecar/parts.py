@@ -98,7 +98,7 @@ class GatedWorker:
 
 
 class StoredPayloads:
-    """The payload store as the scheduler reads it: named objects (protocol.payloads)."""
+    """The payload store as the scheduler reads it: named objects (iokit.payloads)."""
 
     def __init__(self, objects: dict[str, bytes] | None = None) -> None:
         self.objects = dict(objects or {})

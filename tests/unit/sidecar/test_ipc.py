@@ -12,6 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from iokit import frames
 from protocol import ipc
 from protocol.catalog import Catalog
 from protocol.codec import packb, unpackb
@@ -82,18 +83,18 @@ async def _reader_of(data: bytes) -> asyncio.StreamReader:
 
 
 async def test_read_frame_clean_eof_empty_and_truncated():
-    assert await ipc.read_frame_bytes(await _reader_of(b"")) is None
-    assert await ipc.read_frame_bytes(await _reader_of(struct.pack(">I", 0))) == b""
+    assert await frames.read_frame_bytes(await _reader_of(b"")) is None
+    assert await frames.read_frame_bytes(await _reader_of(struct.pack(">I", 0))) == b""
     with pytest.raises(ipc.FrameError):
-        await ipc.read_frame_bytes(await _reader_of(b"\x00\x00"))
+        await frames.read_frame_bytes(await _reader_of(b"\x00\x00"))
     with pytest.raises(ipc.FrameError):
-        await ipc.read_frame_bytes(await _reader_of(struct.pack(">I", 10) + b"abc"))
+        await frames.read_frame_bytes(await _reader_of(struct.pack(">I", 10) + b"abc"))
 
 
 async def test_oversize_frame_is_refused_without_reading_the_body():
     reader = await _reader_of(struct.pack(">I", ipc.MAX_FRAME_BYTES + 1) + b"x")
     with pytest.raises(ipc.FrameTooLarge):
-        await ipc.read_frame_bytes(reader)
+        await frames.read_frame_bytes(reader)
     with pytest.raises(ipc.FrameTooLarge):
         ipc.encode_frame({"blob": b"x" * 100}, max_bytes=50)
 
@@ -132,7 +133,7 @@ async def _raw_exchange(path: str, data: bytes) -> list[dict]:
     out = []
     try:
         while True:
-            payload = await asyncio.wait_for(ipc.read_frame_bytes(reader), 10)
+            payload = await asyncio.wait_for(frames.read_frame_bytes(reader), 10)
             if payload is None:
                 break
             out.append(unpackb(payload))

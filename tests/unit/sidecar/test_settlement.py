@@ -15,9 +15,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, StreamConfig
 
+from iokit.payloads import PayloadStore
 from protocol import ipc
 from protocol.errors import ErrorCode
-from protocol.payloads import PayloadStore
 from protocol.streams import dlq_stream_config, stream_config
 from protocol.subjects import DLQ_REASON_HEADER, DLQ_STREAM, results_subject, work_subject
 from protocol.work import RoutingHeader, WorkItem, WorkResult, pack_items, unpack_items, unpack_results

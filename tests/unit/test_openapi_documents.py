@@ -8,7 +8,7 @@ from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
 from config_service import docs as config_docs
 from gateway.routes import docs as gateway_docs
-from protocol import openapi
+from iokit import openapi
 from protocol.api import EncodeRequest, PoolBody, ScoreRequest
 from protocol.config_delta import ResolveBody
 from protocol.model_config import ModelConfig

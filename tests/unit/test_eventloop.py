@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from protocol import eventloop
+from iokit import eventloop
 
 
 @pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])

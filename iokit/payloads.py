@@ -22,9 +22,10 @@ from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType, StreamConsumerLimits
 from nats.js.object_store import ObjectStore
 
+from protocol.streams import PAYLOADS_BUCKET
+
 log = logging.getLogger(__name__)
 
-BUCKET = "SIE_PAYLOADS"
 HEADER = "Sie-Payload"  # a work message whose body is the object of this name
 READER_IDLE_S = 5.0  # the server drops an object read's consumer this long after the read
 
@@ -71,7 +72,7 @@ class PayloadStore:
             async with self._lock:
                 if self._store is None:
                     try:
-                        self._store = await self.js.object_store(BUCKET)
+                        self._store = await self.js.object_store(PAYLOADS_BUCKET)
                     except nats.js.errors.NotFoundError:
                         config = ObjectStoreConfig(
                             ttl=self.max_age_s,
@@ -80,9 +81,9 @@ class PayloadStore:
                             description="work items and results over the max payload",
                         )
                         with contextlib.suppress(nats.js.errors.BadRequestError):  # made by another process
-                            await self.js.create_object_store(BUCKET, config)
-                        self._store = await self.js.object_store(BUCKET)
-                    await drop_idle_readers(self.js, BUCKET)
+                            await self.js.create_object_store(PAYLOADS_BUCKET, config)
+                        self._store = await self.js.object_store(PAYLOADS_BUCKET)
+                    await drop_idle_readers(self.js, PAYLOADS_BUCKET)
         return self._store
 
     async def put(self, name: str, data: bytes) -> None:

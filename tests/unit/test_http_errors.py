@@ -1,4 +1,4 @@
-"""HTTP plumbing every front door shares (protocol/http.py): error mapping, timing headers, bearer tokens."""
+"""HTTP plumbing every front door shares (iokit/http.py): error mapping, timing headers, bearer tokens."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 import pytest
 from aiohttp import web
 
+from iokit.http import error_for_http_exception, error_response, unexpected_error
 from protocol.errors import ErrorCode
-from protocol.http import error_for_http_exception, error_response, unexpected_error
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_an_unexpected_exception_says_only_its_type():
 
 
 def test_timing_headers_leave_out_what_took_no_time_or_was_not_counted():
-    from protocol.http import timing_headers
+    from iokit.http import timing_headers
 
     assert timing_headers(queue_ms=1.234, tokenization_ms=0.0, inference_ms=5.0) == {
         "X-Queue-Time": "1.23",
@@ -57,7 +57,7 @@ def test_timing_headers_leave_out_what_took_no_time_or_was_not_counted():
 
 
 def test_bearer_tokens_and_matching():
-    from protocol.http import bearer_token, token_matches
+    from iokit.http import bearer_token, token_matches
 
     assert bearer_token(None) is None and bearer_token("  ") is None
     assert bearer_token("BEARER t1") == "t1"
@@ -70,7 +70,7 @@ def test_request_ids_are_uuid7_text_and_time_ordered():
     import time
     import uuid
 
-    from protocol.http import new_request_id
+    from iokit.http import new_request_id
 
     ids = []
     for _ in range(50):
@@ -87,7 +87,7 @@ def test_request_ids_are_uuid7_text_and_time_ordered():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_hands_out_ids_of_its_own():
-    from protocol.http import new_request_id
+    from iokit.http import new_request_id
 
     new_request_id()  # the parent holds random bytes read ahead
     read, write = os.pipe()
