@@ -11,6 +11,10 @@ so a host that speeds up or slows down from minute to minute weighs on both alik
 2-vCPU host two separate runs of the same code differ by 10-15%, which hides a change of a few
 percent that this shows. An A/A run (``--base .``) shows the harness's own spread. Rates of 1 s
 slices are lower than those of long runs (each slice opens its connections and ramps up).
+
+Each round also prints, per checkout, the milliseconds of CPU per request of each kind of process
+(``gateway``, ``nats``, ``sidecar``, ``worker``, from ``/proc``) and ``path``: gateway + nats +
+sidecar, what the cluster spends beyond the worker (the issue-57 ``path_cpu``).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import urllib.request
 from pathlib import Path
 
 from tests.benchmarks.load import run_load
+from tests.benchmarks.path_cpu import sched_of
 from tests.benchmarks.run import OFF, sentences
 from tests.support.nats_server import free_port
+from tests.support.processes import descendants
 
 HERE = Path(__file__).resolve().parents[2]
 
@@ -38,6 +44,34 @@ def _ready(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+ROLES = {"nats-server": "nats", "gateway": "gateway", "sidecar": "sidecar", "worker.ipc": "worker"}
+PATH_ROLES = ("gateway", "nats", "sidecar")
+
+
+def role_of(pid: int) -> str | None:
+    """What a child of ``sie up`` is, from its command line (None: config service, the launcher)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    words = [a.decode(errors="replace") for a in argv]
+    if words and words[0].endswith("nats-server"):
+        return "nats"
+    if "-m" in words[:-1]:
+        return ROLES.get(words[words.index("-m") + 1])
+    return None
+
+
+def cpu_by_role(root: int) -> dict[str, float]:
+    """CPU seconds so far of the processes under ``root`` (a ``sie up``), summed per role."""
+    out: dict[str, float] = dict.fromkeys([*PATH_ROLES, "worker"], 0.0)
+    for pid in descendants(root):
+        role = role_of(pid)
+        if role is not None:
+            out[role] += sched_of(pid, tree=False).cpu_s
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     def load(url: str, seconds: float) -> float:
         return run_load(url, texts, args.per, args.clients, seconds, model=args.model, extra_headers=OFF)[0]
 
+    def measured(name: str, seconds: float) -> tuple[float, dict[str, float], float]:
+        """A slice on ``name``'s cluster: items/s, CPU seconds per role, and its requests."""
+        before, t0 = cpu_by_role(procs[name].pid), time.perf_counter()
+        rate = load(urls[name], seconds)
+        elapsed, after = time.perf_counter() - t0, cpu_by_role(procs[name].pid)
+        return rate, {r: after[r] - before[r] for r in after}, rate * elapsed / args.per
+
     with tempfile.TemporaryDirectory(prefix="sie-bench-checkouts-") as tmp:
         try:
             for name, root in roots.items():
@@ -90,20 +131,37 @@ def main(argv: list[str] | None = None) -> int:
                 f"clients, {args.rounds} rounds x {args.slices} slices of {args.slice_s:g} s each (requests/s)",
                 flush=True,
             )
-            ratios = []
+            ratios, path_ratios = [], []
             for rnd in range(args.rounds):
                 rates: dict[str, list[float]] = {"base": [], "this": []}
+                cpu = {name: dict.fromkeys([*PATH_ROLES, "worker"], 0.0) for name in roots}
+                requests = dict.fromkeys(roots, 0.0)
                 order = ["base", "this"] if rnd % 2 == 0 else ["this", "base"]
                 for _ in range(args.slices):
                     for name in order:
-                        rates[name].append(load(urls[name], args.slice_s))
+                        rate, used, done = measured(name, args.slice_s)
+                        rates[name].append(rate)
+                        requests[name] += done
+                        for role, seconds in used.items():
+                            cpu[name][role] += seconds
                     order.reverse()
                 b, t = statistics.mean(rates["base"]), statistics.mean(rates["this"])
                 ratios.append(t / b)
+                per = {
+                    name: {r: s * 1000 / max(requests[name], 1.0) for r, s in cpu[name].items()}
+                    for name in roots
+                }
+                path = {name: sum(per[name][r] for r in PATH_ROLES) for name in roots}
+                path_ratios.append(path["this"] / path["base"])
                 print(f"round {rnd + 1}: base {b:8.1f}  this {t:8.1f}  this/base {t / b:.3f}", flush=True)
+                for name in roots:
+                    roles = "  ".join(f"{r} {per[name][r]:5.2f}" for r in (*PATH_ROLES, "worker"))
+                    print(f"    {name:4} ms CPU/request: {roles}  path {path[name]:5.2f}", flush=True)
+                print(f"    path this/base {path['this'] / path['base']:.3f}", flush=True)
             print(
                 f"this/base: mean {statistics.mean(ratios):.3f}, lowest {min(ratios):.3f}, "
-                f"highest {max(ratios):.3f}"
+                f"highest {max(ratios):.3f}; path CPU per request this/base: mean "
+                f"{statistics.mean(path_ratios):.3f}, lowest {min(path_ratios):.3f}, highest {max(path_ratios):.3f}"
             )
         finally:
             for p in procs.values():
