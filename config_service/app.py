@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from config_service import docs as api_docs
 from config_service.forward import RETRY_AFTER_S, WriteForwarder
-from config_service.registry import ConfigError
+from config_service.rules import ConfigError
 from config_service.service import ConfigService
 from config_service.settings import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from iokit import openapi
@@ -171,8 +171,8 @@ async def readyz(request: web.Request) -> web.Response:
         body["epoch"] = await service.epoch()
     except ConfigError as exc:
         return web.json_response({**body, "ready": False, "reason": exc.message}, status=503)
-    if service.registry_error is not None:
-        return web.json_response({**body, "ready": False, "reason": service.registry_error}, status=503)
+    if service.catalog_error is not None:
+        return web.json_response({**body, "ready": False, "reason": service.catalog_error}, status=503)
     return web.json_response({**body, "ready": True})
 
 
@@ -251,7 +251,7 @@ async def list_bundles(request: web.Request) -> web.Response:
 @_kind(READ)
 async def get_bundle(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
-    service.require_registry()
+    service.require_catalog()
     bundle_id = request.match_info["bundle_id"]
     bundle = service.bundles.get(bundle_id)
     if bundle is None:

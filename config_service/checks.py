@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from config_service.registry import ConfigError
+from config_service.rules import ConfigError
 from protocol.adapter_options import loadtime_problems
 from protocol.catalog import Resolved
 from protocol.errors import SIEError

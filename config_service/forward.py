@@ -15,7 +15,7 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from config_service.registry import ConfigError
+from config_service.rules import ConfigError
 from config_service.service import ConfigService
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,9 @@ class WriteForwarder:
         """The writer's answer to ``request`` (sent again there with ``body``), or 503 not_writer."""
         writer = await self.service.writer_address()
         if writer is None or writer[0].rstrip("/") == self.advertise_url:
-            # With nobody to forward to, a broken registry here is the cause to report: the
+            # With nobody to forward to, a broken catalog here is the cause to report: the
             # lock may be taken in a moment, but the write would still fail on this replica.
-            self.service.require_registry()
+            self.service.require_catalog()
             raise not_writer("no replica holds the config writer lock right now")
         url, router_id = writer
         headers = {k: request.headers[k] for k in PASSED_HEADERS if k in request.headers}

@@ -16,7 +16,7 @@ from config_service.forward import WriteForwarder
 from config_service.lock import make_writer_lock
 from config_service.metrics import ConfigMetrics
 from config_service.publisher import DeltaPublisher
-from config_service.registry import CatalogLoadError, load_baseline_models, load_bundles
+from config_service.rules import CatalogLoadError, load_baseline_models, load_bundles
 from config_service.service import ConfigService
 from config_service.settings import ConfigServiceSettings
 from config_service.store import Store, make_engine, migrate
@@ -36,14 +36,14 @@ async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = No
         "config store %s at schema revision %s", engine.url.render_as_string(hide_password=True), revision
     )
 
-    registry_error = None
+    catalog_error = None
     bundles, baseline = {}, {}
     try:
         bundles = load_bundles(settings.bundles_dir)
         baseline = load_baseline_models(settings.models_dir)
     except CatalogLoadError as exc:
-        registry_error = str(exc)
-        log.error("model registry unavailable: %s", exc)
+        catalog_error = str(exc)
+        log.error("model catalog unavailable: %s", exc)
 
     metrics = ConfigMetrics()
     lock = make_writer_lock(engine, poll_s=settings.config_lock_poll_s, holder=router_id)
@@ -63,7 +63,7 @@ async def serve(settings: ConfigServiceSettings, stop: asyncio.Event | None = No
         baseline=baseline,
         router_id=router_id,
         metrics=metrics,
-        registry_error=registry_error,
+        catalog_error=catalog_error,
         threshold_routing_enabled=settings.threshold_routing_enabled,
         idempotency_ttl_s=settings.config_idempotency_ttl_s,
     )

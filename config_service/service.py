@@ -15,7 +15,7 @@ from config_service.checks import check_adapter_options, check_weights_path
 from config_service.lock import NotWriter, WriterLock
 from config_service.metrics import ConfigMetrics
 from config_service.publisher import DeltaPublisher
-from config_service.registry import (
+from config_service.rules import (
     ConfigError,
     ConfigState,
     ModelEntry,
@@ -46,7 +46,7 @@ class ConfigService:
         baseline: dict[str, ModelEntry],
         router_id: str,
         metrics: ConfigMetrics | None = None,
-        registry_error: str | None = None,
+        catalog_error: str | None = None,
         threshold_routing_enabled: bool = False,
         idempotency_ttl_s: float = 86400.0,
     ) -> None:
@@ -57,7 +57,7 @@ class ConfigService:
         self.baseline = baseline
         self.router_id = router_id
         self.metrics = metrics or ConfigMetrics()
-        self.registry_error = registry_error
+        self.catalog_error = catalog_error
         self.threshold_routing_enabled = threshold_routing_enabled
         self.idempotency_ttl_s = idempotency_ttl_s
         self._write_lock = asyncio.Lock()
@@ -68,10 +68,10 @@ class ConfigService:
         self.metrics.writer.set(1 if lock.held else 0)
 
     # ---- reads -------------------------------------------------------------------------
-    def require_registry(self) -> None:
-        if self.registry_error is not None:
+    def require_catalog(self) -> None:
+        if self.catalog_error is not None:
             raise ConfigError(
-                503, "registry_unavailable", f"model registry failed to initialise: {self.registry_error}"
+                503, "registry_unavailable", f"model registry failed to initialise: {self.catalog_error}"
             )
 
     async def _run(self, fn: Any, *args: Any) -> Any:
@@ -86,7 +86,7 @@ class ConfigService:
 
     async def state(self) -> ConfigState:
         """The state at the store's current epoch (reloaded only when the epoch moved)."""
-        self.require_registry()
+        self.require_catalog()
         epoch = await self.epoch()
         if self._state is not None and self._state.epoch == epoch:
             return self._state
@@ -119,11 +119,11 @@ class ConfigService:
 
     async def export(self) -> dict[str, Any]:
         """A consistent snapshot: epoch and models come from one store transaction."""
-        self.require_registry()
+        self.require_catalog()
         return (await self._load_state()).export()
 
     async def epoch_info(self) -> dict[str, Any]:
-        if self.registry_error is not None:  # keeps answering without a registry
+        if self.catalog_error is not None:  # keeps answering without a catalog
             return {"epoch": await self.epoch(), "bundles_hash": "", "bundle_config_hashes_hash": ""}
         return (await self.state()).epoch_info()
 
@@ -139,7 +139,7 @@ class ConfigService:
     # ---- write path --------------------------------------------------------------------
     async def check_writable(self) -> None:
         """Step 1 of a write (after auth): registry, writer lock, NATS reachable."""
-        self.require_registry()
+        self.require_catalog()
         if not self.lock.held:
             raise ConfigError(
                 503,

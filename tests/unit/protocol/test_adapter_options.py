@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from config_service.checks import check_adapter_options
-from config_service.registry import ConfigError
+from config_service.rules import ConfigError
 from protocol.adapter_options import LOADTIME, loadtime_problems
 from protocol.catalog import Catalog
 from protocol.errors import ErrorCode

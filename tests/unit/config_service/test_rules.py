@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from config_service.registry import (
+from config_service.rules import (
     UNKNOWN_FIELD_MESSAGE,
     ConfigError,
     ConfigState,

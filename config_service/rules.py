@@ -1,4 +1,4 @@
-"""Pure config logic: bundles, the effective model set, validation and append-only merging.
+"""The config rules (pure): bundles, the effective model set, validation and append-only merging.
 
 Nothing here does I/O except the directory loaders; the service feeds a ConfigState built from
 a store snapshot and gets back a WritePlan (what a write would change) or a ConfigError.
