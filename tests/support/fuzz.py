@@ -42,6 +42,18 @@ OUTCOMES: Counter[str] = Counter()  # status (and error code) of every fuzzed re
 NO_HANG_S = 20.0  # generous: a request that takes longer than this counts as a hang
 
 
+async def answer_to_a_short_body(host: str, port: int, head: str, body_start: str) -> bytes:
+    """Send a request whose body stops short of its ``Content-Length: 1000`` (``head``: the request
+    line and headers but that one) and return the head of the server's answer."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(f"{head}Content-Length: 1000\r\n\r\n{body_start}".encode())
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)  # generous: "no hang"
+    finally:
+        writer.close()
+
+
 class LoopThread:
     """An asyncio loop on a daemon thread; ``run`` executes a coroutine there and waits for it."""
 

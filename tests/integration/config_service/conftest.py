@@ -8,19 +8,19 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 
 from config_service.main import serve
 from config_service.settings import ConfigServiceSettings
+from tests.support import postgres
 from tests.support.nats_server import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -42,39 +42,24 @@ adapters:
   - worker.adapters.dense
   - worker.adapters.cross_encoder
 """
-BASELINE_MODEL = """\
-sie_id: baseline/minilm
-hf_id: sentence-transformers/all-MiniLM-L6-v2
+
+
+def dense_model(sie_id: str, hf_id: str | None = None, max_batch_tokens: int = 4096) -> str:
+    """A model config (YAML text) of one dense-encoding profile, named ``sie_id``."""
+    return f"""\
+sie_id: {sie_id}
+hf_id: {hf_id or sie_id}
 tasks:
   encode:
-    dense: {dim: 384}
+    dense: {{dim: 384}}
 profiles:
   default:
     adapter_path: worker.adapters.dense:DenseAdapter
-    max_batch_tokens: 8192
+    max_batch_tokens: {max_batch_tokens}
 """
 
 
-def _pg_admin_conn():
-    import psycopg
-
-    last = None
-    for user in ("postgres", "root"):
-        try:
-            return psycopg.connect(
-                host="127.0.0.1", port=5432, user=user, dbname="test", connect_timeout=2, autocommit=True
-            ), user
-        except Exception as exc:  # noqa: PERF203
-            last = exc
-    raise RuntimeError(f"PostgreSQL at 127.0.0.1:5432 is not usable: {last}")
-
-
-def _pg_answers() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=0.5):
-            return True
-    except OSError:
-        return False
+BASELINE_MODEL = dense_model("baseline/minilm", "sentence-transformers/all-MiniLM-L6-v2", 8192)
 
 
 @pytest.fixture
@@ -94,17 +79,8 @@ def db_url(request, tmp_path: Path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'state' / 'config.db'}"
         return
-    if not _pg_answers():
-        pytest.skip("PostgreSQL does not answer on 127.0.0.1:5432")
-    conn, user = _pg_admin_conn()
-    name = f"sie_cfg_{uuid.uuid4().hex[:12]}"
-    conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql://{user}@127.0.0.1:5432/{name}"
-    finally:
-        with contextlib.suppress(Exception):
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.close()
+    with postgres.databases("sie_cfg") as (url,):
+        yield url
 
 
 def make_settings(
@@ -190,6 +166,27 @@ async def instances():
     for inst in started:
         with contextlib.suppress(Exception):
             await inst.close()
+
+
+@pytest.fixture
+def service(nats_server, db_url, catalog_dirs, instances):
+    """``await service(**settings)``: a config service started on this test's database, nats-server
+    and catalog (``settings`` beyond make_settings' own), closed at teardown."""
+
+    async def start(**extra) -> Instance:
+        return await instances(make_settings(db_url, nats_server.url, catalog_dirs, **extra)).start()
+
+    return start
+
+
+@pytest.fixture
+async def nc(nats_server):
+    """A NATS client connection to this test's nats-server."""
+    conn = await nats.connect(nats_server.url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
 
 
 @dataclass

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from tests.integration.config_service.conftest import ADMIN, make_settings
+from tests.integration.config_service.conftest import ADMIN
+from tests.support.fuzz import answer_to_a_short_body
 
 DEEP_FLOW = "sie_id: " + "[" * 1000 + "]" * 1000 + "\n"
 DEEP_BLOCK = "sie_id: acme/x\nx:\n" + "".join("  " * i + "- \n" for i in range(1, 400))
@@ -21,8 +20,8 @@ SURROGATE = 'sie_id: "acme/\\ud800"\nprofiles: {}\n'
     ids=["yaml-deep-flow", "yaml-deep-block", "json-deep", "huge-int", "surrogate"],
 )
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-async def test_hostile_model_bodies_are_parse_errors(nats_server, db_url, catalog_dirs, instances, body):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+async def test_hostile_model_bodies_are_parse_errors(service, body):
+    inst = await service()
     async with inst.client() as c:
         r = await c.post("/v1/configs/models", content=body)
         assert r.status_code == 400, r.text[:500]
@@ -35,18 +34,8 @@ async def test_hostile_model_bodies_are_parse_errors(nats_server, db_url, catalo
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-async def test_a_body_shorter_than_its_content_length_times_out(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(
-        make_settings(db_url, nats_server.url, catalog_dirs, config_body_timeout_s=1.0)
-    ).start()
-    reader, writer = await asyncio.open_connection("127.0.0.1", inst.settings.config_port)
-    try:
-        writer.write(
-            f"POST /v1/configs/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
-            "Content-Length: 1000\r\n\r\nsie_id: acme/x\n".encode()
-        )
-        await writer.drain()
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)  # generous: "no hang"
-        assert head.split(b" ")[1] == b"408", head
-    finally:
-        writer.close()
+async def test_a_body_shorter_than_its_content_length_times_out(service):
+    inst = await service(config_body_timeout_s=1.0)
+    head = f"POST /v1/configs/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
+    answer = await answer_to_a_short_body("127.0.0.1", inst.settings.config_port, head, "sie_id: acme/x\n")
+    assert answer.split(b" ")[1] == b"408", answer

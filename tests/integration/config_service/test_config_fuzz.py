@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from config_service.app import Auth, create_app
-from tests.integration.config_service.conftest import ADMIN, INFER, READ, Instance, make_settings
+from tests.integration.config_service.conftest import ADMIN, INFER, READ, Instance, dense_model, make_settings
 from tests.support.fuzz import (
     FUZZ_SETTINGS,
     HEADER_TEXT,
@@ -47,17 +47,7 @@ CONFIG_FIELDS = {
     "model": st.one_of(st.sampled_from(MODELS), texts, json_values),
     "bundle": st.one_of(st.sampled_from(["default", "rerank"]), json_values),
 }
-VALID = """\
-sie_id: acme/after-fuzz
-hf_id: acme/after-fuzz
-tasks:
-  encode:
-    dense: {dim: 384}
-profiles:
-  default:
-    adapter_path: worker.adapters.dense:DenseAdapter
-    max_batch_tokens: 4096
-"""
+VALID = dense_model("acme/after-fuzz")
 
 
 @pytest.fixture

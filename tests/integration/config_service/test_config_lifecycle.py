@@ -3,12 +3,10 @@ a real database (SQLite, and PostgreSQL when 127.0.0.1:5432 answers)."""
 
 from __future__ import annotations
 
-import nats
-
 from protocol.config_delta import decode_config_delta
 from protocol.model_config import parse_model_yaml
 from protocol.subjects import CONFIG_ALL, config_subject
-from tests.integration.config_service.conftest import READ, make_settings
+from tests.integration.config_service.conftest import READ, dense_model
 from tests.integration.config_service.test_config_service import NEW_MODEL, collect
 from tests.support.polling import wait_until
 
@@ -32,61 +30,45 @@ profiles:
     adapter_path: worker.adapters.cross_encoder:CrossEncoderAdapter
     max_batch_tokens: 4096
 """
-OVERRIDE_BASELINE = """\
-sie_id: baseline/minilm
-hf_id: sentence-transformers/all-MiniLM-L6-v2
-tasks:
-  encode:
-    dense: {dim: 384}
-profiles:
-  default:
-    adapter_path: worker.adapters.dense:DenseAdapter
-    max_batch_tokens: 2048
-"""
+OVERRIDE_BASELINE = dense_model("baseline/minilm", "sentence-transformers/all-MiniLM-L6-v2", 2048)
 
 
 async def _epoch(c) -> int:
     return (await c.get("/v1/configs/epoch")).json()["epoch"]
 
 
-async def test_put_replaces_with_a_new_epoch_and_a_delta_and_same_content_is_a_no_op(
-    nats_server, db_url, catalog_dirs, instances
-):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
-    nc = await nats.connect(nats_server.url)
-    try:
-        per_bundle, _ = await collect(nc, config_subject("default"))
-        await nc.flush()
-        async with inst.client() as c:
-            assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
-            e1 = await _epoch(c)
-            # the same content, spelled differently: nothing changes
-            r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=NEW_MODEL_RESPELLED)
-            assert r.status_code == 200, r.text
-            assert r.json()["unchanged"] is True and r.json()["replaced"] is False
-            assert await _epoch(c) == e1
+async def test_put_replaces_with_a_new_epoch_and_a_delta_and_same_content_is_a_no_op(service, nc):
+    inst = await service()
+    per_bundle, _ = await collect(nc, config_subject("default"))
+    await nc.flush()
+    async with inst.client() as c:
+        assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
+        e1 = await _epoch(c)
+        # the same content, spelled differently: nothing changes
+        r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=NEW_MODEL_RESPELLED)
+        assert r.status_code == 200, r.text
+        assert r.json()["unchanged"] is True and r.json()["replaced"] is False
+        assert await _epoch(c) == e1
 
-            r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=REPLACED)
-            assert r.status_code == 200, r.text
-            body = r.json()
-            assert body["replaced"] is True and body["unchanged"] is False and body["created"] is False
-            assert body["epoch"] == e1 + 1 == await _epoch(c)
-            assert body["affected_bundles"] == ["default", "rerank"]
-            stored = parse_model_yaml((await c.get(f"/v1/configs/models/{MODEL_ID}")).text)
-            assert stored.profiles["default"].max_batch_tokens == 1024
-            # a replay of the replace changes nothing more
-            r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=REPLACED)
-            assert r.json()["unchanged"] is True and await _epoch(c) == e1 + 1
-        await wait_until(lambda: len(per_bundle) == 2, what="two deltas on the default bundle")
-        delta = decode_config_delta(per_bundle[1].data)
-        assert delta.epoch == e1 + 1 and not delta.deleted
-        assert parse_model_yaml(delta.model_config_yaml).profiles["default"].max_batch_tokens == 1024
-    finally:
-        await nc.close()
+        r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=REPLACED)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["replaced"] is True and body["unchanged"] is False and body["created"] is False
+        assert body["epoch"] == e1 + 1 == await _epoch(c)
+        assert body["affected_bundles"] == ["default", "rerank"]
+        stored = parse_model_yaml((await c.get(f"/v1/configs/models/{MODEL_ID}")).text)
+        assert stored.profiles["default"].max_batch_tokens == 1024
+        # a replay of the replace changes nothing more
+        r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=REPLACED)
+        assert r.json()["unchanged"] is True and await _epoch(c) == e1 + 1
+    await wait_until(lambda: len(per_bundle) == 2, what="two deltas on the default bundle")
+    delta = decode_config_delta(per_bundle[1].data)
+    assert delta.epoch == e1 + 1 and not delta.deleted
+    assert parse_model_yaml(delta.model_config_yaml).profiles["default"].max_batch_tokens == 1024
 
 
-async def test_put_refusals(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+async def test_put_refusals(service):
+    inst = await service()
     async with inst.client() as c:
         assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
         e1 = await _epoch(c)
@@ -112,62 +94,50 @@ async def test_put_refusals(nats_server, db_url, catalog_dirs, instances):
         assert (await c.delete(f"/v1/configs/models/{MODEL_ID}")).status_code == 401
 
 
-async def test_put_that_moves_a_model_off_a_bundle_tombstones_it_there(
-    nats_server, db_url, catalog_dirs, instances
-):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
-    nc = await nats.connect(nats_server.url)
-    try:
-        default, _ = await collect(nc, config_subject("default"))
-        rerank, _ = await collect(nc, config_subject("rerank"))
-        await nc.flush()
-        async with inst.client() as c:
-            assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
-            r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=MOVED_TO_RERANK)
-            assert r.status_code == 200 and r.json()["affected_bundles"] == ["rerank"]
-            export = (await c.get("/v1/configs/export")).json()
-        await wait_until(lambda: len(default) == 2 and len(rerank) == 2, what="deltas")
-        gone = decode_config_delta(default[1].data)
-        assert gone.is_tombstone and gone.model_id == MODEL_ID and not gone.model_config_yaml
-        assert gone.bundle_config_hash == export["bundle_config_hashes"]["default"]
-        moved = decode_config_delta(rerank[1].data)
-        assert not moved.deleted and "cross_encoder" in moved.model_config_yaml
-    finally:
-        await nc.close()
+async def test_put_that_moves_a_model_off_a_bundle_tombstones_it_there(service, nc):
+    inst = await service()
+    default, _ = await collect(nc, config_subject("default"))
+    rerank, _ = await collect(nc, config_subject("rerank"))
+    await nc.flush()
+    async with inst.client() as c:
+        assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
+        r = await c.put(f"/v1/configs/models/{MODEL_ID}", content=MOVED_TO_RERANK)
+        assert r.status_code == 200 and r.json()["affected_bundles"] == ["rerank"]
+        export = (await c.get("/v1/configs/export")).json()
+    await wait_until(lambda: len(default) == 2 and len(rerank) == 2, what="deltas")
+    gone = decode_config_delta(default[1].data)
+    assert gone.is_tombstone and gone.model_id == MODEL_ID and not gone.model_config_yaml
+    assert gone.bundle_config_hash == export["bundle_config_hashes"]["default"]
+    moved = decode_config_delta(rerank[1].data)
+    assert not moved.deleted and "cross_encoder" in moved.model_config_yaml
 
 
-async def test_delete_tombstones_persists_and_is_idempotent(nats_server, db_url, catalog_dirs, instances):
-    settings = make_settings(db_url, nats_server.url, catalog_dirs)
-    inst = await instances(settings).start()
-    nc = await nats.connect(nats_server.url)
-    try:
-        all_msgs, _ = await collect(nc, CONFIG_ALL)
-        await nc.flush()
-        async with inst.client() as c:
-            assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
-            e1 = await _epoch(c)
-            r = await c.delete(f"/v1/configs/models/{MODEL_ID}")
-            assert r.status_code == 200, r.text
-            body = r.json()
-            assert body["deleted"] is True and body["unchanged"] is False and body["fallback"] is None
-            assert body["epoch"] == e1 + 1 and body["affected_bundles"] == ["default", "rerank"]
-            r = await c.get(f"/v1/configs/models/{MODEL_ID}")
-            assert r.status_code == 404 and r.json()["detail"]["error"] == "model_not_found"
-            # again: success, nothing changes
-            r = await c.delete(f"/v1/configs/models/{MODEL_ID}")
-            assert r.status_code == 200 and r.json()["deleted"] is False and r.json()["unchanged"] is True
-            assert await _epoch(c) == e1 + 1
-            r = await c.delete("/v1/configs/models/never/existed")
-            assert r.status_code == 200 and r.json()["deleted"] is False
-        await wait_until(lambda: len(all_msgs) == 4, what="2 adds + 2 tombstones on _all")
-        tombstones = [decode_config_delta(m.data) for m in all_msgs[2:]]
-        assert {t.bundle_id for t in tombstones} == {"default", "rerank"}
-        assert all(t.is_tombstone and t.epoch == e1 + 1 and t.model_id == MODEL_ID for t in tombstones)
-    finally:
-        await nc.close()
+async def test_delete_tombstones_persists_and_is_idempotent(service, nc):
+    inst = await service()
+    all_msgs, _ = await collect(nc, CONFIG_ALL)
+    await nc.flush()
+    async with inst.client() as c:
+        assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
+        e1 = await _epoch(c)
+        r = await c.delete(f"/v1/configs/models/{MODEL_ID}")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["deleted"] is True and body["unchanged"] is False and body["fallback"] is None
+        assert body["epoch"] == e1 + 1 and body["affected_bundles"] == ["default", "rerank"]
+        r = await c.get(f"/v1/configs/models/{MODEL_ID}")
+        assert r.status_code == 404 and r.json()["detail"]["error"] == "model_not_found"
+        # again: success, nothing changes
+        r = await c.delete(f"/v1/configs/models/{MODEL_ID}")
+        assert r.status_code == 200 and r.json()["deleted"] is False and r.json()["unchanged"] is True
+        assert await _epoch(c) == e1 + 1
+        r = await c.delete("/v1/configs/models/never/existed")
+        assert r.status_code == 200 and r.json()["deleted"] is False
+    await wait_until(lambda: len(all_msgs) == 4, what="2 adds + 2 tombstones on _all")
+    tombstones = [decode_config_delta(m.data) for m in all_msgs[2:]]
+    assert {t.bundle_id for t in tombstones} == {"default", "rerank"}
+    assert all(t.is_tombstone and t.epoch == e1 + 1 and t.model_id == MODEL_ID for t in tombstones)
     await inst.close()
-    inst2 = await instances(settings).start()
-    async with inst2.client() as c:
+    async with (await inst.start()).client() as c:  # the same settings: a restart
         assert await _epoch(c) == e1 + 1
         export = (await c.get("/v1/configs/export")).json()
         assert MODEL_ID not in {m["model_id"] for m in export["models"]}
@@ -176,58 +146,50 @@ async def test_delete_tombstones_persists_and_is_idempotent(nats_server, db_url,
         assert r.status_code == 201 and r.json()["epoch"] == e1 + 2
 
 
-async def test_delete_of_an_override_brings_the_filesystem_config_back(
-    nats_server, db_url, catalog_dirs, instances
-):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
-    nc = await nats.connect(nats_server.url)
-    try:
-        default, _ = await collect(nc, config_subject("default"))
-        await nc.flush()
-        async with inst.client() as c:
-            r = await c.put("/v1/configs/models/baseline/minilm", content=OVERRIDE_BASELINE)
-            assert r.status_code == 200 and r.json()["replaced"] is True
-            models = {m["model_id"]: m for m in (await c.get("/v1/configs/models")).json()["models"]}
-            assert models["baseline/minilm"]["source"] == "api"
-            r = await c.delete("/v1/configs/models/baseline/minilm")
-            assert r.json()["deleted"] is True and r.json()["fallback"] == "filesystem"
-            stored = parse_model_yaml((await c.get("/v1/configs/models/baseline/minilm")).text)
-            assert stored.profiles["default"].max_batch_tokens == 8192
-            # a PUT of exactly the image's config changes nothing either
-            r = await c.put(
-                "/v1/configs/models/baseline/minilm", content=OVERRIDE_BASELINE.replace("2048", "8192")
-            )
-            assert r.json()["unchanged"] is True
-            models = {m["model_id"]: m for m in (await c.get("/v1/configs/models")).json()["models"]}
-            assert models["baseline/minilm"]["source"] == "filesystem"
-            # rollout status lives on the gateway; the config service says where
-            r = await c.get("/v1/configs/models/baseline/minilm/status")
-            assert r.status_code == 404 and "served by the gateway" in r.json()["detail"]["message"]
-            # the image's config cannot be deleted through the API: success, nothing changes
-            e = await _epoch(c)
-            r = await c.delete("/v1/configs/models/baseline/minilm")
-            assert r.json() | {"epoch": 0} == {
-                "model_id": "baseline/minilm",
-                "deleted": False,
-                "unchanged": True,
-                "fallback": "filesystem",
-                "affected_bundles": [],
-                "epoch": 0,
-                "distribution": "epoch_export",
-            }
-            assert await _epoch(c) == e
-        await wait_until(lambda: len(default) == 2, what="replace + restore deltas")
-        restore = decode_config_delta(default[1].data)
-        assert not restore.deleted
-        assert parse_model_yaml(restore.model_config_yaml).profiles["default"].max_batch_tokens == 8192
-    finally:
-        await nc.close()
+async def test_delete_of_an_override_brings_the_filesystem_config_back(service, nc):
+    inst = await service()
+    default, _ = await collect(nc, config_subject("default"))
+    await nc.flush()
+    async with inst.client() as c:
+        r = await c.put("/v1/configs/models/baseline/minilm", content=OVERRIDE_BASELINE)
+        assert r.status_code == 200 and r.json()["replaced"] is True
+        models = {m["model_id"]: m for m in (await c.get("/v1/configs/models")).json()["models"]}
+        assert models["baseline/minilm"]["source"] == "api"
+        r = await c.delete("/v1/configs/models/baseline/minilm")
+        assert r.json()["deleted"] is True and r.json()["fallback"] == "filesystem"
+        stored = parse_model_yaml((await c.get("/v1/configs/models/baseline/minilm")).text)
+        assert stored.profiles["default"].max_batch_tokens == 8192
+        # a PUT of exactly the image's config changes nothing either
+        r = await c.put(
+            "/v1/configs/models/baseline/minilm", content=OVERRIDE_BASELINE.replace("2048", "8192")
+        )
+        assert r.json()["unchanged"] is True
+        models = {m["model_id"]: m for m in (await c.get("/v1/configs/models")).json()["models"]}
+        assert models["baseline/minilm"]["source"] == "filesystem"
+        # rollout status lives on the gateway; the config service says where
+        r = await c.get("/v1/configs/models/baseline/minilm/status")
+        assert r.status_code == 404 and "served by the gateway" in r.json()["detail"]["message"]
+        # the image's config cannot be deleted through the API: success, nothing changes
+        e = await _epoch(c)
+        r = await c.delete("/v1/configs/models/baseline/minilm")
+        assert r.json() | {"epoch": 0} == {
+            "model_id": "baseline/minilm",
+            "deleted": False,
+            "unchanged": True,
+            "fallback": "filesystem",
+            "affected_bundles": [],
+            "epoch": 0,
+            "distribution": "epoch_export",
+        }
+        assert await _epoch(c) == e
+    await wait_until(lambda: len(default) == 2, what="replace + restore deltas")
+    restore = decode_config_delta(default[1].data)
+    assert not restore.deleted
+    assert parse_model_yaml(restore.model_config_yaml).profiles["default"].max_batch_tokens == 8192
 
 
-async def test_write_time_checks_weights_path_and_runtime_options(
-    nats_server, db_url, catalog_dirs, instances, tmp_path
-):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+async def test_write_time_checks_weights_path_and_runtime_options(service, tmp_path):
+    inst = await service()
     local_only = NEW_MODEL.replace("hf_id: acme/dense-small", f"weights_path: {tmp_path / 'nowhere'}")
     async with inst.client() as c:
         e0 = await _epoch(c)
@@ -287,10 +249,8 @@ async def test_write_time_checks_weights_path_and_runtime_options(
         assert (await c.post("/v1/configs/models", content=good)).status_code == 201
 
 
-async def test_put_idempotency_key_and_body_limit(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(
-        make_settings(db_url, nats_server.url, catalog_dirs, config_max_body_bytes=4096)
-    ).start()
+async def test_put_idempotency_key_and_body_limit(service):
+    inst = await service(config_max_body_bytes=4096)
     async with inst.client() as c:
         assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
         path = f"/v1/configs/models/{MODEL_ID}"

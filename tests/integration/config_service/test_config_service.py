@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import time
-import uuid
 
 import httpx
 import nats
@@ -24,22 +22,14 @@ from tests.integration.config_service.conftest import (
     ADMIN,
     INFER,
     READ,
+    dense_model,
     make_settings,
     wait_ready,
 )
+from tests.support import postgres
 from tests.support.polling import wait_until
 
-NEW_MODEL = """\
-sie_id: acme/dense-small
-hf_id: acme/dense-small
-tasks:
-  encode:
-    dense: {dim: 384}
-profiles:
-  default:
-    adapter_path: worker.adapters.dense:DenseAdapter
-    max_batch_tokens: 4096
-"""
+NEW_MODEL = dense_model("acme/dense-small")
 
 CHANGED_DEFAULT = NEW_MODEL.replace("max_batch_tokens: 4096", "max_batch_tokens: 2048")
 
@@ -65,50 +55,46 @@ async def collect(nc, subject: str) -> tuple[list, object]:
     return got, sub
 
 
-async def test_post_publishes_delta_on_bundle_and_all_subjects(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
-    nc = await nats.connect(nats_server.url)
-    try:
-        per_bundle, _ = await collect(nc, config_subject("default"))
-        rerank, _ = await collect(nc, config_subject("rerank"))
-        all_msgs, _ = await collect(nc, CONFIG_ALL)
-        await nc.flush()
-        async with inst.client() as c:
-            epoch0 = (await c.get("/v1/configs/epoch")).json()["epoch"]
-            r = await c.post(
-                "/v1/configs/models", content=NEW_MODEL, headers={"Content-Type": "application/x-yaml"}
-            )
-            assert r.status_code == 201, r.text
-            body = r.json()
-            assert body["model_id"] == "acme/dense-small"
-            assert body["created_profiles"] == ["default"]
-            assert body["routable_bundles_by_profile"] == {"default": ["default", "rerank"]}
-            assert body["router_id"] == "sie-config-test"
-            assert body["warnings"] == []
-            export = (await c.get("/v1/configs/export")).json()
-        await wait_until(lambda: per_bundle and rerank and len(all_msgs) == 2, what="deltas")
-        delta = decode_config_delta(per_bundle[0].data)
-        assert delta.bundle_id == "default"
-        assert delta.router_id == "sie-config-test"
-        assert delta.epoch == epoch0 + 1 == export["epoch"]
-        assert delta.model_id == "acme/dense-small"
-        assert delta.profiles_added == ["default"]
-        assert delta.affected_bundles == ["default", "rerank"]
-        assert delta.pool == "default"
-        assert delta.bundle_config_hash == export["bundle_config_hashes"]["default"] != ""
-        assert delta.bundle_pool_config_hashes["default"]["default"] == delta.bundle_config_hash
-        assert delta.bundle_adapters["rerank"] == ["worker.adapters.dense", "worker.adapters.cross_encoder"]
-        assert parse_model_yaml(delta.model_config_yaml).profiles["default"].max_batch_tokens == 4096
-        assert decode_config_delta(rerank[0].data).bundle_id == "rerank"
-        # the same bytes go to _all, one message per affected bundle
-        assert sorted(m.data for m in all_msgs) == sorted([per_bundle[0].data, rerank[0].data])
-    finally:
-        await nc.close()
+async def test_post_publishes_delta_on_bundle_and_all_subjects(service, nc):
+    inst = await service()
+    per_bundle, _ = await collect(nc, config_subject("default"))
+    rerank, _ = await collect(nc, config_subject("rerank"))
+    all_msgs, _ = await collect(nc, CONFIG_ALL)
+    await nc.flush()
+    async with inst.client() as c:
+        epoch0 = (await c.get("/v1/configs/epoch")).json()["epoch"]
+        r = await c.post(
+            "/v1/configs/models", content=NEW_MODEL, headers={"Content-Type": "application/x-yaml"}
+        )
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert body["model_id"] == "acme/dense-small"
+        assert body["created_profiles"] == ["default"]
+        assert body["routable_bundles_by_profile"] == {"default": ["default", "rerank"]}
+        assert body["router_id"] == "sie-config-test"
+        assert body["warnings"] == []
+        export = (await c.get("/v1/configs/export")).json()
+    await wait_until(lambda: per_bundle and rerank and len(all_msgs) == 2, what="deltas")
+    delta = decode_config_delta(per_bundle[0].data)
+    assert delta.bundle_id == "default"
+    assert delta.router_id == "sie-config-test"
+    assert delta.epoch == epoch0 + 1 == export["epoch"]
+    assert delta.model_id == "acme/dense-small"
+    assert delta.profiles_added == ["default"]
+    assert delta.affected_bundles == ["default", "rerank"]
+    assert delta.pool == "default"
+    assert delta.bundle_config_hash == export["bundle_config_hashes"]["default"] != ""
+    assert delta.bundle_pool_config_hashes["default"]["default"] == delta.bundle_config_hash
+    assert delta.bundle_adapters["rerank"] == ["worker.adapters.dense", "worker.adapters.cross_encoder"]
+    assert parse_model_yaml(delta.model_config_yaml).profiles["default"].max_batch_tokens == 4096
+    assert decode_config_delta(rerank[0].data).bundle_id == "rerank"
+    # the same bytes go to _all, one message per affected bundle
+    assert sorted(m.data for m in all_msgs) == sorted([per_bundle[0].data, rerank[0].data])
 
 
-async def test_contract_check_29_round_trip(nats_server, db_url, catalog_dirs, instances):
+async def test_contract_check_29_round_trip(service):
     """Contract section 10, check 29, against the service (httpx, admin token)."""
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+    inst = await service()
     async with inst.client() as c:
         r = await c.post("/v1/configs/models", content=NEW_MODEL, headers={"Idempotency-Key": "k-1"})
         assert r.status_code == 201, r.text
@@ -157,8 +143,8 @@ async def test_contract_check_29_round_trip(nats_server, db_url, catalog_dirs, i
         assert models["baseline/minilm"]["source"] == "filesystem"
 
 
-async def test_append_profile_and_reads(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+async def test_append_profile_and_reads(service):
+    inst = await service()
     async with inst.client() as c:
         assert (await c.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
         e1 = (await c.get("/v1/configs/epoch")).json()["epoch"]
@@ -218,8 +204,8 @@ async def test_append_profile_and_reads(nats_server, db_url, catalog_dirs, insta
         assert minilm["model_config"]["hf_id"] == "sentence-transformers/all-MiniLM-L6-v2"
 
 
-async def test_bad_input_is_refused_with_clear_errors(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+async def test_bad_input_is_refused_with_clear_errors(service):
+    inst = await service()
     async with inst.client() as c:
         epoch = (await c.get("/v1/configs/epoch")).json()
 
@@ -282,8 +268,8 @@ async def test_bad_input_is_refused_with_clear_errors(nats_server, db_url, catal
         assert (await c.get("/v1/configs/epoch")).json()["epoch"] == epoch["epoch"] + 1
 
 
-async def test_auth_tokens(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+async def test_auth_tokens(service):
+    inst = await service()
     async with inst.client(token=None) as c:
         r = await c.get("/v1/configs/epoch")
         assert r.status_code == 401 and r.json() == {"detail": "Missing Authorization header"}
@@ -331,9 +317,8 @@ async def test_auth_tokens(nats_server, db_url, catalog_dirs, instances):
         assert "sie_config_writer 1.0" in metrics
 
 
-async def test_restart_keeps_models_and_epoch(nats_server, db_url, catalog_dirs, instances):
-    settings = make_settings(db_url, nats_server.url, catalog_dirs)
-    inst = await instances(settings).start()
+async def test_restart_keeps_models_and_epoch(service):
+    inst = await service()
     async with inst.client() as c:
         assert (
             await c.post("/v1/configs/models", content=NEW_MODEL, headers={"Idempotency-Key": "r-1"})
@@ -342,8 +327,7 @@ async def test_restart_keeps_models_and_epoch(nats_server, db_url, catalog_dirs,
         before = (await c.get("/v1/configs/epoch")).json()
         export_before = (await c.get("/v1/configs/export")).json()
     await inst.close()
-    inst2 = await instances(settings).start()
-    async with inst2.client() as c:
+    async with (await inst.start()).client() as c:  # the same settings: a restart
         assert (await c.get("/v1/configs/epoch")).json() == before
         export = (await c.get("/v1/configs/export")).json()
         assert export["epoch"] == before["epoch"] == 2
@@ -356,8 +340,8 @@ async def test_restart_keeps_models_and_epoch(nats_server, db_url, catalog_dirs,
         assert r.status_code == 422 and r.json()["detail"]["error"] == "idempotency_mismatch"
 
 
-async def test_nats_down_refuses_writes_and_persists_nothing(nats_server, db_url, catalog_dirs, instances):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+async def test_nats_down_refuses_writes_and_persists_nothing(service, nats_server):
+    inst = await service()
     async with inst.client() as c:
         before = (await c.get("/v1/configs/epoch")).json()
         nats_server.stop()
@@ -454,10 +438,8 @@ async def test_standby_takes_writes_when_the_writer_is_killed(nats_server, db_ur
         assert r.status_code == 200  # replay of what the dead writer stored
 
 
-async def test_concurrent_writes_with_one_idempotency_key_apply_once(
-    nats_server, db_url, catalog_dirs, instances
-):
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+async def test_concurrent_writes_with_one_idempotency_key_apply_once(service):
+    inst = await service()
     async with inst.client() as c:
         rs = await asyncio.gather(
             *[
@@ -474,14 +456,12 @@ async def test_concurrent_writes_with_one_idempotency_key_apply_once(
         assert (await c.get("/v1/configs/epoch")).json()["epoch"] == 2
 
 
-async def test_postgres_writer_that_loses_its_lock_connection_stops_then_reacquires(
-    nats_server, db_url, catalog_dirs, instances
-):
+async def test_postgres_writer_that_loses_its_lock_connection_stops_then_reacquires(service, db_url):
     if not db_url.startswith("postgresql"):
         pytest.skip("the advisory-lock connection exists only on PostgreSQL")
     import psycopg
 
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+    inst = await service()
     dbname = db_url.rsplit("/", 1)[1]
     user = db_url.split("//", 1)[1].split("@", 1)[0]
     with psycopg.connect(host="127.0.0.1", user=user, dbname="test", autocommit=True) as admin:
@@ -506,10 +486,10 @@ async def test_postgres_writer_that_loses_its_lock_connection_stops_then_reacqui
         assert (await c.get("/readyz")).json()["writer"] is True
 
 
-async def test_export_and_epoch_parse_with_the_protocol_models(nats_server, db_url, catalog_dirs, instances):
+async def test_export_and_epoch_parse_with_the_protocol_models(service):
     from protocol.config_delta import parse_epoch_info, parse_export
 
-    inst = await instances(make_settings(db_url, nats_server.url, catalog_dirs)).start()
+    inst = await service()
     async with inst.client(token=READ) as reader, inst.client() as admin:
         first = parse_epoch_info((await reader.get("/v1/configs/epoch")).content)
         assert (await admin.post("/v1/configs/models", content=NEW_MODEL)).status_code == 201
@@ -526,27 +506,17 @@ def test_writer_locks_of_two_databases_on_one_postgres_server_do_not_collide():
     """Advisory locks are the server's: the key is per database, so two clusters whose config
     databases share a PostgreSQL server each have their writer (and one database, one writer)."""
     from config_service.lock import PostgresLock
-    from tests.integration.config_service.conftest import _pg_admin_conn, _pg_answers
 
-    if not _pg_answers():
-        pytest.skip("PostgreSQL does not answer on 127.0.0.1:5432")
-    conn, user = _pg_admin_conn()
-    names = [f"sie_cfg_{uuid.uuid4().hex[:12]}" for _ in range(2)]
-    for name in names:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    locks: list[PostgresLock] = []
-    try:
-        first, second = (PostgresLock(f"postgresql+psycopg://{user}@127.0.0.1:5432/{n}") for n in names)
-        again = PostgresLock(f"postgresql+psycopg://{user}@127.0.0.1:5432/{names[0]}")
-        locks += [first, second, again]
-        assert first.key != second.key
-        assert first.try_acquire() and second.try_acquire()
-        assert first.check() and second.check()
-        assert not again.try_acquire()  # the same database: still one writer
-    finally:
-        for lock in locks:
-            lock.release()
-        for name in names:
-            with contextlib.suppress(Exception):
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.close()
+    with postgres.databases("sie_cfg", 2, scheme="postgresql+psycopg") as urls:
+        locks: list[PostgresLock] = []
+        try:
+            first, second = (PostgresLock(url) for url in urls)
+            again = PostgresLock(urls[0])
+            locks += [first, second, again]
+            assert first.key != second.key
+            assert first.try_acquire() and second.try_acquire()
+            assert first.check() and second.check()
+            assert not again.try_acquire()  # the same database: still one writer
+        finally:
+            for lock in locks:
+                lock.release()
