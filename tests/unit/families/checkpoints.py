@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from tests.support.model_yaml import TEXT, extends_default, model_yaml
+
 BACKBONE = (
     Path(__import__("importlib.util").util.find_spec("cognition").submodule_search_locations[0]) / "model"
 )
@@ -286,92 +288,41 @@ def build_stella(dest: Path, tokenizer_dir: Path, projection_out: int = 1024) ->
 
 def model_yamls(paths: dict[str, Path]) -> dict[str, str]:
     """Model YAML documents (file name → text) for the local checkpoints."""
+
+    def local(key: str, name: str, adapter: str, tasks: dict, max_len: int | None = 512, **more) -> str:
+        fields = {"max_sequence_length": max_len} if max_len else {}
+        return model_yaml(
+            f"local/{name}", f"worker.adapters.{adapter}", tasks,
+            weights_path=str(paths[key]), inputs=TEXT, **fields, **more,
+        )  # fmt: skip
+
+    def outputs(*types: str) -> dict:
+        return extends_default(runtime={"output_types": list(types)})
+
     docs = {}
     if "colbert" in paths:
-        docs["colbert.yaml"] = f"""
-sie_id: local/colbert
-weights_path: {paths["colbert"]}
-inputs: {{text: true}}
-tasks:
-  encode:
-    multivector: {{dim: 96}}
-  score: {{}}
-max_sequence_length: 512
-profiles:
-  default:
-    adapter_path: worker.adapters.colbert:ColBERTAdapter
-    max_batch_tokens: 16384
-  muvera:
-    extends: default
-    adapter_options:
-      runtime: {{muvera: {{}}, output_types: [dense]}}
-"""
+        docs["colbert.yaml"] = local(
+            "colbert", "colbert", "colbert:ColBERTAdapter", {"encode": {"multivector": {"dim": 96}}, "score": {}},
+            profiles={"muvera": extends_default(runtime={"muvera": {}, "output_types": ["dense"]})},
+        )  # fmt: skip
     if "cross_encoder" in paths:
-        docs["reranker.yaml"] = f"""
-sie_id: local/reranker
-weights_path: {paths["cross_encoder"]}
-inputs: {{text: true}}
-tasks:
-  score: {{}}
-max_sequence_length: 512
-profiles:
-  default:
-    adapter_path: worker.adapters.cross_encoder:CrossEncoderAdapter
-    max_batch_tokens: 16384
-"""
+        docs["reranker.yaml"] = local(
+            "cross_encoder", "reranker", "cross_encoder:CrossEncoderAdapter", {"score": {}}
+        )
     if "classifier" in paths:
-        docs["classifier.yaml"] = f"""
-sie_id: local/classifier
-weights_path: {paths["classifier"]}
-inputs: {{text: true}}
-tasks:
-  extract: {{}}
-max_sequence_length: 64
-profiles:
-  default:
-    adapter_path: worker.adapters.classifier:SequenceClassifierAdapter
-    max_batch_tokens: 16384
-"""
+        docs["classifier.yaml"] = local(
+            "classifier", "classifier", "classifier:SequenceClassifierAdapter", {"extract": {}}, 64
+        )
     if "bge_m3" in paths:
-        docs["bge-m3.yaml"] = f"""
-sie_id: local/bge-m3
-weights_path: {paths["bge_m3"]}
-inputs: {{text: true}}
-tasks:
-  encode:
-    dense: {{dim: 128}}
-    sparse: {{dim: 30522}}
-    multivector: {{dim: 128}}
-max_sequence_length: 512
-profiles:
-  default:
-    adapter_path: worker.adapters.bge_m3:BGEM3Adapter
-    max_batch_tokens: 16384
-  dense:
-    extends: default
-    adapter_options:
-      runtime: {{output_types: [dense]}}
-  sparse:
-    extends: default
-    adapter_options:
-      runtime: {{output_types: [sparse]}}
-  multivector:
-    extends: default
-    adapter_options:
-      runtime: {{output_types: [multivector]}}
-"""
+        tasks = {"encode": {"dense": {"dim": 128}, "sparse": {"dim": 30522}, "multivector": {"dim": 128}}}
+        docs["bge-m3.yaml"] = local(
+            "bge_m3", "bge-m3", "bge_m3:BGEM3Adapter", tasks,
+            profiles={kind: outputs(kind) for kind in ("dense", "sparse", "multivector")},
+        )  # fmt: skip
     if "gliner" in paths:
-        docs["gliner.yaml"] = f"""
-sie_id: local/gliner
-weights_path: {paths["gliner"]}
-inputs: {{text: true}}
-tasks:
-  extract: {{}}
-profiles:
-  default:
-    adapter_path: worker.adapters.gliner_ner:GLiNERAdapter
-    max_batch_tokens: 8192
-"""
+        docs["gliner.yaml"] = local(
+            "gliner", "gliner", "gliner_ner:GLiNERAdapter", {"extract": {}}, None, max_batch_tokens=8192
+        )
     return docs
 
 

@@ -9,9 +9,11 @@ import time
 import pytest
 
 from protocol.errors import ErrorCode, SIEError
+from protocol.model_config import ModelConfig
 from tests.support.typed import runtime_args
 from tests.unit.families import checkpoints as ck
 from worker import DEFAULT_BUNDLES_DIR
+from worker.adapters.base import LoadSpec
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +23,19 @@ def family_checkpoints(tmp_path_factory):
     paths = {name: ck.shared(tmp_path_factory, name) for name in ck.BUILDERS}
     paths["models_dir"] = ck.write_models_dir(tmp_path_factory.mktemp("family-models"), paths)
     return paths
+
+
+def loaded_adapter(cls, path, loadtime: dict | None = None, max_len: int | None = None):
+    """An adapter of class ``cls`` loaded from ``path`` on the CPU in float32: the ``default``
+    profile of a model ``t`` (``max_len``: its max_sequence_length, when it has one)."""
+    limit = {"max_sequence_length": max_len} if max_len is not None else {}
+    profile = {"adapter_path": f"{cls.__module__}:{cls.__name__}", "max_batch_tokens": 4096}
+    config = ModelConfig(sie_id="t", **limit, profiles={"default": profile})
+    spec = LoadSpec(config=config, profile_name="default", weights_dir=str(path), device="cpu",
+                    precision="float32", loadtime=loadtime or {})  # fmt: skip
+    a = cls(spec)
+    a.load()
+    return a
 
 
 class RuntimeThread:

@@ -19,12 +19,11 @@ import transformers
 import yaml
 
 from protocol.errors import ErrorCode, SIEError
-from protocol.model_config import ModelConfig
 from tests.support.colpali_models import DIM, build_colpali, build_colqwen2
 from tests.support.image_models import picture, png
 from tests.support.typed import inputs, runtime_args
-from tests.unit.families.conftest import runtime_serving
-from worker.adapters.base import LoadSpec, RequestContext
+from tests.unit.families.conftest import loaded_adapter, runtime_serving
+from worker.adapters.base import RequestContext
 from worker.adapters.colpali import FAMILIES, ColPaliAdapter
 
 REPO = Path(__file__).resolve().parents[3]
@@ -139,14 +138,7 @@ def test_a_padded_batch_equals_its_items_alone(served):
     right padding leaves each item's vectors as they are alone (left padding would shift
     PaliGemma's positions)."""
     _, _, path, _ = served
-    config = ModelConfig(sie_id="t", max_sequence_length=64, profiles={"default": {
-        "adapter_path": "worker.adapters.colpali:ColPaliAdapter", "max_batch_tokens": 4096}})  # fmt: skip
-    a = ColPaliAdapter(
-        LoadSpec(
-            config=config, profile_name="default", weights_dir=str(path), device="cpu", precision="float32"
-        )
-    )
-    a.load()
+    a = loaded_adapter(ColPaliAdapter, path, max_len=64)
     ctx = RequestContext(op="encode", output_types=("multivector",))
     units = a.prepare(
         ctx, inputs([{"text": QUERIES[0]}, {"text": QUERIES[1]}, *({"images": [png(i)]} for i in IMAGES)])

@@ -15,11 +15,10 @@ import torch
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, Qwen3Model
 
 from protocol.codec import packb, unpackb
-from protocol.model_config import ModelConfig
 from tests.support.serve import ServeProcess
 from tests.support.typed import inputs
-from tests.unit.families.conftest import runtime_serving
-from worker.adapters.base import InputTooLong, LoadSpec, RequestContext
+from tests.unit.families.conftest import loaded_adapter, runtime_serving
+from worker.adapters.base import InputTooLong, RequestContext
 from worker.adapters.dense import DenseAdapter
 from worker.adapters.llm_reranker import LLMRerankerAdapter
 
@@ -59,23 +58,7 @@ def checkpoints(tmp_path_factory):
 
 
 def adapter(cls, path: Path, loadtime=None, max_len=128):
-    config = ModelConfig(
-        sie_id="t",
-        max_sequence_length=max_len,
-        profiles={"default": {"adapter_path": f"{cls.__module__}:{cls.__name__}", "max_batch_tokens": 4096}},
-    )
-    a = cls(
-        LoadSpec(
-            config=config,
-            profile_name="default",
-            weights_dir=str(path),
-            device="cpu",
-            precision="float32",
-            loadtime=loadtime or {},
-        )
-    )
-    a.load()
-    return a
+    return loaded_adapter(cls, path, loadtime, max_len)
 
 
 def test_last_token_embedder_equals_transformers(checkpoints):

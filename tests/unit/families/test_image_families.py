@@ -20,13 +20,13 @@ from transformers import (
 )
 
 from protocol.codec import packb, unpackb
-from protocol.model_config import ModelConfig
 from sdk import SIEClient
 from sdk.media import sniff_format, to_wire_image
 from tests.support.image_models import picture, png, shared_image_checkpoints
 from tests.support.serve import ServeProcess
 from tests.support.typed import inputs
-from worker.adapters.base import LoadSpec, RequestContext
+from tests.unit.families.conftest import loaded_adapter
+from worker.adapters.base import RequestContext
 from worker.adapters.clip import CLIPAdapter
 
 
@@ -36,23 +36,7 @@ def checkpoints(tmp_path_factory):
 
 
 def adapter(path: Path, maxlen: int, loadtime: dict) -> CLIPAdapter:
-    config = ModelConfig(
-        sie_id="t",
-        max_sequence_length=maxlen,
-        profiles={"default": {"adapter_path": "worker.adapters.clip:CLIPAdapter", "max_batch_tokens": 4096}},
-    )
-    a = CLIPAdapter(
-        LoadSpec(
-            config=config,
-            profile_name="default",
-            weights_dir=str(path),
-            device="cpu",
-            precision="float32",
-            loadtime=loadtime,
-        )
-    )
-    a.load()
-    return a
+    return loaded_adapter(CLIPAdapter, path, loadtime, maxlen)
 
 
 def features(out) -> torch.Tensor:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from protocol.model_config import ModelConfig
 from tests.support.typed import inputs
 from tests.unit.families import checkpoints as ck
-from worker.adapters.base import LoadSpec, RequestContext
+from tests.unit.families.conftest import loaded_adapter
+from worker.adapters.base import RequestContext
 from worker.adapters.cross_encoder import CrossEncoderAdapter
 from worker.adapters.sparse import SpladeAdapter, splade_vectors
 
@@ -23,22 +23,7 @@ TEXTS = ["low rank adapters change the weights", "short", "a third text"]
 
 
 def adapter(cls, path: Path, packed: bool):
-    config = ModelConfig(
-        sie_id="t",
-        profiles={"default": {"adapter_path": f"{cls.__module__}:{cls.__name__}", "max_batch_tokens": 4096}},
-    )
-    a = cls(
-        LoadSpec(
-            config=config,
-            profile_name="default",
-            weights_dir=str(path),
-            device="cpu",
-            precision="float32",
-            loadtime={"packed": packed},
-        )
-    )
-    a.load()
-    return a
+    return loaded_adapter(cls, path, {"packed": packed})
 
 
 def save_lora(model_cls, path: Path, dest: Path) -> Path:

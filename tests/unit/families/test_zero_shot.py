@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, pipeline
 
-from protocol.model_config import ModelConfig
 from sdk import SIEClient
 from tests.support.serve import ServeProcess
 from tests.support.typed import inputs
 from tests.unit.families import checkpoints as ck
-from worker.adapters.base import LoadSpec, RequestContext
+from tests.unit.families.conftest import loaded_adapter
+from worker.adapters.base import RequestContext
 from worker.adapters.zero_shot import ZeroShotAdapter
 
 TEXTS = ["The team won the final match last night.", "Stocks fell sharply after the bank's report."]
@@ -35,13 +35,7 @@ def nli(tmp_path_factory):
 
 
 def adapter(path) -> ZeroShotAdapter:
-    config = ModelConfig(sie_id="t", max_sequence_length=128,
-                         profiles={"default": {"adapter_path": "worker.adapters.zero_shot:ZeroShotAdapter",
-                                               "max_batch_tokens": 4096}})  # fmt: skip
-    a = ZeroShotAdapter(LoadSpec(config=config, profile_name="default", weights_dir=str(path), device="cpu",
-                                 precision="float32", loadtime={}))  # fmt: skip
-    a.load()
-    return a
+    return loaded_adapter(ZeroShotAdapter, path, max_len=128)
 
 
 @pytest.mark.parametrize("multi", [False, True])
