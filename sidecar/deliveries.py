@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
+from protocol.batching import BatchLimits, BatchQueue
 from protocol.subjects import INTERACTIVE
 from protocol.work import RoutingHeader
-from sidecar.batcher import Batcher, BatchLimits
 
 
 @dataclass(eq=False)
@@ -128,10 +128,9 @@ class Held:
 @dataclass(eq=False)
 class ModelScheduler:
     spec: str
-    limits: BatchLimits
-    batchers: dict[tuple[str, str, str], Batcher[Delivery]] = field(
-        default_factory=dict
-    )  # (operation, group key, class)
+    limits: BatchLimits  # changed in place when EnsureModelReady tells the model's own
+    # its queued deliveries, by (operation, group key) and priority class, and the batching policy
+    queue: BatchQueue[Delivery] = field(init=False)
     ready: bool = False
     generation: int = -1  # IPC connection generation the readiness was learned on
     running: int = 0  # batches of this model on the worker now
@@ -143,7 +142,9 @@ class ModelScheduler:
     # tokens per unit of the character estimate, learned from what the worker counted: batches are
     # cut on tokens (the worker's unit) without the sidecar tokenising
     tokens_per_estimate: float = 1.0
-    last_interactive: float = float("-inf")  # arrival (the lane's clock) of the newest interactive item
+
+    def __post_init__(self) -> None:
+        self.queue = BatchQueue(self.limits)
 
     def cost_of(self, estimate: int) -> int:
         return max(1, round(estimate * self.tokens_per_estimate))
@@ -153,25 +154,27 @@ class ModelScheduler:
         if estimate > 0 and tokens > 0:
             self.tokens_per_estimate += 0.02 * (tokens / estimate - self.tokens_per_estimate)
 
-    def batcher(self, op: str, group: str, priority: str = INTERACTIVE) -> Batcher[Delivery]:
-        key = (op, group, priority)
-        b = self.batchers.get(key)
-        if b is None:
-            b = self.batchers[key] = Batcher(op, group, priority)
-        return b
+    def add(self, d: Delivery) -> None:
+        """Queue ``d`` (its ``cost`` set) for the policy to batch."""
+        self.queue.append(
+            d,
+            group=(d.route.operation, d.group),
+            cost=d.cost,
+            arrived=d.arrived,
+            priority=d.priority,
+            request_id=d.request_id,
+            request_items=d.request_items,
+        )
 
     def pending(self) -> list[Delivery]:
-        return [d for b in self.batchers.values() for d in b.pending]
+        return list(self.queue)
 
     def pending_count(self, priority: str | None = None) -> int:
         """Queued deliveries (of one priority class, or all)."""
-        return sum(len(b) for b in self.batchers.values() if priority is None or b.priority == priority)
+        return len(self.queue) if priority is None else self.queue.count(priority)
 
     def pending_cost(self) -> int:
-        return sum(b.pending_cost for b in self.batchers.values())
+        return self.queue.cost
 
     def take_all(self) -> list[Delivery]:
-        out: list[Delivery] = []
-        for b in self.batchers.values():
-            out.extend(b.remove(lambda _e: True))
-        return out
+        return self.queue.remove(lambda _e: True)

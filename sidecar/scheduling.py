@@ -1,8 +1,8 @@
 """Per-model scheduling: one task per model spec forms batches and runs them on the worker (RunBatch).
 
-:class:`Scheduler` takes deliveries from intake (:meth:`Scheduler.submit`), queues them per model in
-batchers keyed by (operation, group key, priority class), cuts batches by the rules of
-:mod:`sidecar.batcher` and runs them. It sees the worker through :class:`BatchRunner`, model
+:class:`Scheduler` takes deliveries from intake (:meth:`Scheduler.submit`), queues them per model
+by (operation, group key, priority class), cuts batches by the cluster's one batching policy
+(:mod:`protocol.batching`, which ``sie serve``'s BatchFormer runs too) and runs them. It sees the worker through :class:`BatchRunner`, model
 readiness through :class:`ModelReadiness` (EnsureModelReady before a model's first batch and after a
 worker restart), and settles through :class:`BatchSettler`; time comes from a
 :class:`protocol.clock.Clock`.
@@ -11,7 +11,6 @@ worker restart), and settles through :class:`BatchSettler`; time comes from a
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Container, Coroutine
@@ -23,11 +22,11 @@ import nats.js.errors
 from iokit.payloads import HEADER as PAYLOAD_HEADER
 from iokit.payloads import PayloadReader
 from protocol import ipc, tracing
+from protocol.batching import Load
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.subjects import BULK, INTERACTIVE
 from protocol.work import WorkResult
-from sidecar.batcher import Batcher, BatchLimits, next_due, oldest_ready
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
 from sidecar.metrics import SidecarMetrics
@@ -137,21 +136,17 @@ class Scheduler:
             2, self.settings.max_deliver // 2
         ):
             return False
-        if first.priority != BULK:
-            sched.last_interactive = first.arrived
-        batcher = sched.batcher(first.route.operation, first.group, first.priority)
         for d in deliveries:
             d.cost = sched.cost_of(d.estimate)
-            batcher.add(d)
+            sched.add(d)
         sched.wake.set()
         return True
 
     async def cancel(self, request_id: str) -> None:
         """ACK-drop what is queued of a cancelled request (a batch already cut drops it before RunBatch)."""
         for sched in self.schedulers.values():
-            for b in sched.batchers.values():
-                for d in b.remove(lambda e: e.route.request_id == request_id):
-                    await self.settlement.ack(d, drop=True)
+            for d in sched.queue.remove(lambda e: e.route.request_id == request_id):
+                await self.settlement.ack(d, drop=True)
 
     # ------------------------------------------------------------------ the lane's side
     def queue_depth(self) -> int:
@@ -188,16 +183,7 @@ class Scheduler:
     def _scheduler(self, spec: str) -> ModelScheduler:
         sched = self.schedulers.get(spec)
         if sched is None:
-            s = self.settings
-            sched = ModelScheduler(
-                spec=spec,
-                limits=BatchLimits(
-                    max_cost=s.batcher_max_batch_cost or s.batcher_default_batch_cost,
-                    max_requests=s.batcher_max_batch_requests,
-                    max_wait_s=s.batcher_max_batch_wait_ms / 1000.0,
-                    gather_s=s.batcher_gather_ms / 1000.0,
-                ),
-            )
+            sched = ModelScheduler(spec=spec, limits=self.settings.batch_limits())
             self.schedulers[spec] = sched
             sched.task = asyncio.create_task(self._run_scheduler(sched), name=f"sidecar-sched-{spec}")
         return sched
@@ -214,21 +200,14 @@ class Scheduler:
             await self._slots.acquire()
             handed_off = False
             try:
-                batcher = None
+                batch = None
                 while True:
                     now = self.clock.now()
-                    batchers = self._eligible(sched)
-                    # a worker with a forward free (no interactive batch on it) gets what is pending
-                    # at once (a request's items still arriving are waited for); a busy one lets
-                    # batches fill
-                    flush_now = self.stopping.is_set() or self._idle_forwards(sched) > 0
-                    batcher = oldest_ready(
-                        batchers, now, sched.limits, flush_now=flush_now,
-                        bulk_after_s=self.settings.bulk_max_wait_ms / 1000.0,
-                    )  # fmt: skip
-                    if batcher is not None:
+                    load = self._load(sched)
+                    batch = sched.queue.next_batch(now, load)
+                    if batch is not None:
                         break
-                    due = next_due(batchers, sched.limits, now, flush_now=flush_now)
+                    due = sched.queue.due_at(now, load)
                     if due is None and sched.pending_count() > 0:
                         # what is pending may not go to the worker yet (it holds as many batches
                         # as it takes): wait for one to finish
@@ -239,25 +218,14 @@ class Scheduler:
                         break
                     sched.wake.clear()
                     await self.clock.wait(sched.wake, max(0.0, due - now))
-                if batcher is None:
+                if batch is None:
                     continue
-                limits = sched.limits
-                if batcher.priority == BULK:  # small bulk batches: an interactive one waits for at most one
-                    limits = dataclasses.replace(
-                        limits, max_requests=min(limits.max_requests, self._bulk_cap(sched))
-                    )
-                else:  # with several forwards free, an equal share for each (ipc.forward_share)
-                    share = ipc.forward_share(len(batcher), self._idle_forwards(sched), limits.max_requests)
-                    limits = dataclasses.replace(limits, max_requests=share)
-                batch = batcher.take(limits)
-                if not batch:
-                    continue
-                for d in batch:
+                for d in batch.items:
                     d.in_flight = True
                 sched.running += 1
-                bulk = batcher.priority == BULK
+                bulk = batch.priority == BULK
                 sched.bulk_running += bulk
-                task = asyncio.create_task(self._run_batch(sched, batch, bulk))
+                task = asyncio.create_task(self._run_batch(sched, batch.items, bulk))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 handed_off = True
@@ -265,45 +233,26 @@ class Scheduler:
                 if not handed_off:
                     self._slots.release()
 
-    @staticmethod
-    def _idle_forwards(sched: ModelScheduler) -> int:
-        """The worker's concurrent forwards for this model that run no interactive batch now."""
-        return sched.concurrent_forwards - (sched.running - sched.bulk_running)
-
-    def _bulk_cap(self, sched: ModelScheduler) -> int:
-        """Items per bulk batch: the mixed size while interactive work of this model is arriving (the
-        next interactive item waits behind at most that), else the full bulk size."""
-        s = self.settings
-        mixed = self.clock.now() - sched.last_interactive <= s.bulk_mixed_window_s
-        return (
-            min(s.bulk_mixed_batch_requests, s.bulk_max_batch_requests)
-            if mixed
-            else s.bulk_max_batch_requests
-        )
-
-    def _eligible(self, sched: ModelScheduler) -> list[Batcher[Delivery]]:
-        """The batchers a batch may come from now: bulk ones only while fewer than
-        ``bulk_max_concurrent_batches`` bulk batches of the model are on the worker, so an interactive
-        batch never queues there behind more bulk work than that; interactive ones only while fewer
-        interactive batches than the worker's depth (its forwards in flight) are there, so what
-        arrives meanwhile waits here and joins the next batch, as it would in ``sie serve``, instead
-        of queueing on the worker as many small batches cut every ``batcher_max_batch_wait_ms``.
-        Beyond that depth, up to ``batcher_queued_full_batches`` more go only when full: they wait on
-        the worker for a forward, so it starts the next one the moment one ends instead of idling
-        while the answer comes here and the next batch goes there (on 2 cores, zero-cost items at
-        32 per request x 8 clients: 0.63x to 0.85x ``sie serve`` with two more)."""
-        s = self.settings
-        bulk_ok = sched.bulk_running < s.bulk_max_concurrent_batches
+    def _load(self, sched: ModelScheduler) -> Load:
+        """The worker's load for ``sched``'s model, as the batching policy weighs it. Interactive
+        batches count against the worker's depth (its forwards in flight), so what arrives
+        meanwhile waits here and joins the next batch, as it would in ``sie serve``, instead of
+        queueing on the worker as many small batches cut every ``batcher_max_batch_wait_ms``;
+        beyond it, ``batcher_queued_full_batches`` more go only when full, to wait on the worker
+        for a forward, so it starts the next the moment one ends instead of idling while the answer
+        comes here and the next batch goes there (on 2 cores, zero-cost items at 32 per request x 8
+        clients: 0.63x to 0.85x ``sie serve`` with two more). A forward running no interactive batch
+        gets what is pending at once (a request's items still arriving are waited for); a busy
+        worker lets batches fill."""
         interactive = sched.running - sched.bulk_running
-        below_depth = not sched.depth or interactive < sched.depth
-        room_to_queue = interactive < sched.depth + s.batcher_queued_full_batches
-
-        def eligible(b: Batcher[Delivery]) -> bool:
-            if b.priority == BULK:
-                return bulk_ok
-            return below_depth or (room_to_queue and b.full(sched.limits))
-
-        return [b for b in sched.batchers.values() if eligible(b)]
+        idle = sched.concurrent_forwards - interactive
+        return Load(
+            running=interactive,
+            bulk_running=sched.bulk_running,
+            depth=sched.depth,
+            idle_forwards=idle,
+            flush=self.stopping.is_set() or idle > 0,
+        )
 
     def _update_saturation(self) -> None:
         cap = max(1, self.settings.max_concurrent_batches)

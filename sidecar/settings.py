@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.batching import BatchLimits
 from protocol.nats_url import nats_servers
 from protocol.siblings import process_socket, process_worker_id
 from protocol.streams import (
@@ -169,6 +170,22 @@ class SidecarSettings(BaseSettings):
                 "worker_id": process_worker_id(self.worker_id, i),
                 "metrics_port": self.metrics_port + i if self.metrics_port else 0,
             }
+        )
+
+    def batch_limits(self) -> BatchLimits:
+        """The batching policy's limits for a model before EnsureModelReady tells its own (its
+        max_batch_tokens and batch budget, sidecar.readiness)."""
+        return BatchLimits(
+            max_requests=self.batcher_max_batch_requests,
+            max_cost=self.batcher_max_batch_cost or self.batcher_default_batch_cost,
+            max_wait_s=self.batcher_max_batch_wait_ms / 1000.0,
+            gather_s=self.batcher_gather_ms / 1000.0,
+            queued_full_batches=self.batcher_queued_full_batches,
+            bulk_max_requests=self.bulk_max_batch_requests,
+            bulk_mixed_requests=self.bulk_mixed_batch_requests,
+            bulk_mixed_window_s=self.bulk_mixed_window_s,
+            bulk_max_wait_s=self.bulk_max_wait_ms / 1000.0,
+            bulk_max_running=self.bulk_max_concurrent_batches,
         )
 
     @property

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.batching import BatchLimits
 from protocol.priority import priority_setting
 from worker import DEFAULT_BUNDLES_DIR, DEFAULT_MODELS_DIR
 
@@ -156,6 +157,22 @@ class WorkerSettings(BaseSettings):
     @classmethod
     def _priority(cls, value: str) -> str:
         return priority_setting(value, "SIE_SERVE_DEFAULT_PRIORITY")
+
+    def batch_limits(self, max_batch_tokens: int | None = None) -> BatchLimits:
+        """The batching policy's limits for one model of sie serve (``max_batch_tokens``: its
+        profile's, capping SIE_MAX_BATCH_COST); at most one bulk batch runs at a time."""
+        return BatchLimits(
+            max_requests=self.max_batch_requests,
+            max_cost=min(self.max_batch_cost, max_batch_tokens or self.max_batch_cost),
+            max_wait_s=self.max_batch_wait_ms / 1000.0,
+            coalesce_s=self.batch_coalesce_ms / 1000.0,
+            max_pad_share=self.max_padding_share,
+            bulk_max_requests=self.max_batch_requests,
+            bulk_mixed_requests=self.serve_bulk_mixed_batch_requests,
+            bulk_mixed_window_s=self.serve_bulk_mixed_window_s,
+            bulk_max_wait_s=self.serve_bulk_max_wait_ms / 1000.0,
+            bulk_max_running=1,
+        )
 
     def api_keys(self) -> list[str]:
         """The bearer keys sie serve accepts (SIE_API_KEY, comma-separated); empty: no auth."""

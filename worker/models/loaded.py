@@ -85,8 +85,9 @@ class LoadedModel:
         )
         if preempts:
             self.preemption.install(getattr(adapter, "model", None))
-        self.max_cost = min(s.max_batch_cost, resolved.profile.max_batch_tokens or s.max_batch_cost)
-        self.max_requests = s.max_batch_requests
+        limits = s.batch_limits(resolved.profile.max_batch_tokens)
+        self.max_cost = limits.max_cost
+        self.max_requests = limits.max_requests
         self.stats = BatchStats()
         self.last_used = next(_use_clock)
         self.last_used_at = time.monotonic()  # for the idle unload (SIE_MODEL_IDLE_TIMEOUT_S)
@@ -112,17 +113,10 @@ class LoadedModel:
         )
         self.former = BatchFormer(
             self.run,
-            max_cost=self.max_cost,
-            max_requests=self.max_requests,
-            max_wait_ms=s.max_batch_wait_ms,
-            coalesce_ms=s.batch_coalesce_ms,
-            max_pad_share=s.max_padding_share,
+            limits=limits,
             packs=adapter.runs_packed,
             in_flight=self.forwards_in_flight,
             forward_threads=self.forward_threads,
-            bulk_mixed_requests=s.serve_bulk_mixed_batch_requests,
-            bulk_mixed_window_s=s.serve_bulk_mixed_window_s,
-            bulk_max_wait_ms=s.serve_bulk_max_wait_ms,
             name=resolved.model_id,
         )
 

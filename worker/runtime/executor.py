@@ -11,11 +11,12 @@ from concurrent.futures import Executor as ThreadPool
 from typing import Any, TypeVar
 
 from protocol import tracing
+from protocol.batching import chunk_by_cost
 from protocol.errors import invalid_input
 from protocol.params import lora_refusal
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared, RequestContext
-from worker.batching.former import BatchInfo, chunk_by_cost, token_counts
+from worker.batching.former import BatchInfo, token_counts
 from worker.models.loaded import LoadedModel
 from worker.runtime.results import Timing
 

@@ -8,10 +8,10 @@ import asyncio
 from nats.aio.client import Client as NATS
 
 from protocol import ipc
+from protocol.batching import BatchLimits
 from protocol.errors import ErrorCode
 from protocol.subjects import BULK, INTERACTIVE
 from protocol.work import Heartbeat
-from sidecar.batcher import BatchLimits
 from sidecar.deliveries import Delivery, Held, Lease, ModelScheduler
 from sidecar.intake import Intake
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
@@ -60,7 +60,7 @@ def readiness(worker: ScriptedWorker, clock: ManualClock | None = None) -> tuple
 def sched_with(*deliveries: Delivery) -> ModelScheduler:
     s = ModelScheduler(spec=MODEL, limits=BatchLimits(max_cost=1, max_requests=1, max_wait_s=0.01))
     for d in deliveries:
-        s.batcher("encode", "").add(d)
+        s.add(d)
     return s
 
 

@@ -138,7 +138,7 @@ async def rig(nats_server, *, payloads: bool = False) -> AsyncIterator[Rig]:
 
 
 def sched() -> ModelScheduler:
-    from sidecar.batcher import BatchLimits
+    from protocol.batching import BatchLimits
 
     s = ModelScheduler(spec=MODEL, limits=BatchLimits(max_cost=100, max_requests=4, max_wait_s=0.01))
     s.ready = True

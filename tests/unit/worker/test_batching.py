@@ -5,9 +5,10 @@ import asyncio
 
 import pytest
 
+from protocol.batching import BatchLimits, chunk_by_cost
 from tests.support.clock import ManualClock
 from worker.adapters.base import Prepared, RequestContext
-from worker.batching.former import BatchFormer, BatchStats, chunk_by_cost
+from worker.batching.former import BatchFormer, BatchStats
 
 
 def units(*costs):
@@ -66,8 +67,33 @@ class Recorder:
         return [u.data * 2 for u in batch]
 
 
-def make(run, clock=None, **opts):
-    return BatchFormer(run, clock=clock or ManualClock(), **opts)
+def make(
+    run,
+    clock=None,
+    *,
+    max_cost,
+    max_requests,
+    max_wait_ms,
+    coalesce_ms,
+    max_pad_share=0.2,
+    bulk_mixed_requests=8,
+    bulk_mixed_window_s=2.0,
+    bulk_max_wait_ms=2000.0,
+    **opts,
+):
+    """A former whose limits are built as WorkerSettings.batch_limits builds them."""
+    limits = BatchLimits(
+        max_requests=max_requests,
+        max_cost=max_cost,
+        max_wait_s=max_wait_ms / 1000.0,
+        coalesce_s=coalesce_ms / 1000.0,
+        max_pad_share=max_pad_share,
+        bulk_max_requests=max_requests,
+        bulk_mixed_requests=bulk_mixed_requests,
+        bulk_mixed_window_s=bulk_mixed_window_s,
+        bulk_max_wait_s=bulk_max_wait_ms / 1000.0,
+    )
+    return BatchFormer(run, limits=limits, clock=clock or ManualClock(), **opts)
 
 
 async def test_a_packed_context_takes_mixed_lengths_in_one_batch():
