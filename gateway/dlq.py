@@ -12,26 +12,31 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Protocol
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from gateway.dispatch import Dispatcher
+from gateway.jobs import dead_items
 from gateway.metrics import GatewayMetrics
 from protocol.errors import ErrorCode
 from protocol.subjects import MAX_DELIVERIES_ADVISORY, dlq_subject, work_model_token
-from protocol.work import work_items_of
 
 log = logging.getLogger(__name__)
 
 
+class ItemFailer(Protocol):
+    def fail_item(self, request_id: str, item_index: int, code: str, message: str) -> bool: ...
+
+
 class DLQForwarder:
-    def __init__(self, nc: NATS, dispatcher: Dispatcher, metrics: GatewayMetrics) -> None:
+    def __init__(self, nc: NATS, router_id: str, inbox: ItemFailer, metrics: GatewayMetrics) -> None:
         self.nc = nc
         self.js = nc.jetstream()
-        self.dispatcher = dispatcher
+        self.router_id = router_id
+        self.inbox = inbox  # fails this gateway's own dead items at once
         self.metrics = metrics
         self._sub: Subscription | None = None
 
@@ -61,14 +66,13 @@ class DLQForwarder:
             stored = await self.js.get_msg(stream, seq)
             token = work_model_token(stored.subject or "")
             try:
-                for item in work_items_of(stored.data or b""):  # one item, or a chunk's
-                    if item.router_id == self.dispatcher.router_id:
-                        self.dispatcher.fail_item(
-                            item.request_id,
-                            item.item_index,
-                            ErrorCode.INFERENCE_ERROR,
-                            f"work item dead-lettered after {adv.get('deliveries')} deliveries",
-                        )
+                for request_id, item_index in dead_items(stored.data or b"", self.router_id):
+                    self.inbox.fail_item(
+                        request_id,
+                        item_index,
+                        ErrorCode.INFERENCE_ERROR,
+                        f"work item dead-lettered after {adv.get('deliveries')} deliveries",
+                    )
             except Exception:
                 log.debug("dead-lettered message is not a work item", exc_info=True)
         except Exception as exc:

@@ -9,7 +9,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway import responses
-from gateway.core import GATEWAY_KEY, Gateway, Provisioning
+from gateway.core import GATEWAY_KEY, Gateway
+from gateway.lanes import Provisioning
 from gateway.result_cache import CACHE_WORKER_ID
 from gateway.settings import GatewaySettings
 from iokit import http

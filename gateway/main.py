@@ -79,7 +79,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     await runner.setup()  # the gateway starts: it asks every sidecar for its heartbeat
     # listen once the live workers are known: replicas sharing a port (sie up --gateways N) get
     # connections as soon as they listen, and a gateway that knows no worker answers PROVISIONING
-    await app[GATEWAY_KEY].hear_workers(HEAR_WORKERS_S)
+    await app[GATEWAY_KEY].heartbeats.hear_workers(HEAR_WORKERS_S)
     site = web.TCPSite(
         runner, settings.gateway_host, settings.gateway_port, reuse_port=settings.gateway_reuse_port or None
     )
@@ -100,7 +100,9 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
     if scaler is not None:
         gw = app[GATEWAY_KEY]
         scaler_task = asyncio.create_task(
-            scaler.run(lambda: gw.demand.pending().keys(), gw.lane_served, scaler_settings.scaler_interval_s),
+            scaler.run(
+                lambda: gw.demand.pending().keys(), gw.lanes.lane_served, scaler_settings.scaler_interval_s
+            ),
             name="k8s-scaler",
         )
         log.info("k8s scale-from-zero on for %d StatefulSets", len(scaler.targets))

@@ -12,12 +12,13 @@ import nats.js.errors
 from aiohttp import web
 
 from gateway import auth
-from gateway.core import REQUEST_ID_KEY, Provisioning
+from gateway.executor import REQUEST_ID_KEY
 from gateway.http_common import (
     error_response,
     gateway_of,
     provisioning_response,
 )
+from gateway.lanes import Provisioning
 from gateway.metrics import labelled
 from iokit import http
 from protocol import SERVER_VERSION, rerank

@@ -14,8 +14,8 @@ from gateway.http_common import (
     respond,
     success_headers,
 )
+from gateway.jobs import Job
 from gateway.registry import Route
-from gateway.routing import Lane
 from protocol import params as request_params
 from protocol.api import (
     EncodeRequest,
@@ -26,7 +26,7 @@ from protocol.api import (
     parse_request,
 )
 from protocol.errors import invalid_input
-from protocol.work import WorkItem, WorkResult
+from protocol.work import WorkResult
 
 
 async def _itemised_request(
@@ -70,18 +70,12 @@ def _items_answer(
 async def handle_encode(request: web.Request) -> web.Response:
     gw, model, data, params, options, route = await _itemised_request(request, EncodeRequest)
     opts = request_params.encode_options(route.resolved, params)
-    output_types, output_dtype, instruction = list(opts.output_types), opts.output_dtype, opts.instruction
-    is_query = opts.is_query
-    raw_items = data["items"]
 
-    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return gw.work_items(
-            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="encode",
-            items=raw_items, output_types=output_types, output_dtype=output_dtype, instruction=instruction,
-            is_query=is_query, options=options,
-        )  # fmt: skip
-
-    rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build)
+    job = Job(
+        "encode", data["items"], options, output_types=list(opts.output_types), output_dtype=opts.output_dtype,
+        instruction=opts.instruction, is_query=opts.is_query,
+    )  # fmt: skip
+    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms)
 
 
@@ -104,14 +98,10 @@ async def run_score(
     options.pop("profile", None)
     instruction = request_params.score_options(route.resolved, params).instruction
 
-    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return gw.work_items(
-            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="score",
-            items=[None], query_item=query_item, score_items=score_items, instruction=instruction,
-            options=options, is_query=False,
-        )  # fmt: skip
-
-    rid, results, wait_ms, _ = await gw.execute(request, route, "score", build)
+    job = Job(
+        "score", [None], options, query_item=query_item, score_items=score_items, instruction=instruction
+    )
+    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     responses.check_failures(results)
     return rid, results, wait_ms
 
@@ -134,17 +124,11 @@ async def handle_score(request: web.Request) -> web.Response:
 async def handle_extract(request: web.Request) -> web.Response:
     gw, model, data, params, options, route = await _itemised_request(request, ExtractRequest)
     opts = request_params.extract_options(route.resolved, params)
-    instruction, labels, output_schema = opts.instruction, list(opts.labels) or None, opts.output_schema
-    raw_items = data["items"]
-
-    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return gw.work_items(
-            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="extract",
-            items=raw_items, labels=labels, output_schema=output_schema, instruction=instruction,
-            options=options,
-        )  # fmt: skip
-
-    rid, results, wait_ms, _ = await gw.execute(request, route, "extract", build)
+    job = Job(
+        "extract", data["items"], options, labels=list(opts.labels) or None, output_schema=opts.output_schema,
+        instruction=opts.instruction,
+    )  # fmt: skip
+    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms, allow_item_errors=True)
 
 
@@ -153,13 +137,6 @@ async def handle_tokenize(request: web.Request) -> web.Response:
     gateway loads no tokenizers, and the worker that serves the model has it in memory already."""
     gw, model, data, params, options, route = await _itemised_request(request, TokenizeRequest)
     request_params.tokenize_options(route.resolved, params)
-    raw_items = data["items"]
-
-    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return gw.work_items(
-            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="tokenize",
-            items=raw_items, options=options,
-        )  # fmt: skip
-
-    rid, results, wait_ms, _ = await gw.execute(request, route, "tokenize", build)
+    job = Job("tokenize", data["items"], options)
+    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms)

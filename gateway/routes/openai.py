@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway import responses
-from gateway.core import Gateway, Provisioning
+from gateway.core import Gateway
 from gateway.http_common import (
     error_response,
     gateway_of,
@@ -13,11 +13,11 @@ from gateway.http_common import (
     read_body,
     success_headers,
 )
-from gateway.routing import Lane
+from gateway.jobs import Job
+from gateway.lanes import Provisioning
 from protocol import openai
 from protocol.codec import unpackb
 from protocol.errors import SIEError
-from protocol.work import WorkItem
 
 
 async def handle_embeddings(request: web.Request) -> web.Response:
@@ -41,14 +41,11 @@ async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
     instruction = runtime.get("instruction")
     is_query = bool(runtime.get("is_query", False))
 
-    def build(lane: Lane, rid: str, reply: str, deadline_ts: float) -> list[WorkItem]:
-        return gw.work_items(
-            lane=lane, route=route, request_id=rid, reply=reply, deadline_ts=deadline_ts, operation="encode",
-            items=[{"text": text} for text in inputs], output_types=["dense"], output_dtype="float32",
-            instruction=instruction, is_query=is_query, options=options,
-        )  # fmt: skip
-
-    rid, results, wait_ms, _ = await gw.execute(request, route, "encode", build)
+    job = Job(
+        "encode", [{"text": text} for text in inputs], options, output_types=["dense"], output_dtype="float32",
+        instruction=instruction, is_query=is_query,
+    )  # fmt: skip
+    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     responses.check_failures(results)
     rows = []
     for r in results:

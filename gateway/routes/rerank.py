@@ -6,13 +6,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway import responses
-from gateway.core import Provisioning
 from gateway.http_common import (
     gateway_of,
     provisioning_response,
     read_body,
     success_headers,
 )
+from gateway.lanes import Provisioning
 from gateway.routes.inference import run_score
 from iokit import http
 from protocol import rerank

@@ -176,7 +176,7 @@ async def handle_readyz(request: web.Request) -> web.Response:
     if not gw.nc.is_connected:
         return web.json_response({"status": "not ready", "reason": "NATS disconnected"}, status=503)
     # a new replica has heard no heartbeat yet and would answer PROVISIONING for live lanes
-    since = getattr(gw, "heartbeats_since", None)
+    since = gw.heartbeats.listening_since
     if since is None or time.monotonic() - since < gw.settings.gateway_worker_warmup_s:
         return web.json_response({"status": "not ready", "reason": "worker registry warming up"}, status=503)
     # the answering process: replicas sharing a port (sie up --gateways N) are told apart by it
@@ -189,7 +189,7 @@ async def handle_readyz(request: web.Request) -> web.Response:
 async def handle_metrics(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     m = gw.metrics
-    gw.demand.refresh(gw.lane_served)
+    gw.demand.refresh(gw.lanes.lane_served)
     m.nats_connected.set(1 if gw.nc.is_connected else 0)
     healthy = gw.workers.healthy()
     m.workers.labels("healthy").set(len(healthy))

@@ -267,7 +267,7 @@ async def test_a_gateway_asks_for_the_heartbeats_when_it_starts_and_reconnects(n
     w = await FakeWorker(nats_server.url, "w1", heartbeat_s=60).start()  # its first beat: before the gateway
     try:
         h = await start_gateway(gateway_worker_stale_s=1.0)
-        assert await h.gateway.hear_workers(10.0) == 1
+        assert await h.gateway.heartbeats.hear_workers(10.0) == 1
         status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]})
         assert status == 200, body
         await wait_until(lambda: not h.gateway.workers.healthy(), what="the silent worker stale")
@@ -473,7 +473,7 @@ async def test_results_that_share_a_message_answer_their_requests(nats_server, s
     w = await FakeWorker(nats_server.url, "w1", together=True).start()
     try:
         await wait_workers(h, 1)
-        await w.nc.publish(h.gateway.dispatcher.results_subject, b"\xc1 not a results message")
+        await w.nc.publish(h.gateway.dispatcher.inbox.results_subject, b"\xc1 not a results message")
         texts = ["alpha", "beta", "gamma", "delta"]
         replies = await asyncio.gather(
             post(h, f"/v1/encode/{DENSE}", {"items": [{"text": t} for t in texts]}),
@@ -485,7 +485,7 @@ async def test_results_that_share_a_message_answer_their_requests(nats_server, s
                 np.testing.assert_array_equal(it["dense"]["values"], fake_vector(text))
         # the route named the subject the results came on
         assert {RoutingHeader.from_headers(hdr).results_subject for hdr in w.seen_headers} == {
-            h.gateway.dispatcher.results_subject
+            h.gateway.dispatcher.inbox.results_subject
         }
     finally:
         await w.stop()

@@ -17,7 +17,7 @@ async def test_a_sidecar_keeps_the_operators_stream_limits(nats_server):
     try:
         js = nc.jetstream()
         gateway = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory", max_msgs=5_000, max_age_s=600.0)
-        await gateway.ensure_stream("default")
+        await gateway.streams.ensure_stream("default")
         info = await js.stream_info(pool_stream_name("default"))
         assert info.config.max_msgs == 5_000 and info.config.max_age == 600.0
 
@@ -43,7 +43,7 @@ async def test_a_sidecar_creates_a_missing_stream_and_the_gateway_then_applies_i
         ]
 
         gateway = Dispatcher(nc, metrics=GatewayMetrics(), storage="memory", max_msgs=7_000)
-        await gateway.ensure_stream("default")
+        await gateway.streams.ensure_stream("default")
         info = await js.stream_info(pool_stream_name("default"))
         assert info.config.max_msgs == 7_000
     finally:

@@ -149,7 +149,7 @@ def test_a_lane_has_its_leaders_only_when_their_answers_name_them():
     leader's answer; the lane stays on the direct path until the answers name a leader."""
     from nats.js.api import ClusterInfo, ConsumerConfig, ConsumerInfo
 
-    from gateway.dispatch import has_leader
+    from gateway.direct import has_leader
 
     def info(cluster):
         return ConsumerInfo(
