@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sdk.types import RequestMeta
+
 
 class SIEError(Exception):
     """Base class of every SDK error."""
@@ -31,7 +33,23 @@ class SIEConnectionError(SIEError):
     """The server could not be reached, or it did not answer in time."""
 
 
-class RequestError(SIEError):
+class _Answered(SIEError):
+    """What an error answer said besides its message: the parameter it blames, the request's
+    metadata (``X-SIE-Request-ID``, usage) and, where the server gave one, its ``Retry-After``."""
+
+    param: str | None = None
+    request: RequestMeta | None = None
+    retry_after: float | None = None
+
+    def __init__(self, message: str, code: str | None, status_code: int | None, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status_code = status_code
+        for name, value in details.items():
+            setattr(self, name, value)
+
+
+class RequestError(_Answered):
     """A 4xx answer, an unexpected redirect, or a successful answer the SDK cannot read."""
 
     def __init__(
@@ -41,16 +59,12 @@ class RequestError(SIEError):
         status_code: int | None = None,
         *,
         param: str | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
     ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status_code = status_code
-        self.param = param
-        self.request = request
+        super().__init__(message, code, status_code, param=param, request=request)
 
 
-class ServerError(SIEError):
+class ServerError(_Answered):
     """A 5xx answer that the retry policy does not (or no longer) retry."""
 
     def __init__(
@@ -60,21 +74,17 @@ class ServerError(SIEError):
         status_code: int | None = None,
         *,
         param: str | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status_code = status_code
-        self.param = param
-        self.request = request
-        self.retry_after = retry_after
+        super().__init__(message, code, status_code, param=param, request=request, retry_after=retry_after)
 
 
-class ProvisioningError(SIEError):
+class ProvisioningError(_Answered):
     """No capacity yet: ``wait_for_capacity=False``, or the provisioning budget ran out."""
 
     code = "PROVISIONING"
+    gpu: str | None
 
     def __init__(
         self,
@@ -83,15 +93,11 @@ class ProvisioningError(SIEError):
         gpu: str | None = None,
         retry_after: float | None = None,
         param: str | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
         status_code: int | None = 503,
     ) -> None:
-        super().__init__(message)
-        self.gpu = gpu
-        self.retry_after = retry_after
-        self.param = param
-        self.request = request
-        self.status_code = status_code
+        details = {"param": param, "request": request, "retry_after": retry_after, "gpu": gpu}
+        super().__init__(message, "PROVISIONING", status_code, **details)
 
 
 class PoolError(SIEError):
@@ -113,11 +119,13 @@ class PoolError(SIEError):
         self.code = code
 
 
-class LoraLoadingError(SIEError):
+class LoraLoadingError(_Answered):
     """The LoRA adapter was still loading after the bounded number of retries."""
 
     code = "LORA_LOADING"
     status_code = 503
+    lora: str | None
+    model: str | None
 
     def __init__(
         self,
@@ -125,30 +133,20 @@ class LoraLoadingError(SIEError):
         *,
         lora: str | None = None,
         model: str | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
     ) -> None:
-        super().__init__(message)
-        self.lora = lora
-        self.model = model
-        self.request = request
+        super().__init__(message, "LORA_LOADING", 503, lora=lora, model=model, request=request)
 
 
-class ModelLoadingError(SIEError):
+class ModelLoadingError(_Answered):
     """The model was still loading when the provisioning budget ran out."""
 
     code = "MODEL_LOADING"
     status_code = 503
+    model: str | None
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        model: str | None = None,
-        request: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.model = model
-        self.request = request
+    def __init__(self, message: str, *, model: str | None = None, request: RequestMeta | None = None) -> None:
+        super().__init__(message, "MODEL_LOADING", 503, model=model, request=request)
 
 
 class ModelLoadFailedError(ServerError):
@@ -163,7 +161,7 @@ class ModelLoadFailedError(ServerError):
         permanent: bool = True,
         attempts: int = 1,
         param: str | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
     ) -> None:
         super().__init__(message, code="MODEL_LOAD_FAILED", status_code=502, param=param, request=request)
         self.model = model
@@ -181,7 +179,7 @@ class InputTooLongError(RequestError):
         *,
         model: str | None = None,
         param: str | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
     ) -> None:
         super().__init__(message, code="INPUT_TOO_LONG", status_code=400, param=param, request=request)
         self.model = model
@@ -197,7 +195,7 @@ class RateLimitError(RequestError):
         code: str | None = "RATE_LIMIT",
         retry_after: float | None = None,
         param: str | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
     ) -> None:
         super().__init__(message, code=code, status_code=429, param=param, request=request)
         self.retry_after = retry_after
@@ -213,16 +211,11 @@ class ResourceExhaustedError(ServerError):
         model: str | None = None,
         retries: int = 0,
         param: str | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
         retry_after: float | None = None,
     ) -> None:
         super().__init__(
-            message,
-            code="RESOURCE_EXHAUSTED",
-            status_code=503,
-            param=param,
-            request=request,
-            retry_after=retry_after,
+            message, "RESOURCE_EXHAUSTED", 503, param=param, request=request, retry_after=retry_after
         )
         self.model = model
         self.retries = retries
@@ -240,7 +233,7 @@ class IncompleteBatchError(ServerError):
         received: int,
         model: str | None = None,
         missing_ids: list[str] | None = None,
-        request: dict[str, Any] | None = None,
+        request: RequestMeta | None = None,
         results: Sequence[Any] | None = None,
     ) -> None:
         super().__init__(message, code=code, request=request)
@@ -250,20 +243,3 @@ class IncompleteBatchError(ServerError):
         self.missing_ids = missing_ids
         self.results: list[Any] = list(results) if results is not None else []
         self.request_id: str | None = (request or {}).get("id")
-
-
-__all__ = [
-    "IncompleteBatchError",
-    "InputTooLongError",
-    "LoraLoadingError",
-    "ModelLoadFailedError",
-    "ModelLoadingError",
-    "PoolError",
-    "ProvisioningError",
-    "RateLimitError",
-    "RequestError",
-    "ResourceExhaustedError",
-    "SIEConnectionError",
-    "SIEError",
-    "ServerError",
-]

@@ -12,11 +12,19 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from websockets.asyncio.client import connect as connect_async
+from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
+from websockets.sync.client import connect as connect_sync
+
+from sdk import _answers as A
 from sdk import _wire as W
 from sdk._retry import VISIBLE_WAIT_S, Answer, RetryState, Rule, Transport, decide
-from sdk.errors import ProvisioningError, RequestError, SIEConnectionError
+from sdk.errors import ProvisioningError, RequestError, SIEConnectionError, SIEError
+
+if TYPE_CHECKING:
+    from sdk._core import Failure
 
 WatchMode = Literal["auto", "cluster", "worker"]
 CLUSTER_PATH = "/ws/cluster-status"
@@ -25,8 +33,8 @@ WORKER_PATH = "/ws/status"
 _NOT_FOR_WS = {"content-type", "accept"}
 
 
-def is_gateway(health: Any) -> bool:
-    return isinstance(health, dict) and health.get("type") == "gateway"
+def is_gateway(health: Mapping[str, object]) -> bool:
+    return health.get("type") == "gateway"
 
 
 def watch_path(mode: str, gateway: bool | None) -> str:
@@ -58,50 +66,44 @@ def _frame(message: str | bytes) -> dict[str, Any]:
     return data
 
 
-def _refused(exc: Any) -> RequestError:
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None) or getattr(exc, "status_code", None)
-    return RequestError(
-        f"WebSocket connection failed: {status}", code="websocket_refused", status_code=status
-    )
+def _failed(url: str, exc: Exception) -> SIEError:
+    """The SDK error for a status stream that could not be opened or read (``exc`` re-raised when
+    it is none of the stream's failures)."""
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        return RequestError(
+            f"WebSocket connection failed: {status}", code="websocket_refused", status_code=status
+        )
+    if isinstance(exc, (WebSocketException, OSError, json.JSONDecodeError)):
+        return SIEConnectionError(f"WebSocket error on {url}: {exc}")
+    raise exc
 
 
 def watch_sync(url: str, headers: Mapping[str, str], open_timeout_s: float) -> Iterator[dict[str, Any]]:
     """Every status frame until the server closes the stream."""
-    from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
-    from websockets.sync.client import connect
-
     try:
-        with connect(url, additional_headers=ws_headers(headers), open_timeout=open_timeout_s) as ws:
-            try:
-                for message in ws:
-                    yield _frame(message)
-            except ConnectionClosedOK:
-                return
-    except InvalidStatus as exc:
-        raise _refused(exc) from exc
-    except (WebSocketException, OSError, json.JSONDecodeError) as exc:
-        raise SIEConnectionError(f"WebSocket error on {url}: {exc}") from exc
+        with connect_sync(url, additional_headers=ws_headers(headers), open_timeout=open_timeout_s) as ws:
+            yield from (_frame(message) for message in ws)
+    except ConnectionClosedOK:
+        return
+    except Exception as exc:
+        raise _failed(url, exc) from exc
 
 
 async def watch_async(
     url: str, headers: Mapping[str, str], open_timeout_s: float
 ) -> AsyncIterator[dict[str, Any]]:
     """Async twin of :func:`watch_sync`."""
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
-
     try:
-        async with connect(url, additional_headers=ws_headers(headers), open_timeout=open_timeout_s) as ws:
-            try:
-                async for message in ws:
-                    yield _frame(message)
-            except ConnectionClosedOK:
-                return
-    except InvalidStatus as exc:
-        raise _refused(exc) from exc
-    except (WebSocketException, OSError, json.JSONDecodeError) as exc:
-        raise SIEConnectionError(f"WebSocket error on {url}: {exc}") from exc
+        async with connect_async(
+            url, additional_headers=ws_headers(headers), open_timeout=open_timeout_s
+        ) as ws:
+            async for message in ws:
+                yield _frame(message)
+    except ConnectionClosedOK:
+        return
+    except Exception as exc:
+        raise _failed(url, exc) from exc
 
 
 def capacity_timeout_message(gpu: str, elapsed: float) -> str:
@@ -116,7 +118,7 @@ def capacity_state(now: float, timeout_s: float | None, *, server_seen: bool) ->
 
 
 def capacity_wait(
-    failed: tuple[Transport, BaseException] | None,
+    failed: Failure | None,
     state: RetryState,
     now: float,
     *,
@@ -129,16 +131,15 @@ def capacity_wait(
     ``SIEConnectionError`` when the server was never reached (after the quick retries of any
     call), ``ProvisioningError`` when the budget is spent."""
     if failed is not None:
-        kind, exc = failed
         # GET /health is safe to repeat: every failure after the connection is worth the budget
-        kind = Transport.UNREACHED if kind is Transport.UNREACHED else Transport.RETRYABLE
+        kind = Transport.UNREACHED if failed.kind is Transport.UNREACHED else Transport.RETRYABLE
         decision = decide(Answer(transport=kind), state, now)
-        reason = W.describe(exc.__cause__ or exc)
+        reason = A.describe(failed.error)
         if decision.retry:
-            W.announce(decision, state, now, what=f"wait_for_capacity {gpu} at {base_url} ({reason})")
+            A.announce(decision, state, now, what=f"wait_for_capacity {gpu} at {base_url} ({reason})")
             return decision.delay
         if decision.rule is Rule.UNREACHABLE:
-            raise W.unreachable("wait_for_capacity", base_url, reason, state) from exc
+            raise A.unreachable("wait_for_capacity", base_url, reason, state) from failed.error
     else:
         state.server_seen = True
     remaining = state.remaining(now)

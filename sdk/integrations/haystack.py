@@ -9,7 +9,7 @@ pipeline.add_component("embedder", SIETextEmbedder(model="sentence-transformers/
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 try:
     from haystack import Document, component, default_from_dict, default_to_dict
@@ -20,11 +20,45 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from sdk.client import SIEClient
-from sdk.integrations._common import batches, encode_kwargs, ranking, score_call, vectors
+from sdk.integrations._common import Backend
+from sdk.types import Options
+
+
+class _Params(TypedDict, total=False):
+    """A component's ``init_parameters`` as Haystack serialises them (never the API key: pass it
+    again, or set SIE_API_KEY)."""
+
+    model: str
+    base_url: str | None
+    gpu: str | None
+    options: Options | None
+    instruction: str | None
+    batch_size: int
+    top_k: int | None
+
+
+class _Meta(TypedDict):
+    model: str
+
+
+class _Embedding(TypedDict):
+    embedding: list[float]
+    meta: _Meta
+
+
+class _Documents(TypedDict):
+    documents: list[Document]
+    meta: _Meta
+
+
+class _Ranked(TypedDict):
+    documents: list[Document]
 
 
 class _SIEComponent:
     """The settings every component keeps, its lazy client, and (de)serialisation."""
+
+    instruction: str | None = None
 
     def __init__(
         self,
@@ -33,35 +67,36 @@ class _SIEComponent:
         base_url: str | None = None,
         api_key: str | None = None,
         gpu: str | None = None,
-        options: dict[str, Any] | None = None,
+        options: Options | None = None,
     ) -> None:
         self.model = model
         self.base_url = base_url
         self.api_key = api_key
         self.gpu = gpu
         self.options = options
-        self._client: SIEClient | None = None
+        self._backend: Backend | None = None
 
-    def _init_parameters(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "base_url": self.base_url,
-            "gpu": self.gpu,
-            "options": self.options,
-        }  # the API key is not written out; pass it again (or set SIE_API_KEY)
+    def _init_parameters(self) -> _Params:
+        return {"model": self.model, "base_url": self.base_url, "gpu": self.gpu, "options": self.options}
 
     def to_dict(self) -> dict[str, Any]:
+        """Haystack's serialised form of the component."""
         return default_to_dict(self, **self._init_parameters())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:
         return default_from_dict(cls, data)
 
+    def _model(self) -> Backend:
+        if self._backend is None:
+            self._backend = Backend(
+                self.model, self.base_url, self.api_key, self.gpu, self.options, self.instruction
+            )
+        return self._backend
+
     @property
     def client(self) -> SIEClient:
-        if self._client is None:
-            self._client = SIEClient(self.base_url, api_key=self.api_key)
-        return self._client
+        return self._model().sync()
 
 
 @component
@@ -72,17 +107,14 @@ class SIETextEmbedder(_SIEComponent):
         _SIEComponent.__init__(self, model, **kwargs)
         self.instruction = instruction
 
-    def _init_parameters(self) -> dict[str, Any]:
+    def _init_parameters(self) -> _Params:
         return {**_SIEComponent._init_parameters(self), "instruction": self.instruction}
 
-    @component.output_types(embedding=list[float], meta=dict[str, Any])
-    def run(self, text: str) -> dict[str, Any]:
+    @component.output_types(embedding=list[float], meta=dict[str, Any])  # Haystack's socket type
+    def run(self, text: str) -> _Embedding:
         if not isinstance(text, str):
             raise TypeError("SIETextEmbedder expects a string; use SIEDocumentEmbedder for documents")
-        kwargs = encode_kwargs(
-            is_query=True, instruction=self.instruction, options=self.options, gpu=self.gpu
-        )
-        (embedding,) = vectors(self.client.encode(self.model, [{"text": text}], **kwargs))
+        (embedding,) = self._model().embed([text], is_query=True)
         return {"embedding": embedding, "meta": {"model": self.model}}
 
 
@@ -97,23 +129,16 @@ class SIEDocumentEmbedder(_SIEComponent):
         self.instruction = instruction
         self.batch_size = batch_size
 
-    def _init_parameters(self) -> dict[str, Any]:
-        return {
-            **_SIEComponent._init_parameters(self),
-            "instruction": self.instruction,
-            "batch_size": self.batch_size,
-        }
+    def _init_parameters(self) -> _Params:
+        params = _SIEComponent._init_parameters(self)
+        return {**params, "instruction": self.instruction, "batch_size": self.batch_size}
 
-    @component.output_types(documents=list[Document], meta=dict[str, Any])
-    def run(self, documents: list[Document]) -> dict[str, Any]:
+    @component.output_types(documents=list[Document], meta=dict[str, Any])  # Haystack's socket type
+    def run(self, documents: list[Document]) -> _Documents:
         if not isinstance(documents, list) or not all(isinstance(d, Document) for d in documents):
             raise TypeError("SIEDocumentEmbedder expects a list of Documents; use SIETextEmbedder for a text")
-        kwargs = encode_kwargs(
-            is_query=False, instruction=self.instruction, options=self.options, gpu=self.gpu
-        )
-        embeddings: list[list[float]] = []
-        for batch in batches([d.content or "" for d in documents], self.batch_size):
-            embeddings.extend(vectors(self.client.encode(self.model, batch, **kwargs)))
+        texts = [d.content or "" for d in documents]
+        embeddings = self._model().embed(texts, is_query=False, batch_size=self.batch_size)
         out = [replace(d, embedding=e) for d, e in zip(documents, embeddings, strict=True)]
         return {"documents": out, "meta": {"model": self.model}}
 
@@ -127,18 +152,13 @@ class SIERanker(_SIEComponent):
         _SIEComponent.__init__(self, model, **kwargs)
         self.top_k = top_k
 
-    def _init_parameters(self) -> dict[str, Any]:
+    def _init_parameters(self) -> _Params:
         return {**_SIEComponent._init_parameters(self), "top_k": self.top_k}
 
     @component.output_types(documents=list[Document])
-    def run(self, query: str, documents: list[Document], top_k: int | None = None) -> dict[str, Any]:
+    def run(self, query: str, documents: list[Document], top_k: int | None = None) -> _Ranked:
         if not documents:
             return {"documents": []}
-        q, items, kwargs = score_call(
-            query, [d.content or "" for d in documents], options=self.options, gpu=self.gpu
-        )
-        ranked = ranking(
-            self.client.score(self.model, q, items, **kwargs), top_k if top_k is not None else self.top_k
-        )
-        out = [replace(documents[i], score=score) for i, score in ranked]
-        return {"documents": out}
+        texts = [d.content or "" for d in documents]
+        ranked = self._model().rank(query, texts, top_k if top_k is not None else self.top_k)
+        return {"documents": [replace(documents[i], score=score) for i, score in ranked]}

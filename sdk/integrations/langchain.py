@@ -26,7 +26,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from sdk.async_client import SIEAsyncClient
 from sdk.client import SIEClient
-from sdk.integrations._common import batches, encode_kwargs, ranking, score_call, vectors
+from sdk.integrations._common import Backend
+from sdk.types import Options
 
 
 class SIEEmbeddings(Embeddings):
@@ -40,7 +41,7 @@ class SIEEmbeddings(Embeddings):
         base_url: str | None = None,
         api_key: str | None = None,
         gpu: str | None = None,
-        options: dict[str, Any] | None = None,
+        options: Options | None = None,
         instruction: str | None = None,
         batch_size: int = 64,
         client: SIEClient | None = None,
@@ -52,54 +53,35 @@ class SIEEmbeddings(Embeddings):
         self.options = options
         self.instruction = instruction
         self.batch_size = batch_size
-        self._base_url = base_url
-        self._api_key = api_key
-        self._client_kwargs = client_kwargs
-        self._client = client
-        self._async_client = async_client
+        self._backend = Backend(
+            model, base_url, api_key, gpu, options, instruction, client_kwargs, client, async_client
+        )
 
     @property
     def client(self) -> SIEClient:
-        if self._client is None:
-            self._client = SIEClient(self._base_url, api_key=self._api_key, **self._client_kwargs)
-        return self._client
+        return self._backend.sync()
 
     @property
     def async_client(self) -> SIEAsyncClient:
-        if self._async_client is None:
-            self._async_client = SIEAsyncClient(self._base_url, api_key=self._api_key, **self._client_kwargs)
-        return self._async_client
-
-    def _kwargs(self, is_query: bool) -> dict[str, Any]:
-        return encode_kwargs(
-            is_query=is_query, instruction=self.instruction, options=self.options, gpu=self.gpu
-        )
+        return self._backend.async_()
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        out: list[list[float]] = []
-        for batch in batches(texts, self.batch_size):
-            out.extend(vectors(self.client.encode(self.model, batch, **self._kwargs(False))))
-        return out
+        return self._backend.embed(texts, is_query=False, batch_size=self.batch_size)
 
     def embed_query(self, text: str) -> list[float]:
-        return vectors(self.client.encode(self.model, [{"text": text}], **self._kwargs(True)))[0]
+        return self._backend.embed([text], is_query=True)[0]
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        out: list[list[float]] = []
-        for batch in batches(texts, self.batch_size):
-            out.extend(vectors(await self.async_client.encode(self.model, batch, **self._kwargs(False))))
-        return out
+        return await self._backend.aembed(texts, is_query=False, batch_size=self.batch_size)
 
     async def aembed_query(self, text: str) -> list[float]:
-        return vectors(await self.async_client.encode(self.model, [{"text": text}], **self._kwargs(True)))[0]
+        return (await self._backend.aembed([text], is_query=True))[0]
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        self._backend.close()
 
     async def aclose(self) -> None:
-        if self._async_client is not None:
-            await self._async_client.close()
+        await self._backend.aclose()
 
 
 class SIERerank(BaseDocumentCompressor):
@@ -112,63 +94,46 @@ class SIERerank(BaseDocumentCompressor):
     api_key: str | None = None
     top_n: int | None = 3
     gpu: str | None = None
-    options: dict[str, Any] | None = None
+    options: Options | None = None
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
-    _client: SIEClient | None = PrivateAttr(default=None)
-    _async_client: SIEAsyncClient | None = PrivateAttr(default=None)
+    _backend: Backend | None = PrivateAttr(default=None)
 
-    def _sync(self) -> SIEClient:
-        if self._client is None:
-            self._client = SIEClient(self.base_url, api_key=self.api_key)
-        return self._client
+    def _model(self) -> Backend:
+        if self._backend is None:
+            self._backend = Backend(self.model, self.base_url, self.api_key, self.gpu, self.options)
+        return self._backend
 
-    def _async(self) -> SIEAsyncClient:
-        if self._async_client is None:
-            self._async_client = SIEAsyncClient(self.base_url, api_key=self.api_key)
-        return self._async_client
-
-    def _ranked(self, documents: Sequence[Document], ranked: list[tuple[int, float]]) -> list[Document]:
-        out = []
-        for index, score in ranked:
-            doc = documents[index]
-            out.append(
-                Document(
-                    page_content=doc.page_content,
-                    metadata={**doc.metadata, "relevance_score": score},
-                    id=doc.id,
-                )
+    @staticmethod
+    def _ranked(documents: Sequence[Document], ranked: list[tuple[int, float]]) -> list[Document]:
+        return [
+            Document(
+                page_content=documents[i].page_content,
+                metadata={**documents[i].metadata, "relevance_score": score},
+                id=documents[i].id,
             )
-        return out
+            for i, score in ranked
+        ]
 
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
         if not documents:
             return []
-        q, items, kwargs = score_call(
-            query, [d.page_content for d in documents], options=self.options, gpu=self.gpu
-        )
-        return self._ranked(
-            documents, ranking(self._sync().score(self.model, q, items, **kwargs), self.top_n)
-        )
+        ranked = self._model().rank(query, [d.page_content for d in documents], self.top_n)
+        return self._ranked(documents, ranked)
 
     async def acompress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
         if not documents:
             return []
-        q, items, kwargs = score_call(
-            query, [d.page_content for d in documents], options=self.options, gpu=self.gpu
-        )
-        result = await self._async().score(self.model, q, items, **kwargs)
-        return self._ranked(documents, ranking(result, self.top_n))
+        ranked = await self._model().arank(query, [d.page_content for d in documents], self.top_n)
+        return self._ranked(documents, ranked)
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        self._model().close()
 
     async def aclose(self) -> None:
-        if self._async_client is not None:
-            await self._async_client.close()
+        await self._model().aclose()

@@ -23,20 +23,22 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from sdk.async_client import SIEAsyncClient
 from sdk.client import SIEClient
-from sdk.integrations._common import encode_kwargs, ranking, score_call, vectors
+from sdk.integrations._common import Backend
+from sdk.types import Options
+
+_URL = "gateway or sie serve URL (else SIE_BASE_URL)"
+_GPU = "machine profile, or pool/profile"
 
 
 class SIEEmbedding(BaseEmbedding):
     """Dense embeddings through the SDK; LlamaIndex does the batching (``embed_batch_size``)."""
 
-    base_url: str | None = Field(default=None, description="gateway or sie serve URL (else SIE_BASE_URL)")
-    gpu: str | None = Field(default=None, description="machine profile, or pool/profile")
-    options: dict[str, Any] | None = Field(default=None, description="encode options (e.g. a profile)")
+    base_url: str | None = Field(default=None, description=_URL)
+    gpu: str | None = Field(default=None, description=_GPU)
+    options: Options | None = Field(default=None, description="encode options (e.g. a profile)")
     instruction: str | None = Field(default=None, description="instruction for instruction-tuned models")
 
-    _client: SIEClient | None = PrivateAttr(default=None)
-    _async_client: SIEAsyncClient | None = PrivateAttr(default=None)
-    _api_key: str | None = PrivateAttr(default=None)
+    _backend: Backend = PrivateAttr()
 
     def __init__(
         self,
@@ -48,49 +50,46 @@ class SIEEmbedding(BaseEmbedding):
         **kwargs: Any,
     ) -> None:
         super().__init__(model_name=model_name, **kwargs)
-        self._api_key = api_key
-        self._client = client
-        self._async_client = async_client
+        self._backend = Backend(
+            model_name,
+            self.base_url,
+            api_key,
+            self.gpu,
+            self.options,
+            self.instruction,
+            {},
+            client,
+            async_client,
+        )
 
     @classmethod
     def class_name(cls) -> str:
         return "SIEEmbedding"
 
-    def _sync(self) -> SIEClient:
-        if self._client is None:
-            self._client = SIEClient(self.base_url, api_key=self._api_key)
-        return self._client
-
-    def _async(self) -> SIEAsyncClient:
-        if self._async_client is None:
-            self._async_client = SIEAsyncClient(self.base_url, api_key=self._api_key)
-        return self._async_client
-
-    def _kwargs(self, is_query: bool) -> dict[str, Any]:
-        return encode_kwargs(
-            is_query=is_query, instruction=self.instruction, options=self.options, gpu=self.gpu
-        )
-
     def _get_query_embedding(self, query: str) -> list[float]:
-        return vectors(self._sync().encode(self.model_name, [{"text": query}], **self._kwargs(True)))[0]
+        return self._backend.embed([query], is_query=True)[0]
 
     def _get_text_embedding(self, text: str) -> list[float]:
         return self._get_text_embeddings([text])[0]
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        items = [{"text": t} for t in texts]
-        return vectors(self._sync().encode(self.model_name, items, **self._kwargs(False)))
+        return self._backend.embed(texts, is_query=False)
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        results = await self._async().encode(self.model_name, [{"text": query}], **self._kwargs(True))
-        return vectors(results)[0]
+        return (await self._backend.aembed([query], is_query=True))[0]
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
         return (await self._aget_text_embeddings([text]))[0]
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        items = [{"text": t} for t in texts]
-        return vectors(await self._async().encode(self.model_name, items, **self._kwargs(False)))
+        return await self._backend.aembed(texts, is_query=False)
+
+    def close(self) -> None:
+        """Release the connections of the SDK clients this model opened."""
+        self._backend.close()
+
+    async def aclose(self) -> None:
+        await self._backend.aclose()
 
 
 class SIERerank(BaseNodePostprocessor):
@@ -99,47 +98,48 @@ class SIERerank(BaseNodePostprocessor):
 
     model: str = Field(description="a model with a score task")
     top_n: int | None = Field(default=3, description="how many nodes to keep (None: all)")
-    base_url: str | None = Field(default=None, description="gateway or sie serve URL (else SIE_BASE_URL)")
-    gpu: str | None = Field(default=None, description="machine profile, or pool/profile")
-    options: dict[str, Any] | None = Field(default=None, description="score options (e.g. a profile)")
+    base_url: str | None = Field(default=None, description=_URL)
+    gpu: str | None = Field(default=None, description=_GPU)
+    options: Options | None = Field(default=None, description="score options (e.g. a profile)")
 
-    _client: SIEClient | None = PrivateAttr(default=None)
-    _async_client: SIEAsyncClient | None = PrivateAttr(default=None)
-    _api_key: str | None = PrivateAttr(default=None)
+    _backend: Backend = PrivateAttr()
 
     def __init__(self, *, api_key: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._api_key = api_key
+        self._backend = Backend(self.model, self.base_url, api_key, self.gpu, self.options)
 
     @classmethod
     def class_name(cls) -> str:
         return "SIERerank"
 
-    def _call(self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None) -> tuple[Any, Any, Any]:
+    @staticmethod
+    def _texts(nodes: list[NodeWithScore], query_bundle: QueryBundle | None) -> tuple[str, list[str]]:
         if query_bundle is None:
             raise ValueError("SIERerank needs a query")
         texts = [n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
-        return score_call(query_bundle.query_str, texts, options=self.options, gpu=self.gpu)
+        return query_bundle.query_str, texts
 
-    def _ranked(self, nodes: list[NodeWithScore], result: dict[str, Any]) -> list[NodeWithScore]:
-        return [NodeWithScore(node=nodes[i].node, score=score) for i, score in ranking(result, self.top_n)]
+    @staticmethod
+    def _ranked(nodes: list[NodeWithScore], ranked: list[tuple[int, float]]) -> list[NodeWithScore]:
+        return [NodeWithScore(node=nodes[i].node, score=score) for i, score in ranked]
 
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
         if not nodes:
             return []
-        if self._client is None:
-            self._client = SIEClient(self.base_url, api_key=self._api_key)
-        q, items, kwargs = self._call(nodes, query_bundle)
-        return self._ranked(nodes, self._client.score(self.model, q, items, **kwargs))
+        return self._ranked(nodes, self._backend.rank(*self._texts(nodes, query_bundle), self.top_n))
 
     async def _apostprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
         if not nodes:
             return []
-        if self._async_client is None:
-            self._async_client = SIEAsyncClient(self.base_url, api_key=self._api_key)
-        q, items, kwargs = self._call(nodes, query_bundle)
-        return self._ranked(nodes, await self._async_client.score(self.model, q, items, **kwargs))
+        return self._ranked(nodes, await self._backend.arank(*self._texts(nodes, query_bundle), self.top_n))
+
+    def close(self) -> None:
+        """Release the connections of the SDK clients this reranker opened."""
+        self._backend.close()
+
+    async def aclose(self) -> None:
+        await self._backend.aclose()

@@ -65,7 +65,7 @@ async def test_llamaindex_async_embedding(server):
     embed = SIEEmbedding(MODEL, base_url=server.url)
     assert await embed.aget_query_embedding("ab") == [2.0, 0.0, 1.0, 2.0]
     assert await embed.aget_text_embedding_batch(["a", "bb"]) == [[1.0, 0.0, 1.0, 2.0], [2.0, 1.0, 1.0, 2.0]]
-    await embed._async().close()
+    await embed.aclose()
 
 
 @pytest.mark.timeout(60)
