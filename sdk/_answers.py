@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -198,25 +198,45 @@ def _check_count(
     )
 
 
-def _items(data: Mapping[str, Any], what: str) -> list[Any]:
+R = TypeVar("R", EncodeResult, ExtractResult, TokenizeResult)
+
+
+def _per_item(
+    what: str,
+    model: str,
+    data: Mapping[str, Any],
+    sent: list[Any],
+    meta: RequestMeta | None,
+    read: Callable[[dict[str, Any], str], R],
+) -> list[R]:
+    """One result per item of the answer, each read by ``read(item, model)``, with the request's
+    metadata; ``IncompleteBatchError`` unless there is one per item sent."""
     items = data.get("items")
     if not isinstance(items, list):
         raise _malformed(what, "'items' is missing")
-    return items
+    answered = data.get("model") or model
+    results = []
+    for raw in items:
+        if not isinstance(raw, dict):
+            raise _malformed(what, "an item is not a map")
+        out = read(raw, answered)
+        if raw.get("id") is not None:
+            out["id"] = raw["id"]
+        if meta:
+            out["request"] = meta.copy()
+        results.append(out)
+    _check_count(what, model, sent, results, meta)
+    return results
 
 
 def parse_encode(
     data: dict[str, Any], model: str, sent: list[Any], headers: Mapping[str, str]
 ) -> list[EncodeResult]:
-    timing = data.get("timing") if isinstance(data.get("timing"), dict) else None
+    timing = data.get("timing")
     meta = _with_truncation_totals(request_metadata(headers), data)
-    results: list[EncodeResult] = []
-    for raw in _items(data, "encode"):
-        if not isinstance(raw, dict):
-            raise _malformed("encode", "an item is not a map")
-        out: EncodeResult = {"model": data.get("model") or model}
-        if raw.get("id") is not None:
-            out["id"] = raw["id"]
+
+    def read(raw: dict[str, Any], answered: str) -> EncodeResult:
+        out: EncodeResult = {"model": answered}
         dense = raw.get("dense")
         if dense is not None:
             out["dense"] = _array(
@@ -245,13 +265,11 @@ def parse_encode(
                 }
                 for c in raw["chunks"]
             ]
-        if timing:
+        if isinstance(timing, dict) and timing:
             out["timing"] = dict(timing)
-        if meta:
-            out["request"] = meta.copy()
-        results.append(out)
-    _check_count("encode", model, sent, results, meta)
-    return results
+        return out
+
+    return _per_item("encode", model, data, sent, meta, read)
 
 
 def _with_truncation_totals(meta: RequestMeta | None, data: Mapping[str, Any]) -> RequestMeta | None:
@@ -316,65 +334,55 @@ def _entries(raw: Mapping[str, Any], key: str, required: tuple[str, ...]) -> lis
     return [dict(e) for e in value]
 
 
+def _extracted(raw: dict[str, Any], answered: str) -> ExtractResult:
+    out: ExtractResult = {
+        "model": answered,
+        "entities": _entries(raw, "entities", ("text", "label", "score")),
+        "relations": _entries(raw, "relations", ("head", "tail", "relation", "score")),
+        "classifications": _entries(raw, "classifications", ("label", "score")),
+        "objects": _entries(raw, "objects", ("label", "score", "bbox")),
+    }
+    if raw.get("data"):
+        out["data"] = raw["data"]
+    _add_truncation(out, raw)
+    err = raw.get("error")
+    if err is not None:
+        err = err if isinstance(err, dict) else {}
+        code, message = err.get("code"), err.get("message")
+        out["error"] = {
+            "code": code if isinstance(code, str) and code.strip() else "INTERNAL_ERROR",
+            "message": message
+            if isinstance(message, str) and message.strip()
+            else "Malformed extraction item error",
+        }
+    return out
+
+
 def parse_extract(
     data: dict[str, Any], model: str, sent: list[Any], headers: Mapping[str, str]
 ) -> list[ExtractResult]:
     meta = _with_truncation_totals(request_metadata(headers), data)
-    results: list[ExtractResult] = []
-    for raw in _items(data, "extract"):
-        if not isinstance(raw, dict):
-            raise _malformed("extract", "an item is not a map")
-        out: ExtractResult = {"model": data.get("model") or model}
-        if raw.get("id") is not None:
-            out["id"] = raw["id"]
-        out["entities"] = _entries(raw, "entities", ("text", "label", "score"))
-        out["relations"] = _entries(raw, "relations", ("head", "tail", "relation", "score"))
-        out["classifications"] = _entries(raw, "classifications", ("label", "score"))
-        out["objects"] = _entries(raw, "objects", ("label", "score", "bbox"))
-        if raw.get("data"):
-            out["data"] = raw["data"]
-        _add_truncation(out, raw)
-        err = raw.get("error")
-        if err is not None:
-            err = err if isinstance(err, dict) else {}
-            code, message = err.get("code"), err.get("message")
-            out["error"] = {
-                "code": code if isinstance(code, str) and code.strip() else "INTERNAL_ERROR",
-                "message": message
-                if isinstance(message, str) and message.strip()
-                else "Malformed extraction item error",
-            }
-        if meta:
-            out["request"] = meta.copy()
-        results.append(out)
-    _check_count("extract", model, sent, results, meta)
-    return results
+    return _per_item("extract", model, data, sent, meta, _extracted)
+
+
+def _tokenized(raw: dict[str, Any], answered: str) -> TokenizeResult:
+    if not isinstance(raw.get("ids"), list):
+        raise _malformed("tokenize", "an item lacks 'ids'")
+    ids = [int(i) for i in raw["ids"]]
+    return {
+        "model": answered,
+        "tokens": list(raw.get("tokens") or []),
+        "ids": ids,
+        "offsets": [(int(a), int(b)) for a, b in raw.get("offsets") or []],
+        "count": int(raw.get("count", len(ids))),
+    }
 
 
 def parse_tokenize(
     data: dict[str, Any], model: str, sent: list[Any], headers: Mapping[str, str]
 ) -> list[TokenizeResult]:
     """Per item: ``tokens`` (str), ``ids`` (int), ``offsets`` ([start, end] characters), ``count``."""
-    meta = request_metadata(headers)
-    results: list[TokenizeResult] = []
-    for raw in _items(data, "tokenize"):
-        if not isinstance(raw, dict) or not isinstance(raw.get("ids"), list):
-            raise _malformed("tokenize", "an item lacks 'ids'")
-        ids = [int(i) for i in raw["ids"]]
-        out: TokenizeResult = {
-            "model": data.get("model") or model,
-            "tokens": list(raw.get("tokens") or []),
-            "ids": ids,
-            "offsets": [(int(a), int(b)) for a, b in raw.get("offsets") or []],
-            "count": int(raw.get("count", len(ids))),
-        }
-        if raw.get("id") is not None:
-            out["id"] = raw["id"]
-        if meta:
-            out["request"] = meta.copy()
-        results.append(out)
-    _check_count("tokenize", model, sent, results, meta)
-    return results
+    return _per_item("tokenize", model, data, sent, request_metadata(headers), _tokenized)
 
 
 def parse_capacity(data: Mapping[str, Any], gpu: str | None) -> Capacity:

@@ -131,13 +131,12 @@ def encode(
 ) -> Call[Any]:
     """Encode one item (returns one ``EncodeResult``) or a list of items (returns a list)."""
     opts = W.merge_options(s.options, options)
-    body, sent, single = W.encode_body(
+    body, sent, single = W.items_body(
         items,
         output_types=output_types,
         instruction=instruction,
         output_dtype=output_dtype,
-        is_query=is_query,
-        options=opts,
+        options=opts if is_query is None else {**opts, "is_query": bool(is_query)},
     )
     lora = opts.get("lora_id") or opts.get("lora")
     route = Route(gpu, priority, wait_for_capacity, provision_timeout_s, max_oom_retries)
@@ -185,7 +184,7 @@ def extract(
 ) -> Call[Any]:
     """Extract entities, relations, classes or structured data from one item (one ``ExtractResult``)
     or a list."""
-    body, sent, single = W.extract_body(
+    body, sent, single = W.items_body(
         items,
         labels=labels,
         output_schema=output_schema,
@@ -211,7 +210,7 @@ def tokenize(
     """The model's own tokenizer over one item or a list: ``tokens``, ``ids``, ``offsets``
     (character spans) and ``count`` per item (``options={"add_special_tokens": False}`` to
     leave out [CLS]/[SEP] and the like)."""
-    body, sent, single = W.tokenize_body(items, options=W.merge_options(s.options, options))
+    body, sent, single = W.items_body(items, options=W.merge_options(s.options, options))
     route = Route(gpu, priority, wait_for_capacity, provision_timeout_s, 0)
     data, headers = yield from _infer(s, "tokenize", model, body, route)
     return _one_or_all(A.parse_tokenize(data, model, sent, headers), single)

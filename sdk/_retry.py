@@ -178,6 +178,19 @@ class Decision:
     delay: float = 0.0
 
 
+# The rows retried within the call's budget after the server's Retry-After, else after their own
+# default delay (jittered): that delay, and whether only a caller that waits for capacity retries.
+# A transport failure has no Retry-After; it waits the default.
+_PATIENT: dict[Rule, tuple[float, bool]] = {
+    Rule.PROVISIONING: (PROVISIONING_DEFAULT_DELAY_S, True),
+    Rule.MODEL_LOADING: (MODEL_LOADING_DEFAULT_DELAY_S, False),
+    Rule.RATE_LIMITED: (RATE_LIMIT_DEFAULT_DELAY_S, False),
+    Rule.QUEUE: (QUEUE_DEFAULT_DELAY_S, False),
+    Rule.GATEWAY_TIMEOUT: (GATEWAY_TIMEOUT_DEFAULT_DELAY_S, True),
+    Rule.TRANSPORT: (TRANSPORT_DEFAULT_DELAY_S, True),
+}
+
+
 def _jitter(delay: float, rng: random.Random) -> float:
     """Downward jitter on the SDK's own default delays (never longer than the default)."""
     return delay * (1.0 - JITTER_FRACTION * rng.random())
@@ -205,11 +218,12 @@ def decide(answer: Answer, state: RetryState, now: float, *, operation: str = "e
     if rule is Rule.UNREACHABLE and state.server_seen:
         rule = Rule.TRANSPORT  # the server answered before: a restart, worth the budget
 
-    if rule is Rule.PROVISIONING:
+    if rule in _PATIENT:
+        default, only_when_waiting = _PATIENT[rule]
         decision = (
-            _within_budget(rule, _hint_or(answer, PROVISIONING_DEFAULT_DELAY_S, rng), state, now)
-            if waiting
-            else Decision(rule, retry=False)
+            Decision(rule, retry=False)
+            if only_when_waiting and not waiting
+            else _within_budget(rule, _hint_or(answer, default, rng), state, now)
         )
     elif rule is Rule.LORA_LOADING:
         if state.lora_retries >= LORA_LOADING_MAX_RETRIES:
@@ -219,26 +233,8 @@ def decide(answer: Answer, state: RetryState, now: float, *, operation: str = "e
             decision = _within_budget(rule, delay, state, now)
             if decision.retry:
                 state.lora_retries += 1
-    elif rule is Rule.MODEL_LOADING:
-        decision = _within_budget(rule, _hint_or(answer, MODEL_LOADING_DEFAULT_DELAY_S, rng), state, now)
     elif rule is Rule.RESOURCE_EXHAUSTED:
         decision = _oom(answer, state, now)
-    elif rule is Rule.RATE_LIMITED:
-        decision = _within_budget(rule, _hint_or(answer, RATE_LIMIT_DEFAULT_DELAY_S, rng), state, now)
-    elif rule is Rule.QUEUE:
-        decision = _within_budget(rule, _hint_or(answer, QUEUE_DEFAULT_DELAY_S, rng), state, now)
-    elif rule is Rule.GATEWAY_TIMEOUT:
-        decision = (
-            _within_budget(rule, _hint_or(answer, GATEWAY_TIMEOUT_DEFAULT_DELAY_S, rng), state, now)
-            if waiting
-            else Decision(rule, retry=False)
-        )
-    elif rule is Rule.TRANSPORT:
-        decision = (
-            _within_budget(rule, _jitter(TRANSPORT_DEFAULT_DELAY_S, rng), state, now)
-            if waiting
-            else Decision(rule, retry=False)
-        )
     elif rule is Rule.UNREACHABLE:
         n = state.unreached_retries
         if waiting and n < len(UNREACHABLE_DELAYS_S):

@@ -177,32 +177,24 @@ def _as_list(items: Any) -> tuple[list[Any], bool]:
     raise TypeError("items must be an item (a dict) or a list of items")
 
 
-def _items_body(items: Any, **params: object) -> tuple[ItemsBody, list[Any], bool]:
-    """A body of ``items`` with the ``params`` that are set (neither None nor empty options)."""
+def items_body(items: Any, **params: object) -> tuple[ItemsBody, list[Any], bool]:
+    """The body of an encode, extract or tokenize call, the items it sends, and whether the caller
+    gave one item (not a list). It carries the ``params`` that are set (neither None nor empty
+    options), sequences and mappings among them copied as lists and dicts."""
     item_list, single = _as_list(items)
     body: ItemsBody = {"items": item_list}
-    given = {k: v for k, v in params.items() if v is not None and not (k == "options" and not v)}
+    given = {k: _copied(v) for k, v in params.items() if v is not None and not (k == "options" and not v)}
     if given:
         body["params"] = given
     return body, item_list, single
 
 
-def encode_body(
-    items: Any,
-    *,
-    output_types: Sequence[str] | None,
-    instruction: str | None,
-    output_dtype: str | None,
-    is_query: bool | None,
-    options: dict[str, object],
-) -> tuple[ItemsBody, list[Any], bool]:
-    return _items_body(
-        items,
-        output_types=None if output_types is None else list(output_types),
-        instruction=instruction,
-        output_dtype=output_dtype,
-        options=options if is_query is None else {**options, "is_query": bool(is_query)},
-    )
+def _copied(value: object) -> object:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return list(value)
+    return value
 
 
 def score_body(query: Any, items: Any, *, instruction: str | None, options: dict[str, object]) -> ScoreBody:
@@ -214,27 +206,6 @@ def score_body(query: Any, items: Any, *, instruction: str | None, options: dict
     if options:
         body["options"] = options
     return body
-
-
-def extract_body(
-    items: Any,
-    *,
-    labels: Sequence[str] | None,
-    output_schema: Mapping[str, Any] | None,
-    instruction: str | None,
-    options: dict[str, object],
-) -> tuple[ItemsBody, list[Any], bool]:
-    return _items_body(
-        items,
-        labels=None if labels is None else list(labels),
-        output_schema=None if output_schema is None else dict(output_schema),
-        instruction=instruction,
-        options=options,
-    )
-
-
-def tokenize_body(items: Any, *, options: dict[str, object]) -> tuple[ItemsBody, list[Any], bool]:
-    return _items_body(items, options=options)
 
 
 def json_bytes(body: Mapping[str, Any]) -> bytes:
