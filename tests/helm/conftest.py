@@ -32,15 +32,9 @@ class Renderer:
     def run(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([self.helm, *args], capture_output=True, text=True, timeout=120)
 
-    def template(
-        self,
-        *values_files: str,
-        crds: bool = False,
-        sets: dict[str, str] | None = None,
-        release: str = "sie",
-        namespace: str = "sie",
-    ) -> list[dict]:
-        res = self.template_raw(*values_files, crds=crds, sets=sets, release=release, namespace=namespace)
+    def template(self, *values_files: str, **options) -> list[dict]:
+        """The documents ``helm template`` renders (``options``: as template_raw's)."""
+        res = self.template_raw(*values_files, **options)
         assert res.returncode == 0, res.stderr
         return [d for d in yaml.safe_load_all(res.stdout) if d]
 

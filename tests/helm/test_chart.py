@@ -157,100 +157,64 @@ def test_lint_strict(render, values):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+STRING, INTEGER, OBJECT = {"type": "string"}, {"type": "integer"}, {"type": "object"}
+
+
+def _object(required: list[str], properties: dict | None = None, *, closed: bool = False) -> dict:
+    """The JSON schema of an object with the keys ``required`` (``closed``: and none but ``properties``)."""
+    schema: dict = {"type": "object", "required": required}
+    if closed:
+        schema["additionalProperties"] = False
+    if properties is not None:
+        schema["properties"] = properties
+    return schema
+
+
+def _resource(spec: dict) -> dict:
+    """A custom resource whose ``spec`` is as the schema ``spec`` says."""
+    return _object(["apiVersion", "kind", "metadata", "spec"], {"spec": spec})
+
+
+def _array(items: dict, **more) -> dict:
+    return {"type": "array", "items": items, **more}
+
+
+KEDA_TRIGGER = {
+    "type": STRING,
+    "name": STRING,
+    "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+    "useCachedMetrics": {"type": "boolean"},
+    "metadata": {"type": "object", "additionalProperties": STRING},
+    "authenticationRef": OBJECT,
+}
+SCALED_OBJECT_SPEC = {
+    "scaleTargetRef": _object(["name"], {"apiVersion": STRING, "kind": STRING, "name": STRING}, closed=True),
+    "minReplicaCount": {"type": "integer", "minimum": 0},
+    "maxReplicaCount": {"type": "integer", "minimum": 1},
+    "pollingInterval": INTEGER,
+    "cooldownPeriod": INTEGER,
+    "idleReplicaCount": INTEGER,
+    "fallback": _object(["failureThreshold", "replicas"]),
+    "advanced": OBJECT,
+    "triggers": _array(_object(["type", "metadata"], KEDA_TRIGGER, closed=True), minItems=1),
+}
+ALERT = {"alert": STRING, "expr": STRING, "for": STRING, "labels": OBJECT, "annotations": OBJECT}
 CRD_SCHEMAS = {
-    "ScaledObject": {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "spec": {
-                "type": "object",
-                "required": ["scaleTargetRef", "triggers"],
-                "additionalProperties": False,
-                "properties": {
-                    "scaleTargetRef": {
-                        "type": "object",
-                        "required": ["name"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "apiVersion": {"type": "string"},
-                            "kind": {"type": "string"},
-                            "name": {"type": "string"},
-                        },
-                    },
-                    "minReplicaCount": {"type": "integer", "minimum": 0},
-                    "maxReplicaCount": {"type": "integer", "minimum": 1},
-                    "pollingInterval": {"type": "integer"},
-                    "cooldownPeriod": {"type": "integer"},
-                    "idleReplicaCount": {"type": "integer"},
-                    "fallback": {"type": "object", "required": ["failureThreshold", "replicas"]},
-                    "advanced": {"type": "object"},
-                    "triggers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "required": ["type", "metadata"],
-                            "additionalProperties": False,
-                            "properties": {
-                                "type": {"type": "string"},
-                                "name": {"type": "string"},
-                                "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
-                                "useCachedMetrics": {"type": "boolean"},
-                                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-                                "authenticationRef": {"type": "object"},
-                            },
-                        },
-                    },
-                },
-            }
-        },
-    },
-    "ServiceMonitor": {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {"spec": {"type": "object", "required": ["selector", "endpoints"]}},
-    },
-    "PodMonitor": {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {"spec": {"type": "object", "required": ["selector", "podMetricsEndpoints"]}},
-    },
-    "PrometheusRule": {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "spec": {
-                "type": "object",
-                "required": ["groups"],
-                "properties": {
-                    "groups": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["name", "rules"],
-                            "properties": {
-                                "rules": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "required": ["alert", "expr"],
-                                        "additionalProperties": False,
-                                        "properties": {
-                                            "alert": {"type": "string"},
-                                            "expr": {"type": "string"},
-                                            "for": {"type": "string"},
-                                            "labels": {"type": "object"},
-                                            "annotations": {"type": "object"},
-                                        },
-                                    },
-                                }
-                            },
-                        },
-                    }
-                },
-            }
-        },
-    },
+    "ScaledObject": _resource(_object(["scaleTargetRef", "triggers"], SCALED_OBJECT_SPEC, closed=True)),
+    "ServiceMonitor": _resource(_object(["selector", "endpoints"])),
+    "PodMonitor": _resource(_object(["selector", "podMetricsEndpoints"])),
+    "PrometheusRule": _resource(
+        _object(
+            ["groups"],
+            {
+                "groups": _array(
+                    _object(
+                        ["name", "rules"], {"rules": _array(_object(["alert", "expr"], ALERT, closed=True))}
+                    )
+                )
+            },
+        )
+    ),
 }
 
 
