@@ -39,15 +39,22 @@ def minilm(**sources) -> ModelConfig:
     )
 
 
-async def test_second_worker_loads_from_the_cluster_cache(make_runtime, tmp_path):
-    cluster = tmp_path / "cluster"
-    first = await make_runtime(
+async def publish_minilm(make_runtime, cluster: Path, disk: Path):
+    """A worker that loads MiniLM from its source directory and publishes it to the cluster cache
+    at ``cluster``; the vectors it encoded."""
+    worker = await make_runtime(
         [minilm(weights_path=str(gt.get_model_path()))],
         cluster_cache_url=str(cluster),
-        disk_cache_dir=str(tmp_path / "disk-1"),
+        disk_cache_dir=str(disk),
     )
-    want = await encode_ready(first, ID, ITEMS)
-    first.weights.flush()
+    got = await encode_ready(worker, ID, ITEMS)
+    worker.weights.flush()
+    return got
+
+
+async def test_second_worker_loads_from_the_cluster_cache(make_runtime, tmp_path):
+    cluster = tmp_path / "cluster"
+    want = await publish_minilm(make_runtime, cluster, tmp_path / "disk-1")
     entry = cluster / "acme--minilm-copy--main"
     assert (entry / MANIFEST).exists()
     assert (entry / "model.safetensors").stat().st_size == (
@@ -72,13 +79,7 @@ async def test_second_worker_loads_from_the_cluster_cache(make_runtime, tmp_path
 
 async def test_weights_of_loaded_models_are_protected_from_disk_eviction(make_runtime, tmp_path):
     cluster = tmp_path / "cluster"
-    seeder = await make_runtime(
-        [minilm(weights_path=str(gt.get_model_path()))],
-        cluster_cache_url=str(cluster),
-        disk_cache_dir=str(tmp_path / "seed"),
-    )
-    await encode_ready(seeder, ID, ITEMS)
-    seeder.weights.flush()
+    await publish_minilm(make_runtime, cluster, tmp_path / "seed")
     # a disk budget the MiniLM entry alone exceeds: it would be evicted if it were not in use
     rt = await make_runtime(
         [minilm(), fake_config("sie-fake-2")], cluster_cache_url=str(cluster), disk_budget_bytes=1_000_000

@@ -129,13 +129,19 @@ def seed_cluster(cluster: Path, *names: str, size: int = 1000) -> None:
         seeder.flush()
 
 
-def test_disk_cache_lru_eviction_over_a_synthetic_budget(tmp_path):
+def two_of_three_on_a_budget(tmp_path) -> WeightCache:
+    """An offline cache of a 2,500-byte disk budget over a cluster cache of ``a``, ``b`` and ``c``,
+    with ``a`` then ``b`` resolved: each entry is ~1030 bytes, and at 85 % at most two fit."""
     cluster = tmp_path / "cluster"
     seed_cluster(cluster, "a", "b", "c")
-    # each entry is ~1030 bytes; budget 2500 at 85 % → at most two entries fit
     cache = WeightCache(tmp_path / "d", cluster_url=str(cluster), disk_budget_bytes=2500, offline=True)
     cache.resolve(Source(ident="a"))
     cache.resolve(Source(ident="b"))
+    return cache
+
+
+def test_disk_cache_lru_eviction_over_a_synthetic_budget(tmp_path):
+    cache = two_of_three_on_a_budget(tmp_path)
     assert cache.local_entries() == ["a--main", "b--main"]
     cache.resolve(Source(ident="a"))  # a local hit makes "a" the most recently used
     assert cache.local_entries() == ["b--main", "a--main"]
@@ -147,11 +153,7 @@ def test_disk_cache_lru_eviction_over_a_synthetic_budget(tmp_path):
 
 
 def test_disk_eviction_spares_protected_entries(tmp_path):
-    cluster = tmp_path / "cluster"
-    seed_cluster(cluster, "a", "b", "c")
-    cache = WeightCache(tmp_path / "d", cluster_url=str(cluster), disk_budget_bytes=2500, offline=True)
-    cache.resolve(Source(ident="a"))
-    cache.resolve(Source(ident="b"))
+    cache = two_of_three_on_a_budget(tmp_path)
     cache.resolve(Source(ident="c"), protect={"a--main"})  # a model using "a" is loaded
     assert cache.local_entries() == ["a--main", "c--main"]
     assert cache.evicted == ["b--main"]
