@@ -152,6 +152,11 @@ class ModelLoadingError(_Answered):
 class ModelLoadFailedError(ServerError):
     """``502 MODEL_LOAD_FAILED``: the server gave up loading the model; never retried."""
 
+    model: str | None
+    error_class: str | None
+    permanent: bool
+    attempts: int
+
     def __init__(
         self,
         message: str,
@@ -163,15 +168,14 @@ class ModelLoadFailedError(ServerError):
         param: str | None = None,
         request: RequestMeta | None = None,
     ) -> None:
-        super().__init__(message, code="MODEL_LOAD_FAILED", status_code=502, param=param, request=request)
-        self.model = model
-        self.error_class = error_class
-        self.permanent = permanent
-        self.attempts = attempts
+        details = {"model": model, "error_class": error_class, "permanent": permanent, "attempts": attempts}
+        _Answered.__init__(self, message, "MODEL_LOAD_FAILED", 502, param=param, request=request, **details)
 
 
 class InputTooLongError(RequestError):
     """``400 INPUT_TOO_LONG``: an input does not fit the model and may not be truncated."""
+
+    model: str | None
 
     def __init__(
         self,
@@ -181,8 +185,7 @@ class InputTooLongError(RequestError):
         param: str | None = None,
         request: RequestMeta | None = None,
     ) -> None:
-        super().__init__(message, code="INPUT_TOO_LONG", status_code=400, param=param, request=request)
-        self.model = model
+        _Answered.__init__(self, message, "INPUT_TOO_LONG", 400, model=model, param=param, request=request)
 
 
 class RateLimitError(RequestError):
@@ -197,12 +200,14 @@ class RateLimitError(RequestError):
         param: str | None = None,
         request: RequestMeta | None = None,
     ) -> None:
-        super().__init__(message, code=code, status_code=429, param=param, request=request)
-        self.retry_after = retry_after
+        _Answered.__init__(self, message, code, 429, retry_after=retry_after, param=param, request=request)
 
 
 class ResourceExhaustedError(ServerError):
     """``503 RESOURCE_EXHAUSTED`` (out of accelerator memory) after the bounded retries."""
+
+    model: str | None
+    retries: int
 
     def __init__(
         self,
@@ -214,15 +219,17 @@ class ResourceExhaustedError(ServerError):
         request: RequestMeta | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(
-            message, "RESOURCE_EXHAUSTED", 503, param=param, request=request, retry_after=retry_after
-        )
-        self.model = model
-        self.retries = retries
+        details = {"model": model, "retries": retries, "retry_after": retry_after}
+        _Answered.__init__(self, message, "RESOURCE_EXHAUSTED", 503, param=param, request=request, **details)
 
 
 class IncompleteBatchError(ServerError):
     """A ``200`` whose ``items`` does not hold exactly one result per input."""
+
+    expected: int
+    received: int
+    model: str | None
+    missing_ids: list[str] | None
 
     def __init__(
         self,
@@ -236,10 +243,7 @@ class IncompleteBatchError(ServerError):
         request: RequestMeta | None = None,
         results: Sequence[Any] | None = None,
     ) -> None:
-        super().__init__(message, code=code, request=request)
-        self.expected = expected
-        self.received = received
-        self.model = model
-        self.missing_ids = missing_ids
+        details = {"expected": expected, "received": received, "model": model, "missing_ids": missing_ids}
+        _Answered.__init__(self, message, code, None, request=request, **details)
         self.results: list[Any] = list(results) if results is not None else []
         self.request_id: str | None = (request or {}).get("id")

@@ -13,6 +13,22 @@ from sdk.client import SIEClient
 from sdk.types import EncodeResult, Options, ScoreResult
 
 
+def missing_extra(what: str, package: str, extra: str) -> ImportError:
+    """The error of an adapter imported without its framework (the SDK's extra ``extra``)."""
+    return ImportError(
+        f"{what} need {package}: pip install {package} (in the checkout: .venv/bin/pip install -e '.[{extra}]')"
+    )
+
+
+class Settings(TypedDict, total=False):
+    """What an adapter's calls go with, besides the model (see :class:`Backend`)."""
+
+    base_url: str | None
+    api_key: str | None
+    gpu: str | None
+    options: Options | None
+
+
 class _Routed(TypedDict, total=False):
     options: Options
     gpu: str

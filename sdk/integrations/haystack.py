@@ -9,18 +9,16 @@ pipeline.add_component("embedder", SIETextEmbedder(model="sentence-transformers/
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Unpack
+
+from sdk.integrations._common import Backend, Settings, missing_extra
 
 try:
     from haystack import Document, component, default_from_dict, default_to_dict
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "The Haystack components need haystack-ai: pip install haystack-ai "
-        "(in the checkout: .venv/bin/pip install -e '.[haystack]')"
-    ) from exc
+    raise missing_extra("The Haystack components", "haystack-ai", "haystack") from exc
 
 from sdk.client import SIEClient
-from sdk.integrations._common import Backend
 from sdk.types import Options
 
 
@@ -60,20 +58,12 @@ class _SIEComponent:
 
     instruction: str | None = None
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        gpu: str | None = None,
-        options: Options | None = None,
-    ) -> None:
+    def __init__(self, model: str, **settings: Unpack[Settings]) -> None:
         self.model = model
-        self.base_url = base_url
-        self.api_key = api_key
-        self.gpu = gpu
-        self.options = options
+        self.base_url = settings.get("base_url")
+        self.api_key = settings.get("api_key")
+        self.gpu = settings.get("gpu")
+        self.options = settings.get("options")
         self._backend: Backend | None = None
 
     def _init_parameters(self) -> _Params:
@@ -103,8 +93,8 @@ class _SIEComponent:
 class SIETextEmbedder(_SIEComponent):
     """Embeds one text as a query (``is_query`` true): ``{"embedding": [...], "meta": {...}}``."""
 
-    def __init__(self, model: str, *, instruction: str | None = None, **kwargs: Any) -> None:
-        _SIEComponent.__init__(self, model, **kwargs)
+    def __init__(self, model: str, *, instruction: str | None = None, **settings: Unpack[Settings]) -> None:
+        _SIEComponent.__init__(self, model, **settings)
         self.instruction = instruction
 
     def _init_parameters(self) -> _Params:
@@ -123,9 +113,14 @@ class SIEDocumentEmbedder(_SIEComponent):
     """Embeds documents (``is_query`` false) in batches; each document comes back with ``embedding``."""
 
     def __init__(
-        self, model: str, *, instruction: str | None = None, batch_size: int = 64, **kwargs: Any
+        self,
+        model: str,
+        *,
+        instruction: str | None = None,
+        batch_size: int = 64,
+        **settings: Unpack[Settings],
     ) -> None:
-        _SIEComponent.__init__(self, model, **kwargs)
+        _SIEComponent.__init__(self, model, **settings)
         self.instruction = instruction
         self.batch_size = batch_size
 
@@ -148,8 +143,8 @@ class SIERanker(_SIEComponent):
     """Ranks documents against a query with a score model: the ``top_k`` best, best first, each
     with ``score``."""
 
-    def __init__(self, model: str, *, top_k: int | None = 10, **kwargs: Any) -> None:
-        _SIEComponent.__init__(self, model, **kwargs)
+    def __init__(self, model: str, *, top_k: int | None = 10, **settings: Unpack[Settings]) -> None:
+        _SIEComponent.__init__(self, model, **settings)
         self.top_k = top_k
 
     def _init_parameters(self) -> _Params:

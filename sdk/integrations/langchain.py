@@ -13,20 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sdk.integrations._common import Backend, missing_extra
+
 try:
     from langchain_core.callbacks import Callbacks
     from langchain_core.documents import BaseDocumentCompressor, Document
     from langchain_core.embeddings import Embeddings
     from pydantic import ConfigDict, PrivateAttr
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "SIEEmbeddings and SIERerank need langchain-core: pip install langchain-core "
-        "(in the checkout: .venv/bin/pip install -e '.[langchain]')"
-    ) from exc
+    raise missing_extra("SIEEmbeddings and SIERerank", "langchain-core", "langchain") from exc
 
 from sdk.async_client import SIEAsyncClient
 from sdk.client import SIEClient
-from sdk.integrations._common import Backend
 from sdk.types import Options
 
 

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from sdk.integrations._common import Backend, missing_extra
+
 try:
     from llama_index.core.bridge.pydantic import Field, PrivateAttr
     from llama_index.core.embeddings import BaseEmbedding
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
     from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "SIEEmbedding and SIERerank need llama-index-core: pip install llama-index-core "
-        "(in the checkout: .venv/bin/pip install -e '.[llamaindex]')"
-    ) from exc
+    raise missing_extra("SIEEmbedding and SIERerank", "llama-index-core", "llamaindex") from exc
 
 from sdk.async_client import SIEAsyncClient
 from sdk.client import SIEClient
-from sdk.integrations._common import Backend
 from sdk.types import Options
 
 _URL = "gateway or sie serve URL (else SIE_BASE_URL)"
