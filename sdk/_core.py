@@ -9,6 +9,7 @@ those steps with its HTTP library, its sleep and its renewers; nothing in here t
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,20 @@ class Renewal:
 Step = Request | Sleep | Renewal
 Reply = Response | Failure
 Call = Generator[Step, Reply | None, T]
+
+
+def method_signature(call: Callable[..., object]) -> inspect.Signature:
+    """The signature of the client method that runs ``call``: ``self`` where the call takes the
+    session, and the call's result (``X`` of ``Call[X]``) as what it returns."""
+    signature = inspect.signature(call)
+    session, *parameters = signature.parameters.values()
+    result = signature.return_annotation
+    if isinstance(result, str) and result.startswith("Call[") and result.endswith("]"):
+        result = result[len("Call[") : -1]
+    return signature.replace(
+        parameters=[session.replace(name="self", annotation=inspect.Parameter.empty), *parameters],
+        return_annotation=result,
+    )
 
 
 @dataclass

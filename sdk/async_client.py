@@ -14,7 +14,7 @@ import aiohttp
 from sdk import _calls as C
 from sdk import _wire as W
 from sdk import status as S
-from sdk._core import Call, Failure, Renewal, Reply, Request, Response, Session, Sleep
+from sdk._core import Call, Failure, Renewal, Reply, Request, Response, Session, Sleep, method_signature
 from sdk._retry import Transport
 from sdk.types import Options
 
@@ -51,6 +51,7 @@ def _awaited(
     async def method(client: SIEAsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await client._run(call(client._session, *args, **kwargs))
 
+    method.__signature__ = method_signature(call)  # type: ignore[attr-defined]
     return method
 
 

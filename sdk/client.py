@@ -15,7 +15,7 @@ import httpx
 from sdk import _calls as C
 from sdk import _wire as W
 from sdk import status as S
-from sdk._core import Call, Failure, Renewal, Reply, Request, Response, Session, Sleep
+from sdk._core import Call, Failure, Renewal, Reply, Request, Response, Session, Sleep, method_signature
 from sdk._retry import Transport
 from sdk.types import Options
 
@@ -50,6 +50,7 @@ def _blocking(call: Callable[Concatenate[Session, P], Call[T]]) -> Callable[Conc
     def method(client: SIEClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return client._run(call(client._session, *args, **kwargs))
 
+    method.__signature__ = method_signature(call)  # type: ignore[attr-defined]
     return method
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, cast
 
 SIGNATURES = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -35,10 +35,17 @@ def _jpeg(image: Any) -> bytes:
     return out.getvalue()
 
 
-def to_wire_image(value: Any) -> dict[str, Any]:
+class WireImage(TypedDict):
+    """An image as the servers read it: its encoded bytes and their format (``None``: unknown)."""
+
+    data: bytes
+    format: str | None
+
+
+def to_wire_image(value: Any) -> WireImage:
     """One image (PIL image, numpy array, path, bytes or wire dict) as ``{"data", "format"}``."""
     if isinstance(value, Mapping) and "data" in value:
-        return dict(value)
+        return cast(WireImage, dict(value))  # already in wire form: sent as the caller wrote it
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
         return {"data": data, "format": sniff_format(data)}
