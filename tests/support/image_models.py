@@ -50,19 +50,24 @@ def model_yaml(name: str, path: Path, maxlen: int, loadtime: dict) -> str:
 CLIP_LOADTIME = {"max_image_pixels": 1_000_000}
 
 
+def text_tower(tok, positions: int) -> dict:
+    """The config of a text tower over the tokenizer ``tok``'s vocabulary, ``positions`` long."""
+    return {
+        **TOWER,
+        "vocab_size": tok.vocab_size,
+        "max_position_embeddings": positions,
+        "eos_token_id": tok.sep_token_id,
+        "bos_token_id": tok.cls_token_id,
+        "pad_token_id": tok.pad_token_id,
+    }
+
+
 def build_image_checkpoints(root: Path) -> dict:
     tok = AutoTokenizer.from_pretrained(str(MINILM))
     torch.manual_seed(0)
     clip = root / "clip"
     cfg = CLIPConfig(
-        text_config={
-            **TOWER,
-            "vocab_size": tok.vocab_size,
-            "max_position_embeddings": 64,
-            "eos_token_id": tok.sep_token_id,
-            "bos_token_id": tok.cls_token_id,
-            "pad_token_id": tok.pad_token_id,
-        },
+        text_config=text_tower(tok, 64),
         vision_config={**TOWER, "image_size": 32, "patch_size": 8},
         projection_dim=16,
     )
@@ -73,14 +78,7 @@ def build_image_checkpoints(root: Path) -> dict:
     tok.save_pretrained(str(clip))
     siglip = root / "siglip"
     scfg = SiglipConfig(
-        text_config={
-            **TOWER,
-            "vocab_size": tok.vocab_size,
-            "max_position_embeddings": 16,
-            "eos_token_id": tok.sep_token_id,
-            "bos_token_id": tok.cls_token_id,
-            "pad_token_id": tok.pad_token_id,
-        },
+        text_config=text_tower(tok, 16),
         vision_config={**TOWER, "image_size": 32, "patch_size": 8},
     )
     SiglipModel(scfg).save_pretrained(str(siglip))
