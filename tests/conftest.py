@@ -37,6 +37,14 @@ SLOW_FIRST = [
 ]
 
 
+@pytest.fixture(scope="session")
+def sdk():
+    """Skips the test where the public sie-sdk cannot run here (tests.support.sdk312)."""
+    reason = sdk_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

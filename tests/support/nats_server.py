@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from deploy.launcher import nats_server_binary
+from tests.support import processes
 
 # Test servers listen on ports below the kernel's ephemeral range. A port the kernel hands out for
 # ``bind(0)`` is ephemeral: until the server that is to use it binds it, any outbound connection on
@@ -102,13 +103,7 @@ class NatsServer:
         raise RuntimeError("nats-server did not start in time")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        processes.stop(self.proc, 5)
         self.proc = None
 
     def pause(self, timeout: float = 10.0) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,6 +46,18 @@ def ctrl_c_at_default() -> None:
     a script), every child inherits that, and Python then keeps ignoring it: ``sie up`` would never
     see the test's Ctrl-C."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop(proc: subprocess.Popen | None, grace: float, sig: int = signal.SIGTERM) -> None:
+    """``sig`` to ``proc`` while it runs, and SIGKILL if it has not exited ``grace`` seconds later."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def children(pid: int) -> list[int]:

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.support import processes
 from tests.support.nats_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,13 +64,7 @@ class ServeProcess:
         return Path(self.log_path).read_text(errors="replace")[-5000:]
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        processes.stop(self.proc, 10)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -10,60 +10,25 @@ reaches the final epoch (the deltas and its poller carry the writes across the f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import socket
 import threading
 import time
-import uuid
 
 import httpx
 import pytest
 
 from sdk.client import SIEClient
-from tests.integration.cluster.test_sie_up_supervision import SieUp
+from tests.support import postgres
+from tests.support.model_yaml import fake_model
 from tests.support.polling import wait_until
-
-MODEL_YAML = """
-sie_id: {model_id}
-package_backed: true
-tasks:
-  encode:
-    dense: {{dim: 8}}
-profiles:
-  default:
-    adapter_path: worker.adapters.fake:FakeAdapter
-    max_batch_tokens: 4096
-"""
+from tests.support.sie_up import SieUp
 
 
 @pytest.fixture
 def pg_url():
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=0.5):
-            pass
-    except OSError:
-        pytest.skip("PostgreSQL does not answer on 127.0.0.1:5432")
-    import psycopg
-
-    conn, user = None, ""
-    for user in ("postgres", "root"):
-        with contextlib.suppress(Exception):
-            conn = psycopg.connect(
-                host="127.0.0.1", port=5432, user=user, dbname="test", connect_timeout=2, autocommit=True
-            )
-            break
-    if conn is None:
-        pytest.skip("PostgreSQL at 127.0.0.1:5432 takes no connection as postgres or root")
-    name = f"sie_failover_{uuid.uuid4().hex[:12]}"
-    conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql://{user}@127.0.0.1:5432/{name}"
-    finally:
-        with contextlib.suppress(Exception):
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.close()
+    with postgres.databases("sie_failover", skip_without_login=True) as (url,):
+        yield url
 
 
 class Observed:
@@ -87,7 +52,7 @@ def admin(up: SieUp, token: str, k: int, stop: threading.Event, seen: Observed) 
     with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {token}"}) as c:
         while not stop.is_set():
             model_id = f"acme/failover-{k}-{i}"
-            body = MODEL_YAML.format(model_id=model_id)
+            body = fake_model(model_id)
             start = time.monotonic()
             acked = False
             while time.monotonic() - start < 60 and not acked:

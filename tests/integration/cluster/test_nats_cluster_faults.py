@@ -28,21 +28,14 @@ import httpx
 import pytest
 
 from tests.integration.cluster.test_sie_up_faults import LOAD, rate_before, recovery_s
-from tests.integration.cluster.test_sie_up_supervision import SieUp
 from tests.support.polling import wait_until
-from tests.support.sdk312 import run_sdk, sdk_unavailable
+from tests.support.sdk312 import run_sdk
+from tests.support.sie_up import SieUp
 
 pytestmark = pytest.mark.ha
 
 STREAM = "WORK_POOL_default"
 DURABLE = "default_cpu_default"  # the interactive durable of the default lane
-
-
-@pytest.fixture(scope="module")
-def sdk():
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
 
 
 def stream_leader(up: SieUp, stream: str = STREAM) -> str | None:

@@ -14,11 +14,11 @@ import time
 import httpx
 import pytest
 
-from tests.integration.cluster.test_sie_up_faults import LOAD, sdk  # noqa: F401 - the fixture
-from tests.integration.cluster.test_sie_up_supervision import SieUp
+from tests.integration.cluster.test_sie_up_faults import LOAD
 from tests.support.polling import wait_until
 from tests.support.processes import alive, children
 from tests.support.sdk312 import run_sdk
+from tests.support.sie_up import SieUp
 
 
 def healthy_workers(gateway: str) -> set[str]:

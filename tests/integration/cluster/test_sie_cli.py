@@ -5,12 +5,10 @@ directory outside the checkout that find the cluster by themselves, and ``sie do
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,23 +16,13 @@ import httpx
 import pytest
 
 from tests.support.cluster import wait_for_worker
-from tests.support.nats_server import free_port
+from tests.support.model_yaml import fake_model
 from tests.support.processes import Identity, ctrl_c_at_default, identities, kill_if_same
+from tests.support.sie_up import FAST, REPO, cli, free_ports, up_args, user_env
 
-REPO = Path(__file__).resolve().parents[3]
 ALL = ("nats", "config", "worker", "sidecar", "gateway")
 
-FAKE_YAML = """
-sie_id: acme/cli-fake
-package_backed: true
-tasks:
-  encode:
-    dense: {dim: 8}
-profiles:
-  default:
-    adapter_path: worker.adapters.fake:FakeAdapter
-    max_batch_tokens: 4096
-"""
+FAKE_YAML = fake_model("acme/cli-fake")
 
 
 class User:
@@ -43,25 +31,11 @@ class User:
     def __init__(self, root: Path) -> None:
         self.cwd = root / "elsewhere"
         self.cwd.mkdir()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
-        self.env.update(
-            {
-                "PYTHONPATH": str(REPO),
-                "XDG_STATE_HOME": str(root / "xdg"),
-                "SIE_HF_OFFLINE": "1",
-                "HF_HUB_OFFLINE": "1",
-                "SIE_TORCH_THREADS": "1",
-                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
-                "SIE_GATEWAY_WORKER_WARMUP_S": "1",
-            }
-        )
-
-    def cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "deploy.cli", *args]
+        self.env = user_env(root / "xdg", {"PYTHONPATH": str(REPO), **FAST})
 
     def run(self, *args: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            self.cmd(*args),
+            cli(*args),
             cwd=self.cwd,
             env={**self.env, **env},
             capture_output=True,
@@ -74,24 +48,9 @@ class Detached:
     def __init__(self, root: Path) -> None:
         self.user = User(root)
         self.state = root / "state"
-        self.ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
+        self.ports = free_ports()
         self.gateway = f"http://127.0.0.1:{self.ports['gw']}"
         self.config = f"http://127.0.0.1:{self.ports['cfg']}"
-
-    def up_args(self, state: Path, ports: dict[str, int]) -> list[str]:
-        return [
-            "up",
-            "--port",
-            str(ports["gw"]),
-            "--config-port",
-            str(ports["cfg"]),
-            "--nats-port",
-            str(ports["nats"]),
-            "--state-dir",
-            str(state),
-            "--preload",
-            "sie-fake",
-        ]
 
     def pids(self) -> list[int]:
         doc = json.loads((self.state / "status.json").read_text())
@@ -101,7 +60,7 @@ class Detached:
 @pytest.fixture(scope="module")
 def detached(tmp_path_factory):
     d = Detached(Path(tmp_path_factory.mktemp("sie-cli")))
-    started = d.user.run(*d.up_args(d.state, d.ports), "--detach")
+    started = d.user.run(*up_args(d.state, d.ports), "--detach")
     owned: set[Identity] = set()
     try:
         assert started.returncode == 0, started.stdout + started.stderr
@@ -117,15 +76,15 @@ def detached(tmp_path_factory):
 def test_a_second_sie_up_on_the_same_ports_says_so_and_touches_nothing(detached, tmp_path):
     logs = {n: (detached.state / "logs" / f"{n}.log").stat().st_size for n in ALL}
     other = tmp_path / "other-state"
-    second = detached.user.run(*detached.up_args(other, detached.ports), timeout=60)
+    second = detached.user.run(*up_args(other, detached.ports), timeout=60)
     assert second.returncode == 1
     assert f"port {detached.ports['gw']} is in use (another sie up?)" in second.stderr, second.stderr
     assert "sie-cluster is up" not in second.stdout
     assert not other.exists()  # nothing created, no nats-server started on another store
     assert {n: (detached.state / "logs" / f"{n}.log").stat().st_size for n in ALL} == logs
     # the same state directory on free ports: refused because that directory's sie up runs
-    fresh = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
-    third = detached.user.run(*detached.up_args(detached.state, fresh), timeout=60)
+    fresh = free_ports()
+    third = detached.user.run(*up_args(detached.state, fresh), timeout=60)
     assert third.returncode == 1 and "belongs to a running sie up" in third.stderr, third.stderr
     assert {n: (detached.state / "logs" / f"{n}.log").stat().st_size for n in ALL} == logs
 
@@ -204,7 +163,7 @@ def test_models_list_and_the_gateway_say_where_the_weights_are(detached):
 def test_sie_down_stops_the_cluster_gateway_first(detached):
     pids = detached.pids()
     follow = subprocess.Popen(
-        detached.user.cmd("logs", "gateway", "-f"),
+        cli("logs", "gateway", "-f"),
         cwd=detached.user.cwd,
         env=detached.user.env,
         stdout=subprocess.PIPE,

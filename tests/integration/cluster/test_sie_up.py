@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import signal
 import stat
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,12 +16,21 @@ import httpx
 import pytest
 
 from tests.support.cluster import wait_for_worker
-from tests.support.nats_server import free_port
-from tests.support.processes import Identity, ctrl_c_at_default, identities, kill_if_same
+from tests.support.model_yaml import extends_default, fake_model
+from tests.support.processes import Identity, identities, kill_if_same
+from tests.support.sie_up import (
+    FAST,
+    REPO,
+    SDK,
+    cli,
+    free_ports,
+    launch,
+    up_args,
+    user_env,
+    wait_readyz,
+    wait_status_ready,
+)
 from worker import POD_OMP_PROC_BIND, POD_OMP_SPINCOUNT
-
-REPO = Path(__file__).resolve().parents[3]
-SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
 
 
 def _children(pid: int) -> list[int]:
@@ -50,60 +57,17 @@ def _kill_all(proc: subprocess.Popen, children: set[Identity]) -> None:
 
 
 def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
-    ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SIE_") and k not in ("GOMP_SPINCOUNT", "OMP_PROC_BIND")
-    }
-    env.update(
-        {
-            "SIE_HF_OFFLINE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "SIE_TORCH_THREADS": "2",
-            "XDG_STATE_HOME": str(tmp_path / "xdg"),
-            "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
-            "SIE_GATEWAY_WORKER_WARMUP_S": "1",
-        }
+    ports = free_ports()
+    # two intra-op threads, and none of the test's own OpenMP settings
+    env = user_env(
+        tmp_path / "xdg", {"SIE_TORCH_THREADS": "2", **FAST}, drop=("GOMP_SPINCOUNT", "OMP_PROC_BIND")
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "deploy.cli",
-        "up",
-        "--port",
-        str(ports["gw"]),
-        "--config-port",
-        str(ports["cfg"]),
-        "--nats-port",
-        str(ports["nats"]),
-        "--state-dir",
-        str(tmp_path / "state"),
-        "--preload",
-        "sie-fake",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=ctrl_c_at_default,
-    )
+    proc = launch(up_args(tmp_path / "state", ports), env)
     children: list[int] = []
     owned: set[Identity] = set()
     gateway = f"http://127.0.0.1:{ports['gw']}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(gateway + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_readyz(proc, gateway)
         children = _children(proc.pid)
         owned = identities(children)
         assert len(children) == 5  # nats-server, config service, worker, sidecar, gateway
@@ -120,7 +84,7 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         r = httpx.post(
             gateway + "/v1/encode/sie-fake",
             json={"items": [{"text": "up"}]},
-            headers={"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"},
+            headers=SDK,
             timeout=60,
         )
         assert r.status_code == 200 and len(r.json()["items"][0]["dense"]["values"]) == 384
@@ -170,86 +134,31 @@ def test_sie_up_serves_through_the_gateway_and_stops_cleanly(tmp_path):
         _kill_all(proc, owned)
 
 
-SLOW_YAML = """
-sie_id: acme/slow
-package_backed: true
-tasks:
-  encode:
-    dense: {dim: 8}
-profiles:
-  default:
-    adapter_path: worker.adapters.fake:FakeAdapter
-    max_batch_tokens: 4096
-  slow:
-    extends: default
-    adapter_options:
-      loadtime: {batch_delay_ms: 4000}
-"""
+SLOW_YAML = fake_model("acme/slow", profiles={"slow": extends_default(loadtime={"batch_delay_ms": 4000})})
 
 
 def test_ctrl_c_answers_the_request_in_flight_and_stops_gateway_first(tmp_path):
     """Ctrl-C (SIGINT to the foreground process group) with a request in flight: the request the
     gateway holds is answered, not dropped, and the stop order is printed."""
-    ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
+    ports = free_ports()
     state = tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
-    env.update(
-        {
-            "SIE_HF_OFFLINE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "SIE_TORCH_THREADS": "1",
-            "XDG_STATE_HOME": str(tmp_path / "xdg"),
-            "PYTHONPATH": str(REPO),
-            "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
-            "SIE_GATEWAY_WORKER_WARMUP_S": "1",
-        }
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "deploy.cli",
-        "up",
-        "--port",
-        str(ports["gw"]),
-        "--config-port",
-        str(ports["cfg"]),
-        "--nats-port",
-        str(ports["nats"]),
-        "--state-dir",
-        str(state),
-        "--preload",
-        "sie-fake",
-    ]
+    env = user_env(tmp_path / "xdg", {"PYTHONPATH": str(REPO), **FAST})
     # its own process group, as a shell gives a foreground job: Ctrl-C is SIGINT to that group
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        preexec_fn=ctrl_c_at_default,
-    )
+    proc = launch(up_args(state, ports), env, own_session=True)
     gateway = f"http://127.0.0.1:{ports['gw']}"
     pids: list[int] = []
     owned: set[Identity] = set()
     result: dict[str, object] = {}
     try:
         deadline = time.monotonic() + 120  # generous: only guards against a hang
-        while (
-            not (state / "status.json").exists()
-            or not json.loads((state / "status.json").read_text())["ready"]
-        ):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.3)
+        wait_status_ready(proc, state, deadline)
         pids = _children(proc.pid)
         owned = identities(pids)
         wait_for_worker(gateway)
         model = tmp_path / "slow.yaml"
         model.write_text(SLOW_YAML)
         added = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", "models", "add", str(model), "--state-dir", str(state)],
+            cli("models", "add", str(model), "--state-dir", str(state)),
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -316,53 +225,14 @@ def _alive(pid: int) -> bool:
 def test_sie_up_ending_otherwise_leaves_no_process_behind(tmp_path, sig):
     """The children have their own sessions, so they no longer get the terminal's SIGHUP: sie up
     stops them in order on SIGHUP, and a sie up killed outright takes them with it."""
-    ports = {"gw": free_port(), "cfg": free_port(), "nats": free_port()}
+    ports = free_ports()
     state = tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
-    env.update(
-        {
-            "SIE_HF_OFFLINE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "SIE_TORCH_THREADS": "1",
-            "XDG_STATE_HOME": str(tmp_path / "xdg"),
-        }
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "deploy.cli",
-        "up",
-        "--port",
-        str(ports["gw"]),
-        "--config-port",
-        str(ports["cfg"]),
-        "--nats-port",
-        str(ports["nats"]),
-        "--state-dir",
-        str(state),
-        "--preload",
-        "sie-fake",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        preexec_fn=ctrl_c_at_default,
-    )
+    proc = launch(up_args(state, ports), user_env(tmp_path / "xdg"), own_session=True)
     pids: list[int] = []
     owned: set[Identity] = set()
     try:
         deadline = time.monotonic() + 120  # generous: only guards against a hang
-        while (
-            not (state / "status.json").exists()
-            or not json.loads((state / "status.json").read_text())["ready"]
-        ):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.3)
+        wait_status_ready(proc, state, deadline)
         pids = _children(proc.pid)
         owned = identities(pids)
         assert len(pids) == 5

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.integration.cluster.test_sie_up_supervision import SieUp
+from tests.support.sie_up import SieUp
 
 openai = pytest.importorskip("openai")
 

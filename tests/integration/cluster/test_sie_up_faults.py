@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from tests.integration.cluster.test_sie_up_supervision import SieUp
-from tests.support.sdk312 import run_sdk, sdk_unavailable
+from tests.support.sdk312 import run_sdk
+from tests.support.sie_up import SieUp
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 LOAD = """
@@ -59,13 +59,6 @@ with SIEClient(URL) as c:
         results = [r for rs in pool.map(worker, range(THREADS)) for r in rs]
 print(json.dumps({"results": results}))
 """
-
-
-@pytest.fixture(scope="module")
-def sdk():
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
 
 
 def run_victim(

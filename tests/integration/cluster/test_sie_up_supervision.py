@@ -3,154 +3,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.cluster import wait_for_worker
-from tests.support.nats_server import free_port, free_port_run
-from tests.support.processes import Identity, ctrl_c_at_default, identities, kill_if_same
-
-REPO = Path(__file__).resolve().parents[3]
-SDK = {"Accept": "application/json", "X-SIE-SDK-Version": "0.10.1"}
-
-
-class SieUp:
-    """``python -m deploy.cli up`` as a subprocess on free ports, with ``preload`` (sie-fake) loaded."""
-
-    def __init__(
-        self,
-        state: Path,
-        preload: str = "sie-fake",
-        gateways: int = 1,
-        workers: int = 1,
-        model_processes: int = 1,
-        metrics_port: int = 0,
-        nats_replicas: int = 1,
-        extra_env: dict[str, str] | None = None,
-        config_replicas: int = 1,
-        config_db: str = "",
-    ) -> None:
-        self.config_replicas = config_replicas
-        self.config_db = config_db
-        self.state = state
-        self.nats_replicas = nats_replicas
-        self.preload = preload
-        self.gateways = gateways
-        self.workers = workers
-        self.model_processes = model_processes
-        self.metrics_port = metrics_port
-        # a cluster's members take the 3 × replicas ports from --nats-port on (clients, routes, monitoring)
-        nats = free_port() if nats_replicas == 1 else free_port_run(3 * nats_replicas)
-        cfg = free_port() if config_replicas == 1 else free_port_run(config_replicas)
-        self.ports = {"gw": free_port(), "cfg": cfg, "nats": nats}
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
-        self.env.update(
-            {
-                "SIE_HF_OFFLINE": "1",
-                "HF_HUB_OFFLINE": "1",
-                "SIE_TORCH_THREADS": "1",
-                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
-                "SIE_GATEWAY_WORKER_WARMUP_S": "1",
-                "XDG_STATE_HOME": str(state.parent / "xdg"),  # sie up records its state dir there
-                **(extra_env or {}),
-            }
-        )
-        self.gateway = f"http://127.0.0.1:{self.ports['gw']}"
-        # the members' monitoring ports (/healthz, /jsz), after their client and route ports
-        self.nats_monitor_ports = (
-            [nats + 2 * nats_replicas + i for i in range(nats_replicas)] if nats_replicas > 1 else []
-        )
-        self.proc: subprocess.Popen | None = None
-        self.pids: set[Identity] = set()  # every child it had, by pid and start time
-
-    def start(self) -> SieUp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "deploy.cli",
-            "up",
-            "--port",
-            str(self.ports["gw"]),
-            "--config-port",
-            str(self.ports["cfg"]),
-            "--nats-port",
-            str(self.ports["nats"]),
-            "--state-dir",
-            str(self.state),
-            "--preload",
-            self.preload,
-            "--gateways",
-            str(self.gateways),
-            "--workers",
-            str(self.workers),
-            "--model-processes",
-            str(self.model_processes),
-            "--metrics-port",
-            str(self.metrics_port),
-            "--nats-replicas",
-            str(self.nats_replicas),
-            "--config-replicas",
-            str(self.config_replicas),
-            *(["--config-db", self.config_db] if self.config_db else []),
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=ctrl_c_at_default,
-        )
-        deadline = time.monotonic() + 120  # generous: only guards against a hang
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.proc.stdout.read()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.gateway + "/readyz", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.3)
-        wait_for_worker(self.gateway)
-        return self
-
-    def children(self) -> dict[str, dict]:
-        doc = json.loads((self.state / "status.json").read_text())
-        rows = {c["name"]: c for c in doc["children"]}
-        self.pids |= identities(c["pid"] for c in rows.values())
-        return rows
-
-    def status_command(self) -> tuple[int, str]:
-        out = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", "status", "--state-dir", str(self.state)],
-            cwd=REPO,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return out.returncode, out.stdout + out.stderr
-
-    def stop(self) -> str:
-        output = ""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc is not None:
-            output = self.proc.stdout.read()
-        kill_if_same(self.pids)
-        return output
+from tests.support.nats_server import free_port_run
+from tests.support.sie_up import SDK, SieUp
 
 
 def encode_until_ok(gateway: str, text: str, timeout: float = 120.0) -> httpx.Response:

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.integration.cluster.test_sie_up_supervision import SieUp
+from tests.support.sie_up import SieUp
 from tests.support.soak import Plan, Soak
 
 HOUR_MINUTES = float(os.environ.get("SIE_SOAK_MINUTES", "60"))

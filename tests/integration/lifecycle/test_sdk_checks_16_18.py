@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.sdk312 import run_sdk, sdk_unavailable
+from tests.support.sdk312 import run_sdk
 from tests.support.serve import ServeProcess
 
 FAST_RETRIES = {
@@ -18,13 +18,6 @@ FAST_RETRIES = {
     "SIE_RESOURCE_EXHAUSTED_RETRY_AFTER_S": "1",
     "SIE_MEMORY_MONITOR_INTERVAL_S": "0",
 }
-
-
-@pytest.fixture(scope="module")
-def sdk():
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
 
 
 @pytest.fixture

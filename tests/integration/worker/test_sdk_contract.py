@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.support.sdk312 import run_sdk, sdk_unavailable
+from tests.support.sdk312 import run_sdk
 from tests.support.serve import ServeProcess
 from worker.models.precision import cpu_has_native_bf16
 
@@ -19,13 +19,6 @@ D = "sentence-transformers/all-MiniLM-L6-v2"
 def server():
     with ServeProcess(env={"SIE_PRELOAD_MODELS": D}) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def sdk():
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
 
 
 def test_checks_1_2_4_8_13_14_15_with_public_sdk(server, sdk):
