@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from tests.benchmarks.cluster_ab import VariantCluster
-    from tests.support.nats_server import free_port
+    from tests.support.cluster import free_cluster_ports
 
     os.environ.update({
         "SIE_TORCH_THREADS": str(os.cpu_count() or 1), "SIE_HF_OFFLINE": "1",
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for name, pairs in (("A", args.a), ("B", args.b)):
                 clusters[name] = VariantCluster(
-                    state_dir=Path(tmp) / name, gateway_port=free_port(), config_port=free_port(),
-                    nats_port=free_port(), preload=D, extra=dict(p.split("=", 1) for p in pairs),
+                    state_dir=Path(tmp) / name, **free_cluster_ports(), preload=D,
+                    extra=dict(p.split("=", 1) for p in pairs),
                 )  # fmt: skip
                 clusters[name].start(say=lambda line: None)
                 print(f"{name}: {' '.join(pairs) or '(defaults)'}", flush=True)

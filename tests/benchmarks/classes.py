@@ -222,7 +222,7 @@ def bench_classes(
     worker_cpus: int = 0,
 ) -> list[str]:
     from deploy.launcher import Cluster
-    from tests.support.nats_server import free_port
+    from tests.support.cluster import free_cluster_ports
 
     if worker_cpus:  # the workers' torch threads as many as their CPUs, as the launcher sets them
         threads = worker_cpus
@@ -235,9 +235,7 @@ def bench_classes(
     with tempfile.TemporaryDirectory(prefix="sie-bench-classes-") as tmp:
         cluster = Cluster(
             state_dir=Path(tmp),
-            gateway_port=free_port(),
-            config_port=free_port(),
-            nats_port=free_port(),
+            **free_cluster_ports(),
             preload=f"{D},sie-fake",
             worker_cpus=worker_cpus,
         )

@@ -23,7 +23,7 @@ from pathlib import Path
 from deploy.launcher import Cluster
 from tests.benchmarks.load import run_load
 from tests.benchmarks.run import OFF, D, sentences
-from tests.support.nats_server import free_port
+from tests.support.cluster import free_cluster_ports
 from tests.support.serve import ServeProcess
 
 
@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, extra in variants.items():
                 clusters[name] = VariantCluster(
                     state_dir=Path(tmp) / name,
-                    gateway_port=free_port(),
-                    config_port=free_port(),
-                    nats_port=free_port(),
+                    **free_cluster_ports(),
                     preload=args.model,
                     extra=extra,
                 )

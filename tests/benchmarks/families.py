@@ -29,42 +29,10 @@ from tests.support.serve import ServeProcess
 from tests.unit.families import checkpoints as ck
 
 WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "was",
-    "with",
-    "be",
-    "by",
-    "on",
-    "not",
-    "this",
-    "are",
-    "or",
-    "from",
-    "at",
-    "which",
-    "but",
-    "have",
-    "an",
-    "they",
-    "machine",
-    "learning",
-    "model",
-    "query",
-    "document",
-    "search",
-    "rank",
-    "token",
-    "vector",
-]
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on",
+    "not", "this", "are", "or", "from", "at", "which", "but", "have", "an", "they", "machine",
+    "learning", "model", "query", "document", "search", "rank", "token", "vector",
+]  # fmt: skip
 NAMES = ["Steve Jobs", "Maria Lopez", "John Smith", "Anna Berg"]
 ORGS = ["Apple", "Google", "Microsoft", "Siemens"]
 

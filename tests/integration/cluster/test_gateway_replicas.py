@@ -9,7 +9,7 @@ import urllib.request
 
 from deploy.launcher import Cluster
 from iokit.http import READY_PID_HEADER
-from tests.support.nats_server import free_port
+from tests.support.cluster import free_cluster_ports
 
 
 def test_every_gateway_replica_is_ready_when_the_cluster_says_it_is_up(tmp_path, monkeypatch):
@@ -17,9 +17,7 @@ def test_every_gateway_replica_is_ready_when_the_cluster_says_it_is_up(tmp_path,
     monkeypatch.setenv("SIE_TORCH_THREADS", "1")
     cluster = Cluster(
         state_dir=tmp_path / "state",
-        gateway_port=free_port(),
-        config_port=free_port(),
-        nats_port=free_port(),
+        **free_cluster_ports(),
         preload="sie-fake",
         gateways=2,
     )

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import numpy as np
@@ -23,8 +24,8 @@ import pytest
 from deploy.launcher import Cluster, Tokens
 from protocol.codec import unpackb
 from protocol.work import Heartbeat
-from tests.support.cluster import running
-from tests.support.nats_server import free_port
+from tests.support.cluster import OpenCluster, free_cluster_ports, running
+from tests.support.model_yaml import extends_default, fake_model, minilm_copy
 
 ADMIN = "live-add-admin-token"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -32,73 +33,32 @@ COPY = "acme/minilm-copy"
 TEXT = "A model added while the cluster runs answers within seconds."
 REPO = Path(__file__).resolve().parents[3]
 
-COPY_YAML = """
-sie_id: {sie_id}
-weights_path: {weights}
-inputs: {{text: true}}
-tasks:
-  encode:
-    dense: {{dim: 384}}
-max_sequence_length: 256
-profiles:
-  default:
-    adapter_path: worker.adapters.dense:DenseAdapter
-    max_batch_tokens: 16384
-    compute_precision: float32
-    adapter_options:
-      runtime: {{pooling: mean, normalize: true}}
-"""
 
-FAKE_YAML = """
-sie_id: acme/fake-from-cli
-package_backed: true
-tasks:
-  encode:
-    dense: {dim: 8}
-profiles:
-  default:
-    adapter_path: worker.adapters.fake:FakeAdapter
-    max_batch_tokens: 4096
-"""
+FAKE_YAML = fake_model("acme/fake-from-cli")
 
 
-class LiveCluster(Cluster):
-    __test__ = False
+class LiveCluster(OpenCluster):
+    """Models reach the worker through NATS deltas only: no auth, no periodic poll or export."""
 
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in super().env().items() if not k.startswith("SIE_AUTH")}
-        env.update(
-            {
-                "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
-                "SIE_STREAM_STORAGE": "memory",
-                "SIE_HF_OFFLINE": "1",
-                "SIE_TORCH_THREADS": "1",
-                # deltas only: the reconciler runs its start-up export, then not again in this test
-                "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": "600000",
-                "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS": "600000",
-            }
-        )
-        return env
+    settings: ClassVar[dict[str, str]] = {
+        "SIE_HEALTH_PUBLISH_INTERVAL_MS": "1000",
+        "SIE_STREAM_STORAGE": "memory",
+        "SIE_HF_OFFLINE": "1",
+        "SIE_TORCH_THREADS": "1",
+        # deltas only: the reconciler runs its start-up export, then not again in this test
+        "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": "600000",
+        "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS": "600000",
+    }
 
     def tokens(self) -> Tokens:
         return dataclasses.replace(super().tokens(), admin=ADMIN)  # the read and pool-admin ones generated
-
-    def log(self, name: str) -> str:
-        path = self.state_dir / "logs" / f"{name}.log"
-        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = Path(tmp_path_factory.mktemp("live-add"))
-    c = LiveCluster(state_dir=state, gateway_port=free_port(), config_port=free_port(), nats_port=free_port())
-    try:
-        with running(c):
-            yield c
-    except Exception:
-        for name, _ in c.procs:
-            print(f"---- {name} ----\n{c.log(name)}")
-        raise
+    with running(LiveCluster(state_dir=state, **free_cluster_ports())) as c:
+        yield c
 
 
 def admin() -> dict[str, str]:
@@ -141,7 +101,7 @@ def test_new_model_served_within_35s_and_equals_minilm(cluster, tmp_path):
 
     weights = tmp_path / "minilm-copy"
     weights.symlink_to(Path(get_model_path()).resolve(), target_is_directory=True)
-    body = COPY_YAML.format(sie_id=COPY, weights=weights)
+    body = minilm_copy(COPY, weights_path=str(weights))
 
     # not known before
     r = httpx.post(cluster.gateway_url + f"/v1/encode/{COPY}", json={"items": [{"text": TEXT}]}, timeout=10)
@@ -240,21 +200,11 @@ def test_sie_models_add_cli(cluster, tmp_path):
 
 
 LIFE = "acme/fake-life"
-LIFE_YAML = """
-sie_id: acme/fake-life
-package_backed: true
-tasks:
-  encode:
-    dense: {{dim: {dim}}}
-profiles:
-  default:
-    adapter_path: worker.adapters.fake:FakeAdapter
-    max_batch_tokens: {mbt}
-  broken:
-    extends: default
-    adapter_options:
-      loadtime: {{fail_load: "weights are corrupt"}}
-"""
+
+
+def life_yaml(dim: int, max_batch_tokens: int) -> str:
+    broken = extends_default(loadtime={"fail_load": "weights are corrupt"})
+    return fake_model(LIFE, dim, max_batch_tokens, profiles={"broken": broken})
 
 
 def poll(fn, what: str, timeout: float = 45.0):
@@ -276,9 +226,7 @@ def rollout(c: Cluster, model: str) -> httpx.Response:
 
 def test_rollout_status_load_errors_replace_and_delete(cluster):
     gw, cfg = cluster.gateway_url, cluster.config_url
-    r = httpx.post(
-        cfg + "/v1/configs/models", content=LIFE_YAML.format(dim=8, mbt=4096), headers=admin(), timeout=30
-    )
+    r = httpx.post(cfg + "/v1/configs/models", content=life_yaml(8, 4096), headers=admin(), timeout=30)
     assert r.status_code == 201, r.text
     resp, _ = encode_until_ok(gw, LIFE, time.monotonic() + 120)
     assert dense(resp).shape == (8,)
@@ -325,7 +273,7 @@ def test_rollout_status_load_errors_replace_and_delete(cluster):
     before = status["bundles"][0]["expected_bundle_config_hash"]
     r = httpx.put(
         cfg + f"/v1/configs/models/{LIFE}",
-        content=LIFE_YAML.format(dim=16, mbt=2048),
+        content=life_yaml(16, 2048),
         headers=admin(),
         timeout=30,
     )

@@ -4,9 +4,7 @@ worker), with real MiniLM weights and small local checkpoints (a cross-encoder, 
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 from pathlib import Path
 
 import httpx
@@ -15,9 +13,8 @@ import pytest
 
 from deploy.launcher import Cluster
 from sdk import SIEClient
-from tests.support.cluster import wait_for_worker
-from tests.support.nats_server import free_port
-from tests.support.sdk312 import run_sdk, sdk_unavailable
+from tests.support.cluster import free_cluster_ports, running
+from tests.support.sdk312 import run_sdk
 from tests.support.serve import ServeProcess
 from tests.unit.families import checkpoints as ck
 from worker import DEFAULT_MODELS_DIR
@@ -60,36 +57,16 @@ def url(request, models_dir, tmp_path_factory):
             srv.stop()
         return
     state = Path(tmp_path_factory.mktemp("cluster"))
-    c = Cluster(
-        state_dir=state,
-        gateway_port=free_port(),
-        config_port=free_port(),
-        nats_port=free_port(),
-        models_dir=str(models_dir),
-        preload=PRELOAD,
-    )
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SIE_")}
-    os.environ.update(
-        {
-            "SIE_STREAM_STORAGE": "memory",
-            "SIE_TORCH_THREADS": "1",
-            "SIE_HF_OFFLINE": "1",
-            "SIE_MAX_CHUNKS_PER_ITEM": "8",
-        }
-    )
-    try:
-        c.start(say=lambda *_: None)
-        wait_for_worker(c.gateway_url)
+    c = Cluster(state_dir=state, **free_cluster_ports(), models_dir=str(models_dir), preload=PRELOAD)
+    settings = {
+        "SIE_STREAM_STORAGE": "memory",
+        "SIE_TORCH_THREADS": "1",
+        "SIE_HF_OFFLINE": "1",
+        "SIE_MAX_CHUNKS_PER_ITEM": "8",
+    }
+    with running(c, settings):
         _warm(c.gateway_url)
         yield c.gateway_url
-    finally:
-        c.stop()
-        for _, proc in c.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        for k in [k for k in os.environ if k.startswith("SIE_")]:
-            del os.environ[k]
-        os.environ.update(saved)
 
 
 def _warm(url: str) -> None:
@@ -174,9 +151,7 @@ async def test_tokenize_through_our_async_sdk(url):
         assert got[0]["id"] == "x" and got[0]["ids"][0] == 101 and got[0]["count"] == 4
 
 
-def test_public_sdk_gets_truncation_totals_through_options(url):
-    if sdk_unavailable():
-        pytest.skip(sdk_unavailable())
+def test_public_sdk_gets_truncation_totals_through_options(sdk, url):
     out = run_sdk(
         f"""
         from sie_sdk import SIEClient
@@ -473,9 +448,7 @@ def test_chunking_through_our_sdk(url):
         assert entry["chunks"] > 1 and 0 <= entry["span"]["start"] < entry["span"]["end"] <= len(DOC)
 
 
-def test_chunking_options_pass_through_the_public_sdk(url):
-    if sdk_unavailable():
-        pytest.skip(sdk_unavailable())
+def test_chunking_options_pass_through_the_public_sdk(sdk, url):
     out = run_sdk(
         f"""
         from sie_sdk import SIEClient

@@ -6,16 +6,14 @@ pinned one; once the pool is deleted, the formerly pinned model goes idle like a
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
 
 from tests.integration.cluster.conftest import FAKE, POOL_ADMIN, TestCluster
-from tests.support.cluster import wait_for_worker
-from tests.support.nats_server import free_port
+from tests.support.cluster import free_cluster_ports, running
 from tests.support.polling import wait_until
 
 PINNED = "sie-fake:slow-batch"
@@ -23,41 +21,21 @@ ADMIN_HEADERS = {"Authorization": f"Bearer {POOL_ADMIN}"}  # pool writes need th
 
 
 class IdleCluster(TestCluster):
-    __test__ = False
+    """The test cluster whose worker unloads a model idle for 2 s, pins every half second."""
 
-    def env(self) -> dict[str, str]:
-        return {
-            **super().env(),
-            "SIE_MODEL_IDLE_TIMEOUT_S": "2",
-            "SIE_MODEL_LOADING_RETRY_AFTER_S": "1",
-            "SIE_POOL_PIN_INTERVAL_S": "0.5",
-        }
+    settings: ClassVar[dict[str, str]] = {
+        **TestCluster.settings,
+        "SIE_MODEL_IDLE_TIMEOUT_S": "2",
+        "SIE_MODEL_LOADING_RETRY_AFTER_S": "1",
+        "SIE_POOL_PIN_INTERVAL_S": "0.5",
+    }
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = IdleCluster(
-        state_dir=Path(tmp_path_factory.mktemp("pinned")),
-        gateway_port=free_port(),
-        config_port=free_port(),
-        nats_port=free_port(),
-        preload=FAKE,
-    )
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SIE_")}
-    try:
-        c.start(say=lambda *_: None)
-        wait_for_worker(c.gateway_url)
+    state = Path(tmp_path_factory.mktemp("pinned"))
+    with running(IdleCluster(state_dir=state, **free_cluster_ports(), preload=FAKE)) as c:
         yield c
-    except Exception:
-        for name, _ in c.procs:
-            print(f"---- {name} ----\n{c.log(name)}")
-        raise
-    finally:
-        c.stop()
-        for _, proc in c.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        os.environ.update(saved)
 
 
 def _loaded(url: str, spec: str) -> bool:

@@ -327,18 +327,13 @@ def test_check_25_auth(cluster, sdk):
         from sie_sdk import SIEClient
         from sie_sdk.client.errors import RequestError
         res = {}
-        with SIEClient(URL, api_key="") as c:
-            try:
-                c.encode(__D__, {"text": "x"}, gpu="cpu")
-                res["anon"] = "no error"
-            except RequestError as e:
-                res["anon"] = [type(e).__name__, e.status_code]
-        with SIEClient(URL, api_key="wrong") as c:
-            try:
-                c.encode(__D__, {"text": "x"}, gpu="cpu")
-                res["wrong"] = "no error"
-            except RequestError as e:
-                res["wrong"] = [type(e).__name__, e.status_code]
+        for name, key in (("anon", ""), ("wrong", "wrong")):
+            with SIEClient(URL, api_key=key) as c:
+                try:
+                    c.encode(__D__, {"text": "x"}, gpu="cpu")
+                    res[name] = "no error"
+                except RequestError as e:
+                    res[name] = [type(e).__name__, e.status_code]
         with SIEClient(URL, api_key="tok-2") as c:
             res["ok"] = list(c.encode(__D__, {"text": "x"}, gpu="cpu")["dense"].shape)
         print(json.dumps(res))
