@@ -28,7 +28,6 @@ from nats.aio.client import Client as NATS
 from prometheus_client import Counter
 
 from gateway.calls import one_at_a_time
-from gateway.jobs import WorkMessage
 from gateway.metrics import labelled
 from gateway.pending import Collector, PendingRequests
 from gateway.publisher import AckedPublisher
@@ -36,6 +35,7 @@ from gateway.redispatch import Resender
 from gateway.routing import Lane
 from protocol.streams import DEFAULT_ACK_WAIT_S
 from protocol.subjects import INTERACTIVE, direct_subject, lane_durable, pool_stream_name, taken_subject
+from protocol.work_codec import WorkMessage
 
 log = logging.getLogger(__name__)
 

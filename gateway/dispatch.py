@@ -21,7 +21,6 @@ from nats.aio.client import Client as NATS
 
 from gateway.direct import DirectPath, JetStreamLeaders, LaneLeaders
 from gateway.inbox import ResultInbox
-from gateway.jobs import WorkMessage
 from gateway.metrics import GatewayMetrics, labelled
 from gateway.pending import Collector, PendingRequests
 from gateway.publisher import AckedPublisher, PublishAbandoned
@@ -33,6 +32,7 @@ from protocol import tracing
 from protocol.errors import ErrorCode, SIEError
 from protocol.subjects import work_cancel_subject, work_subject
 from protocol.work import WorkResult
+from protocol.work_codec import WorkMessage
 
 log = logging.getLogger(__name__)
 

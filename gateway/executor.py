@@ -17,7 +17,7 @@ from aiohttp import web
 
 from gateway import same_items
 from gateway.dispatch import Dispatcher
-from gateway.jobs import Job, JobBuilder, cache_keys
+from gateway.jobs import JobBuilder, JobRequest, cache_keys
 from gateway.lanes import LaneChooser
 from gateway.metrics import DemandTracker
 from gateway.registry import Route
@@ -27,8 +27,9 @@ from gateway.streams import StreamAdmin
 from iokit import http
 from protocol import tracing
 from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.jobs import JobItem
 from protocol.logs import bind
-from protocol.work import WorkItem, WorkResult
+from protocol.work import WorkResult
 
 REQUEST_ID_KEY = web.RequestKey("sie_request_id", str)
 
@@ -79,7 +80,7 @@ class Executor:
         return self._cache() is not None and value == "on"
 
     async def execute(
-        self, request: web.Request, route: Route, job: Job
+        self, request: web.Request, route: Route, job: JobRequest
     ) -> tuple[str, list[WorkResult], float, Lane]:
         """Route, answer what the result cache holds, publish the rest and collect.
 
@@ -96,7 +97,7 @@ class Executor:
             return await self._execute(request, route, job, span)
 
     async def _execute(
-        self, request: web.Request, route: Route, job: Job, span: Any
+        self, request: web.Request, route: Route, job: JobRequest, span: Any
     ) -> tuple[str, list[WorkResult], float, Lane]:
         pool_name, profile = self.lanes.routing_headers(request)
         use_cache = self.cache_wanted(request)
@@ -109,7 +110,7 @@ class Executor:
         request[REQUEST_ID_KEY] = request_id
         t0 = time.monotonic()
         reply = self.dispatcher.inbox.reply_subject(request_id)
-        items = self.jobs.work_items(
+        items = self.jobs.job_items(
             job, lane=lane, route=route, request_id=request_id, reply=reply, deadline_ts=time.time() + self.timeout_s
         )  # fmt: skip
         tracing.set_attributes(
@@ -165,7 +166,7 @@ class Executor:
         return request_id, results, (time.monotonic() - t0) * 1000.0, lane
 
     async def _look_up(
-        self, cache: ResultCache, run: _Run, items: list[WorkItem], known: list[WorkResult | None]
+        self, cache: ResultCache, run: _Run, items: list[JobItem], known: list[WorkResult | None]
     ) -> list[str | None]:
         """The cache keys of ``items``; the answers the cache holds set in ``known``."""
         keys = cache_keys(items, run.route.resolved.config)
@@ -177,10 +178,10 @@ class Executor:
     async def _follow(
         self,
         run: _Run,
-        items: list[WorkItem],
+        items: list[JobItem],
         followed: dict[int, asyncio.Future[WorkResult | None]],
         results: list[WorkResult],
-    ) -> tuple[list[WorkResult], list[WorkItem]]:
+    ) -> tuple[list[WorkResult], list[JobItem]]:
         """``results`` with the answers of the ``followed`` items (computed by another request of
         this gateway) filled in; those whose computation failed there computed here, and returned."""
         again = []
@@ -197,7 +198,7 @@ class Executor:
         return results, again
 
     async def _compute(
-        self, run: _Run, todo: list[WorkItem], known: list[WorkResult | None]
+        self, run: _Run, todo: list[JobItem], known: list[WorkResult | None]
     ) -> list[WorkResult]:
         """Publish ``todo`` (the request's items not ``known``) and collect every result."""
         lane = run.lane
@@ -208,7 +209,7 @@ class Executor:
         plan = self.jobs.plan(lane, todo)
         try:
             await self.streams.check_capacity(
-                lane.pool, len(todo), messages=len(plan.runs), priority=lane.priority
+                lane.pool, len(todo), messages=len(plan.messages), priority=lane.priority
             )
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             raise _queue_unavailable(exc) from None

@@ -1,6 +1,6 @@
 """The result inbox: the one ``_INBOX.{router_id}.>`` subscription of a gateway, where sidecars
 send its results (one per message, or several in one) and say that they took a message sent on
-the direct path. Decodes the results (protocol.work), reads those too large to travel from the
+the direct path. Decodes the results (protocol.work_codec), reads those too large to travel from the
 payload store, and fills the slots of the requests waiting for them.
 """
 
@@ -18,8 +18,10 @@ from prometheus_client import Counter
 from gateway.pending import PendingRequests
 from iokit.payloads import PayloadStore
 from protocol.errors import ErrorCode
+from protocol.jobs import ItemRef, work_item_id
 from protocol.subjects import TAKEN_TOKEN, inbox_prefix, reply_subject, results_subject
-from protocol.work import ItemRef, WorkResult, unpack_results, work_item_id
+from protocol.work import WorkResult
+from protocol.work_codec import WorkCodec
 
 log = logging.getLogger(__name__)
 
@@ -76,28 +78,21 @@ class ResultInbox:
             if col is not None and slot.isdigit():
                 col.untaken.discard(int(slot))
             return
-        if msg.subject == self.results_subject:
-            try:
-                results = unpack_results(msg.data)
-            except Exception as exc:
-                log.warning("dropping a malformed results message: %s", exc)
+        if msg.subject != self.results_subject:
+            request_id = msg.subject.rsplit(".", 1)[-1]
+            if request_id not in self.pending:  # decided before decoding: late or duplicate
+                self._skips.inc()
                 return
-            for result in results:
-                if result.result_ref is None:
-                    self._deliver(result.request_id, result)
-                else:
-                    await self._deliver_resolved(result.request_id, result)
-            return
-        request_id = msg.subject.rsplit(".", 1)[-1]
-        if request_id not in self.pending:  # decided before decoding: late or duplicate
-            self._skips.inc()
-            return
         try:
-            result = WorkResult.from_msgpack(msg.data)
-        except Exception as exc:
-            log.warning("dropping malformed result for %s: %s", request_id, exc)
+            results = WorkCodec.results(msg.data)
+        except ValueError as exc:
+            log.warning("dropping a malformed result message on %s: %s", msg.subject, exc)
             return
-        await self._deliver_resolved(request_id, result)
+        for result in results:
+            if result.result_ref is None:
+                self._deliver(result.request_id, result)
+            else:
+                await self._deliver_resolved(result.request_id, result)
 
     async def _deliver_resolved(self, request_id: str, result: WorkResult) -> None:
         """Deliver ``result``, read first from the payload store when it was too large to travel."""

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-from gateway.jobs import WorkMessage
 from gateway.routing import Lane
 from protocol.subjects import lane_durable
 from protocol.work import WorkResult
+from protocol.work_codec import WorkMessage
 
 
 @dataclass

@@ -8,9 +8,9 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
-from gateway.jobs import WorkMessage
 from gateway.pending import Collector, PendingRequests
 from gateway.publisher import AckedPublisher
+from protocol.work_codec import WorkMessage
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Bodies too large for one NATS message travel through a JetStream object store.
 
-A work item whose encoded body is over the server's max payload is put into the ``SIE_PAYLOADS``
-object store by the gateway and published with an empty body and a ``Sie-Payload`` header naming
-the object; the sidecar reads the object in its place before the item goes to the worker (the
+A work message whose body is over the server's max payload has it put into the ``SIE_PAYLOADS``
+object store by the gateway and is published empty, with a header naming the object
+(protocol.work_codec ``H_PAYLOAD``); the sidecar reads the object in its place before the item goes to the worker (the
 routing header is in the message, so nothing else changes). A result over the max payload goes
 the other way: the sidecar stores the result's bytes and publishes a small result that names them
 (``WorkResult.result_ref``); the gateway reads and deletes the object. The bucket's max age is the
@@ -26,7 +26,6 @@ from protocol.streams import PAYLOADS_BUCKET
 
 log = logging.getLogger(__name__)
 
-HEADER = "Sie-Payload"  # a work message whose body is the object of this name
 READER_IDLE_S = 5.0  # the server drops an object read's consumer this long after the read
 
 

@@ -13,8 +13,8 @@ The method bodies are plain msgpack maps with named keys; unknown keys are ignor
 keys take defaults, like every other schema in ``protocol``.
 
 RunBatch carries bytes both ways, so nothing on the hot path is encoded or decoded twice: each item
-is the work message exactly as the gateway published it (the sidecar forwards ``msg.data``; the
-worker decodes it once), and each ItemOutcome carries the WorkResult already encoded (``result``)
+is its input as the gateway encoded it and each job's bytes travel once (protocol.work_codec; the
+worker decodes them once), and each ItemOutcome carries the WorkResult already encoded (``result``)
 that the sidecar publishes to the reply inbox as is, beside what the sidecar needs to settle the
 delivery (``work_item_id``, ``disposition``, ``error_code``, ``nak_delay_ms``) and the item's token
 count (``input_tokens``), from which the sidecar learns to predict tokens for its batch costs.
@@ -29,7 +29,7 @@ from typing import Any
 from protocol.codec import CodecError, packb, unpackb
 from protocol.errors import RETRYABLE_CODES
 from protocol.subjects import INTERACTIVE
-from protocol.work import WorkItem, WorkResult, _from_map, merged_item, shared_fields
+from protocol.work import WorkResult, _from_map
 
 IPC_VERSION = 1
 MAX_FRAME_BYTES = 32 * 1024 * 1024
@@ -163,8 +163,6 @@ class PingResponse:
     # models kept loaded (SIE_PINNED_MODELS and the pinned models of the pools the worker serves,
     # which the sidecar sends in each Ping as ``pinned_models``)
     pinned_models: list[str] = field(default_factory=list)
-    # RunBatch takes items of the shared form (``RunBatchRequest.shared``; protocol.work ``H_ITEMS``)
-    shared_chunks: bool = False
 
     def to_map(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,99 +212,28 @@ class EnsureModelReadyResponse:
 @dataclass
 class RunBatchRequest:
     """One batch for the worker, formed by the sidecar (one model spec and one group key, see
-    :attr:`protocol.work.WorkItem.group_key`); ``model_id`` names the batch in logs and
-    ``worker_id`` is what the results say ran them."""
+    :attr:`protocol.jobs.Job.batch_key`); ``model_id`` names the batch in logs and ``worker_id`` is
+    what the results say ran them. Its items travel as :class:`protocol.work_codec.WorkCodec`
+    encodes them: each job once (``jobs``), each item's input (``items``) with the index of its job
+    (``item_job``) and its id from its routing header (``item_ids``: an item whose input does not
+    decode is still answered under its id)."""
 
     model_id: str  # model spec: "M" or "M:profile"
-    items: list[bytes]  # work messages as published (an entry of a chunk of the shared form: its own fields)
+    item_ids: list[str]
+    jobs: list[bytes]
+    items: list[bytes]
+    item_job: list[int]
     worker_id: str = ""
-    # the items' ids from their routing headers, in order: an item whose body does not decode is
-    # still answered under its id
-    item_ids: list[str] = field(default_factory=list)
     # the class its items came in (protocol.subjects): on a CPU worker an interactive batch runs
     # inside a running bulk one, between two of its layers (worker/batching/preemption.py)
     priority: str = INTERACTIVE
-    # the shared fields of the chunks of the shared form whose entries are among ``items``, each
-    # once, and for each item the index of its chunk's in ``shared`` (-1: the item is whole)
-    shared: list[bytes] = field(default_factory=list)
-    item_shared: list[int] = field(default_factory=list)
 
     def to_map(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model_id": self.model_id,
-            "items": self.items,
-            "worker_id": self.worker_id,
-            "item_ids": self.item_ids,
-            "priority": self.priority,
-        }
-        if self.shared:
-            body["shared"] = self.shared
-            body["item_shared"] = self.item_shared
-        return body
+        return dict(self.__dict__)
 
     @classmethod
     def from_map(cls, data: dict[str, Any]) -> RunBatchRequest:
         return _from_map(cls, data)
-
-    def work_items(self) -> tuple[list[WorkItem], list[ItemOutcome]]:
-        """Decode the items: those that are work items, and a DEAD_LETTER outcome for each that is
-        not (ValueError when the batch itself is malformed)."""
-        if not isinstance(self.items, list):
-            raise ValueError("items must be a list")
-        ids = self.item_ids if isinstance(self.item_ids, list) else []
-        shared = self._shared_maps()
-        good: list[WorkItem] = []
-        dead: list[ItemOutcome] = []
-        for i, raw in enumerate(self.items):
-            try:
-                good.append(decode_work_item(raw, shared[i] if shared else None))
-            except ValueError as exc:
-                if i >= len(ids) or not isinstance(ids[i], str):
-                    raise ValueError(f"batch item {i} is not a work item ({exc}) and has no id") from None
-                dead.append(ItemOutcome(ids[i], DEAD_LETTER, error=f"undecodable work item: {exc}"))
-        return good, dead
-
-    def _shared_maps(self) -> list[dict[str, Any] | ValueError | None]:
-        """For each item, the decoded shared fields of its chunk (each decoded once), None for a
-        whole item, or the error that makes them unreadable (empty: no item is of the shared form)."""
-        if not self.shared:
-            return []
-        if not isinstance(self.shared, list) or not isinstance(self.item_shared, list):
-            raise ValueError("shared and item_shared must be lists")
-        if len(self.item_shared) != len(self.items):
-            raise ValueError("item_shared must name one entry of shared per item")
-        maps: list[dict[str, Any] | ValueError] = []
-        for raw in self.shared:
-            try:
-                maps.append(shared_fields(raw) if isinstance(raw, bytes) else ValueError("not encoded"))
-            except (ValueError, CodecError) as exc:
-                maps.append(ValueError(f"its chunk's shared fields do not decode: {exc}"))
-        out: list[dict[str, Any] | ValueError | None] = []
-        for k in self.item_shared:
-            if type(k) is not int or not -1 <= k < len(maps):
-                raise ValueError(f"item_shared entry {k!r} names no shared fields")
-            out.append(None if k < 0 else maps[k])
-        return out
-
-
-def decode_work_item(raw: Any, shared: dict[str, Any] | ValueError | None = None) -> WorkItem:
-    """One work message's body as a WorkItem, or with ``shared`` (the decoded shared fields of its
-    chunk) one entry of a chunk of the shared form; ValueError saying what is wrong with it."""
-    if not isinstance(raw, bytes):
-        raise ValueError("not an encoded work item")
-    if isinstance(shared, ValueError):
-        raise shared
-    try:
-        item = WorkItem.from_msgpack(raw) if shared is None else merged_item(shared, raw)
-    except CodecError as exc:
-        raise ValueError(f"not msgpack: {exc}") from None
-    except TypeError as exc:
-        raise ValueError(f"missing fields: {exc}") from None
-    if not isinstance(item.reply_subject, str) or not isinstance(item.model_id, str) or not item.model_id:
-        raise ValueError("work item lacks reply_subject or model_id")
-    if not isinstance(item.options, dict):
-        raise ValueError("options must be a map")
-    return item
 
 
 def disposition_for(success: bool, error_code: str | None) -> str:
@@ -393,7 +320,6 @@ __all__ = [
     "STATE_READY",
     "STATE_RETRY_LATER",
     "decode_payload",
-    "decode_work_item",
     "disposition_for",
     "encode_frame",
     "outcome_from_result",

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from protocol.api import parse_request
+from protocol.api import Item, parse_request
 from protocol.errors import SIEError, invalid_input
 
 RerankKind = Literal["cohere-v1", "cohere-v2", "tei"]
@@ -122,11 +122,11 @@ class RerankCall:
     return_documents: bool
     options: dict[str, Any]
 
-    def query_item(self) -> dict[str, Any]:
-        return {"text": self.query}
+    def query_item(self) -> Item:
+        return Item(text=self.query)
 
-    def score_items(self) -> list[dict[str, Any]]:
-        return [{"id": str(i), "text": t} for i, t in enumerate(self.texts)]
+    def score_items(self) -> list[Item]:
+        return [Item(id=str(i), text=t) for i, t in enumerate(self.texts)]
 
 
 def _unsupported(field: str, message: str) -> None:

@@ -18,27 +18,12 @@ from typing import Any
 import msgpack
 
 from protocol.codec import packb
+from protocol.jobs import JobItem
 from protocol.model_config import ModelConfig
-from protocol.work import WorkItem
+from protocol.records import plain
+from protocol.work_codec import input_map
 
-KEY_VERSION = 1
-
-# WorkItem fields a result depends on (everything else is routing or bookkeeping)
-CONTENT_FIELDS = (
-    "operation",
-    "model_id",
-    "profile_id",
-    "item",
-    "output_types",
-    "output_dtype",
-    "instruction",
-    "is_query",
-    "options",
-    "query_item",
-    "score_items",
-    "labels",
-    "output_schema",
-)
+KEY_VERSION = 2
 
 
 def model_config_hash(config: ModelConfig) -> str:
@@ -61,8 +46,8 @@ def _canonical(value: Any) -> Any:
 def result_key(content: dict[str, Any], config_hash: str) -> str:
     """The cache key of one item: hex SHA-256 over the key version, the model config hash and the
     canonical msgpack of ``content`` (``None`` fields count as absent). ``content`` must name
-    everything the result depends on: a work item's :data:`CONTENT_FIELDS` (see
-    :func:`work_item_key`), or for ``sie serve`` the operation, model, profile, item and params."""
+    everything the result depends on: a job item's (see :func:`job_item_key`), or for ``sie serve``
+    the operation, model, profile, item and params."""
     present = {k: v for k, v in content.items() if v is not None}
     digest = hashlib.sha256()
     digest.update(f"sie-result/{KEY_VERSION}/{config_hash}/".encode())
@@ -70,11 +55,17 @@ def result_key(content: dict[str, Any], config_hash: str) -> str:
     return digest.hexdigest()
 
 
-def work_item_key(item: WorkItem, config_hash: str) -> str | None:
-    """The cache key of a work item; ``None`` when its content is not inline (a payload reference)."""
-    if item.payload_ref or item.query_payload_ref:
-        return None
-    return result_key({name: getattr(item, name) for name in CONTENT_FIELDS}, config_hash)
+def job_item_key(item: JobItem, config_hash: str) -> str:
+    """The cache key of a job item: its operation, model, profile, checked params and input."""
+    job = item.job
+    content = {
+        "operation": job.operation,
+        "model_id": job.model_id,
+        "profile_id": job.profile_id,
+        "params": plain(job.content()),
+        **input_map(item.input),
+    }
+    return result_key(content, config_hash)
 
 
 @dataclass(frozen=True)

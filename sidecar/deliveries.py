@@ -11,14 +11,14 @@ from nats.aio.msg import Msg
 
 from protocol.batching import BatchLimits, BatchQueue
 from protocol.subjects import INTERACTIVE
-from protocol.work import RoutingHeader
+from protocol.work_codec import RoutingHeader
 
 
 @dataclass(eq=False)
 class Lease:
-    """One JetStream message, held for the items it carries (one, or a chunk's: protocol.work
-    ``H_ITEMS``). Each item is settled on its own; the message is settled once the last one is: NAKed
-    (with the longest delay asked) when any item was, else dead-lettered when one was, else ACKed."""
+    """One JetStream message, held for the items it carries (one, or a chunk's: protocol.work_codec).
+    Each item is settled on its own; the message is settled once the last one is: NAKed (with the
+    longest delay asked) when any item was, else dead-lettered when one was, else ACKed."""
 
     msg: Msg
     open: int = 1  # its items not settled yet
@@ -42,11 +42,10 @@ class Lease:
 @dataclass(eq=False)
 class Delivery:
     lease: Lease  # the message that carried it
-    body: bytes  # its encoded WorkItem (empty when the message names a payload-store object)
+    body: bytes  # its input as encoded (protocol.work_codec; empty while in the payload store)
     route: RoutingHeader  # its routing header: the sidecar never decodes the body
-    # the shared fields of its chunk when the chunk is of the shared form (``body`` then holds the
-    # item's own fields; protocol.work ``H_ITEMS``), one object for all the chunk's deliveries
-    shared: bytes | None
+    # its job as encoded, one object for all the message's deliveries (empty while in the store)
+    shared: bytes
     spec: str
     cost: int  # predicted tokens (scheduler's cost_of the character estimate)
     arrived: float  # the lane's clock (protocol.clock), for batching

@@ -24,6 +24,7 @@ from nats.aio.subscription import Subscription
 from protocol import tracing
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
+from protocol.jobs import OPERATIONS
 from protocol.subjects import (
     BULK,
     INTERACTIVE,
@@ -36,7 +37,8 @@ from protocol.subjects import (
     subject_priority,
     work_subject_of_direct,
 )
-from protocol.work import H_TAKEN, OPERATIONS, RoutingHeader, WorkResult, unpack_items
+from protocol.work import WorkResult
+from protocol.work_codec import H_TAKEN, WorkCodec
 from sidecar.deliveries import Delivery, Held, Lease
 from sidecar.metrics import SidecarMetrics
 from sidecar.puller import Puller
@@ -287,7 +289,7 @@ class Intake:
 
     async def intake(self, msg: Msg) -> None:
         """Validate one delivery and queue its items on their model's scheduler (or settle it right
-        away). A message carries one item or a chunk of one request's (protocol.work ``H_ITEMS``)."""
+        away). A message carries one item or a chunk of one request's (protocol.work_codec)."""
         self.stats["received"] += 1
         now = self.clock.now()
         if not in_lane(msg.subject, self._lane_prefix):
@@ -295,12 +297,20 @@ class Intake:
             await self.settlement.nak_msg(msg, self.settings.nak_delay_s)
             return
         try:
-            routes = RoutingHeader.items_of(msg.headers)
-            shared, bodies = (None, [msg.data]) if len(routes) == 1 else unpack_items(msg.data, len(routes))
+            routes = WorkCodec.routes(msg.headers)
         except ValueError as exc:
             log.warning("dead-lettering undecodable work item on %s: %s", msg.subject, exc)
             await self.settlement.dead_letter(msg, f"undecodable work item: {exc}")
             return
+        if WorkCodec.payload_ref(msg.headers) is not None:  # in the payload store, read when its batch runs
+            shared, bodies = b"", [b""] * len(routes)
+        else:
+            try:
+                shared, bodies = WorkCodec.split(msg.data, len(routes))
+            except ValueError:
+                # the worker finds it is no job and answers each item under its route: the request is
+                # answered now, not at its deadline, and the message dead-lettered
+                shared, bodies = msg.data, [b""] * len(routes)
         route = routes[0]  # what the items of a message share: request, inboxes, model, operation
         if not is_valid_reply_subject(route.reply_subject) or (
             route.results_subject is not None and not is_valid_reply_subject(route.results_subject)

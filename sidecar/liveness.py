@@ -128,7 +128,6 @@ class Liveness:
             failed_models=dict(ping.failed_models or {}),
             weights=dict(ping.weights or {}),
             pinned_models=list(ping.pinned_models or []),
-            shared_chunks=ping.shared_chunks is True,
             queue_depth=self.load.queue_depth(),
             pending_cost=self.load.pending_cost(),
             inflight_batches=self.load.inflight_batches,

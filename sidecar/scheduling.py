@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 import nats.js.errors
 
-from iokit.payloads import HEADER as PAYLOAD_HEADER
 from iokit.payloads import PayloadReader
 from protocol import ipc, tracing
 from protocol.batching import Load
@@ -27,11 +26,11 @@ from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.subjects import BULK, INTERACTIVE
 from protocol.work import WorkResult
+from protocol.work_codec import WorkCodec
 from sidecar.deliveries import Delivery, ModelScheduler
 from sidecar.ipc_client import IpcRemoteError, IpcTransportError
 from sidecar.metrics import SidecarMetrics
 from sidecar.settings import SidecarSettings
-from sidecar.worker_link import Outcome
 
 log = logging.getLogger("sie.sidecar")
 
@@ -44,7 +43,7 @@ class BatchRunner(Protocol):
 
     async def run_batch(
         self, request: ipc.RunBatchRequest, timeout_s: float, traceparent: str | None
-    ) -> dict[str, list[Outcome]]: ...
+    ) -> dict[str, list[ipc.ItemOutcome]]: ...
 
 
 class ModelReadiness(Protocol):
@@ -62,9 +61,9 @@ class BatchSettler(Protocol):
 
     async def nak(self, d: Delivery, delay_s: float) -> None: ...
 
-    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: Outcome) -> None: ...
+    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: ipc.ItemOutcome) -> None: ...
 
-    def goes_with_others(self, d: Delivery, outcome: Outcome) -> bool: ...
+    def goes_with_others(self, d: Delivery, outcome: ipc.ItemOutcome) -> bool: ...
 
     async def publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None: ...
 
@@ -261,27 +260,34 @@ class Scheduler:
         elif self.inflight_batches < 0.7 * cap:
             self.saturated = False
 
-    async def _bodies(self, live: list[Delivery]) -> dict[str, bytes]:
-        """Each delivery's body by item id: the message's, or the payload store's object that the
-        message names (iokit.payloads). An object that is gone fails its item; a store that
-        does not answer leaves the item to a redelivery."""
-        bodies: dict[str, bytes] = {}
+    async def _bodies(self, live: list[Delivery]) -> dict[str, tuple[str, bytes, bytes]]:
+        """Each delivery's part of a RunBatch by item id (its id, job and input as encoded): the
+        message's, or from the payload store's object that the message names (iokit.payloads). An
+        object that is gone or not a body fails its item; a store that does not answer leaves the
+        item to a redelivery."""
+        parts: dict[str, tuple[str, bytes, bytes]] = {}
         for d in live:
-            ref = (d.msg.headers or {}).get(PAYLOAD_HEADER)
+            item_id = d.route.work_item_id
+            ref = WorkCodec.payload_ref(d.msg.headers)
             if ref is None:
-                bodies[d.route.work_item_id] = d.body
+                parts[item_id] = (item_id, d.shared, d.body)
                 continue
             try:
-                bodies[d.route.work_item_id] = await self.payloads.get(ref)
-            except nats.js.errors.ObjectNotFoundError:
-                message = "the item's body is no longer in the payload store (its request ended)"
+                shared, (own,) = WorkCodec.split(await self.payloads.get(ref), 1)
+                parts[item_id] = (item_id, shared, own)
+            except (nats.js.errors.ObjectNotFoundError, ValueError) as exc:
+                message = (
+                    "the item's body is no longer in the payload store (its request ended)"
+                    if isinstance(exc, nats.js.errors.ObjectNotFoundError)
+                    else f"the item's body in the payload store is not one: {exc}"
+                )
                 await self.settlement.publish_and_ack(
                     d, self.settlement.error_result(d, ErrorCode.INTERNAL_ERROR, message)
                 )
             except Exception as exc:  # noqa: BLE001 - the store unreachable: later, again
                 log.warning("payload %s not read (%s); the item is redelivered", ref, exc)
                 await self.settlement.nak(d, self.settings.nak_delay_s)
-        return bodies
+        return parts
 
     async def _run_batch(self, sched: ModelScheduler, batch: list[Delivery], bulk: bool = False) -> None:
         s = self.settings
@@ -308,20 +314,18 @@ class Scheduler:
                     live.append(d)
             if not live:
                 return
-            bodies = await self._bodies(live)
-            live = [d for d in live if d.route.work_item_id in bodies]
+            parts = await self._bodies(live)
+            live = [d for d in live if d.route.work_item_id in parts]
             if not live:
                 return
             self.stats["batches"] += 1
             dispatched = time.time()
-            request = ipc.RunBatchRequest(
-                model_id=sched.spec,
-                items=[bodies[d.route.work_item_id] for d in live],
+            request = WorkCodec.run_batch(
+                sched.spec,
+                [parts[d.route.work_item_id] for d in live],
                 worker_id=s.worker_id,
-                item_ids=[d.route.work_item_id for d in live],
                 priority=BULK if bulk else INTERACTIVE,
             )
-            _add_shared(request, live)
             timeout = s.ipc_request_timeout_s
             deadlines = [d.route.deadline for d in live if d.route.deadline is not None]
             if deadlines:
@@ -373,11 +377,10 @@ class Scheduler:
                     await self.settlement.nak(d, s.nak_delay_s)
                     continue
                 outcome = queue.pop(0)
-                tokens = outcome.get("input_tokens")
-                if isinstance(tokens, int):
-                    sched.learn(d.estimate, tokens)
-                if self.settlement.goes_with_others(d, outcome):
-                    together.append((d, outcome["result"], outcome["disposition"] == ipc.PUBLISH_AND_ACK))
+                if outcome.input_tokens is not None:
+                    sched.learn(d.estimate, outcome.input_tokens)
+                if self.settlement.goes_with_others(d, outcome) and outcome.result is not None:
+                    together.append((d, outcome.result, outcome.disposition == ipc.PUBLISH_AND_ACK))
                 else:
                     await self.settlement.settle(sched, d, outcome)
             await self.settlement.publish_together(together)
@@ -387,22 +390,3 @@ class Scheduler:
             self._update_saturation()
             self._slots.release()
             sched.wake.set()
-
-
-def _add_shared(request: ipc.RunBatchRequest, live: list[Delivery]) -> None:
-    """The shared fields of the chunks of the shared form among ``live``'s (the batch's) items, each
-    chunk's once, and which of them each item takes (protocol.work ``H_ITEMS``)."""
-    index: dict[int, int] = {}  # id() of a chunk's shared bytes (one object for its deliveries) → position
-    shared: list[bytes] = []
-    item_shared: list[int] = []
-    for d in live:
-        if d.shared is None:
-            item_shared.append(-1)
-            continue
-        k = index.get(id(d.shared))
-        if k is None:
-            k = index[id(d.shared)] = len(shared)
-            shared.append(d.shared)
-        item_shared.append(k)
-    if shared:
-        request.shared, request.item_shared = shared, item_shared

@@ -26,9 +26,9 @@ from protocol.subjects import (
     dlq_subject,
     work_model_token,
 )
-from protocol.work import WorkResult, pack_results, results_chunks
+from protocol.work import WorkResult
+from protocol.work_codec import WorkCodec
 from sidecar.deliveries import Delivery, Held, Lease, ModelScheduler
-from sidecar.worker_link import Outcome
 
 log = logging.getLogger("sie.sidecar")
 
@@ -88,49 +88,44 @@ class Settlement:
         self.clock = clock
 
     # ------------------------------------------------------------------ outcomes of RunBatch
-    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: Outcome) -> None:
+    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: ipc.ItemOutcome) -> None:
         """Settle ``d`` as the worker's ``outcome`` for it says (one at a time: see
         :meth:`goes_with_others` and :meth:`publish_together` for results that share a message)."""
-        disposition = outcome.get("disposition")
+        disposition = outcome.disposition
         if disposition in (ipc.PUBLISH_AND_ACK, ipc.PUBLISH_ERROR_AND_ACK):
-            result = outcome.get("result")
-            if not isinstance(result, bytes):
+            if outcome.result is None:
                 log.warning("outcome of %s carries no result", d.route.work_item_id)
                 await self.nak(d, self.nak_delay_s)
                 return
             # the worker's bytes, as they are
-            await self.publish_and_ack(d, result, success=disposition == ipc.PUBLISH_AND_ACK)
+            await self.publish_and_ack(d, outcome.result, success=disposition == ipc.PUBLISH_AND_ACK)
             return
         if disposition == ipc.DEAD_LETTER:
             # the worker could not decode the body: no retry can fix it. The routing header still
             # names the item and its inbox, so the request is answered now rather than at its deadline.
-            reason = str(outcome.get("error") or "undecodable work item")
+            reason = outcome.error or "undecodable work item"
             await self.publish_result(d, self.error_result(d, ErrorCode.INTERNAL_ERROR, reason))
             # published or not, the DLQ copy is what must happen (once the message's other items are settled)
             d.lease.dead_reason = reason
             await self._close(d)
             return
-        code = outcome.get("error_code")
+        code = outcome.error_code
         if code == ErrorCode.RESOURCE_EXHAUSTED:
             delay = self.oom_nak_delay_s
         else:
-            delay_ms = outcome.get("nak_delay_ms")
-            delay = (
-                delay_ms / 1000.0
-                if isinstance(delay_ms, (int, float)) and delay_ms >= 0
-                else self.nak_delay_s
-            )
+            delay_ms = outcome.nak_delay_ms
+            delay = delay_ms / 1000.0 if delay_ms is not None and delay_ms >= 0 else self.nak_delay_s
         if code in (ErrorCode.MODEL_NOT_LOADED, ErrorCode.MODEL_LOADING, ErrorCode.LORA_LOADING):
             sched.ready = False  # re-ensure before the next batch
         await self.nak(d, delay)
 
     @staticmethod
-    def goes_with_others(d: Delivery, outcome: Outcome) -> bool:
+    def goes_with_others(d: Delivery, outcome: ipc.ItemOutcome) -> bool:
         """A result the worker encoded, for a gateway that takes several in one message."""
         return (
             d.route.results_subject is not None
-            and outcome.get("disposition") in (ipc.PUBLISH_AND_ACK, ipc.PUBLISH_ERROR_AND_ACK)
-            and isinstance(outcome.get("result"), bytes)
+            and outcome.disposition in (ipc.PUBLISH_AND_ACK, ipc.PUBLISH_ERROR_AND_ACK)
+            and outcome.result is not None
         )
 
     async def publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None:
@@ -145,7 +140,7 @@ class Settlement:
                 by_subject.setdefault(subject, []).append(entry)
         limit = max(1, (self.nc.max_payload or 1 << 20) - 1024)
         for subject, entries in by_subject.items():
-            for chunk in results_chunks([len(data) for _, data, _ in entries], limit):
+            for chunk in WorkCodec.results_chunks([len(data) for _, data, _ in entries], limit):
                 if len(chunk) == 1:
                     d, data, success = entries[chunk[0]]
                     await self.publish_and_ack(d, data, success=success)
@@ -163,7 +158,9 @@ class Settlement:
                     attributes={"items": len(part)},
                 ):
                     try:
-                        await self.nc.publish(subject, pack_results([data for _, data, _ in part]))
+                        await self.nc.publish(
+                            subject, WorkCodec.results_message([data for _, data, _ in part])
+                        )
                     except Exception as exc:  # noqa: BLE001 - redelivered; nothing else to do
                         log.warning("publishing %d results to %s failed: %s", len(part), subject, exc)
                         for d, _, _ in part:
@@ -200,9 +197,10 @@ class Settlement:
         try:
             data = result if isinstance(result, bytes) else result.to_msgpack()
             try:
-                await self.nc.publish(d.route.reply_subject, data)
+                await self.nc.publish(d.route.reply_subject, WorkCodec.results_message([data]))
             except nats.errors.MaxPayloadError:
-                await self.nc.publish(d.route.reply_subject, (await self._by_reference(d, data)).to_msgpack())
+                ref = (await self._by_reference(d, data)).to_msgpack()
+                await self.nc.publish(d.route.reply_subject, WorkCodec.results_message([ref]))
         except Exception as exc:  # noqa: BLE001 - the caller decides what a failed publish means
             log.warning("publishing result of %s failed: %s", d.route.work_item_id, exc)
             return False

@@ -13,9 +13,7 @@ import time
 from typing import Any, Protocol
 
 from protocol import ipc
-
-# an outcome of RunBatch, one per work item, as the worker encodes it (protocol.ipc)
-Outcome = dict[str, Any]
+from protocol.work_codec import WorkCodec
 
 
 class IpcCaller(Protocol):
@@ -56,17 +54,12 @@ class WorkerLink:
 
     async def run_batch(
         self, request: ipc.RunBatchRequest, timeout_s: float, traceparent: str | None
-    ) -> dict[str, list[Outcome]]:
+    ) -> dict[str, list[ipc.ItemOutcome]]:
         """Run one batch; the outcomes by work item id (in the worker's order for an id sent twice)."""
         body = await self.client.call(
             ipc.RUN_BATCH, request.to_map(), timeout_s=timeout_s, traceparent=traceparent
         )
-        outcomes = body.get("outcomes") if isinstance(body, dict) else None
-        by_id: dict[str, list[Outcome]] = {}
-        for out in outcomes if isinstance(outcomes, list) else []:
-            if isinstance(out, dict):
-                by_id.setdefault(str(out.get("work_item_id")), []).append(out)
-        return by_id
+        return WorkCodec.outcomes(body)
 
     async def drain(self, deadline_s: float) -> None:
         """Ask the worker to finish what it holds within ``deadline_s`` and take nothing new."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -14,36 +15,35 @@ from gateway.http_common import (
     respond,
     success_headers,
 )
-from gateway.jobs import Job
+from gateway.jobs import JobRequest
 from gateway.registry import Route
 from protocol import params as request_params
 from protocol.api import (
     EncodeRequest,
     ExtractRequest,
+    Item,
     ScoreParams,
     ScoreRequest,
     TokenizeRequest,
     parse_request,
 )
 from protocol.errors import invalid_input
+from protocol.jobs import EncodeJob, ExtractJob, ScoreInput, ScoreJob, TokenizeJob
 from protocol.work import WorkResult
 
 
 async def _itemised_request(
     request: web.Request, model_cls: type[EncodeRequest] | type[ExtractRequest] | type[TokenizeRequest]
-) -> tuple[Gateway, str, Any, Any, dict[str, Any], Route]:
-    """The common start of encode, extract and tokenize: body within limits, item count, options, route."""
+) -> tuple[Gateway, str, Any, Route]:
+    """The common start of encode, extract and tokenize: body within limits, item count, route."""
     gw = gateway_of(request)
     model = request.match_info["model"]
     data = await read_body(request, gw.settings)
     req: EncodeRequest | ExtractRequest | TokenizeRequest = parse_request(model_cls, data)
     if len(req.items) > gw.settings.gateway_max_items:
         raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
-    params = req.params
-    options = request_params.request_options(params.options if params else None)
-    route = gw.registry.resolve(model, options)
-    options.pop("profile", None)
-    return gw, model, data, params, options, route
+    options = request_params.request_options(req.params.options if req.params else None)
+    return gw, model, req, gw.registry.resolve(model, options)
 
 
 def _items_answer(
@@ -68,13 +68,9 @@ def _items_answer(
 
 
 async def handle_encode(request: web.Request) -> web.Response:
-    gw, model, data, params, options, route = await _itemised_request(request, EncodeRequest)
-    opts = request_params.encode_options(route.resolved, params)
-
-    job = Job(
-        "encode", data["items"], options, output_types=list(opts.output_types), output_dtype=opts.output_dtype,
-        instruction=opts.instruction, is_query=opts.is_query,
-    )  # fmt: skip
+    gw, model, req, route = await _itemised_request(request, EncodeRequest)
+    opts = request_params.encode_options(route.resolved, req.params)
+    job = JobRequest("encode", partial(EncodeJob, params=opts), req.items)
     rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms)
 
@@ -83,24 +79,19 @@ async def run_score(
     gw: Gateway,
     request: web.Request,
     model: str,
-    query_item: Any,
-    score_items: list[Any],
+    query: Item,
+    items: list[Item],
     params: ScoreParams,
 ) -> tuple[str, list[WorkResult], float]:
     """One score call through the queue (the native route and the rerank routes): the item limit,
-    the route, one work item; returns (request id, results, queue wait ms), failures raised."""
-    if len(score_items) > gw.settings.gateway_max_score_items:
+    the route, one job item; returns (request id, results, queue wait ms), failures raised."""
+    if len(items) > gw.settings.gateway_max_score_items:
         raise invalid_input(
             f"At most {gw.settings.gateway_max_score_items} items per score request", param="items"
         )
-    options = request_params.request_options(params.options)
-    route = gw.registry.resolve(model, options)
-    options.pop("profile", None)
-    instruction = request_params.score_options(route.resolved, params).instruction
-
-    job = Job(
-        "score", [None], options, query_item=query_item, score_items=score_items, instruction=instruction
-    )
+    route = gw.registry.resolve(model, request_params.request_options(params.options))
+    opts = request_params.score_options(route.resolved, params)
+    job = JobRequest("score", partial(ScoreJob, params=opts), [ScoreInput(query, tuple(items))])
     rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     responses.check_failures(results)
     return rid, results, wait_ms
@@ -111,7 +102,7 @@ async def handle_score(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     data = await read_body(request, gw.settings)
     req = parse_request(ScoreRequest, data)
-    rid, results, wait_ms = await run_score(gw, request, model, data["query"], data["items"], req.params)
+    rid, results, wait_ms = await run_score(gw, request, model, req.query, req.items, req.params)
     t = responses.timing(results, wait_ms)
     return respond(
         request,
@@ -122,21 +113,18 @@ async def handle_score(request: web.Request) -> web.Response:
 
 
 async def handle_extract(request: web.Request) -> web.Response:
-    gw, model, data, params, options, route = await _itemised_request(request, ExtractRequest)
-    opts = request_params.extract_options(route.resolved, params)
-    job = Job(
-        "extract", data["items"], options, labels=list(opts.labels) or None, output_schema=opts.output_schema,
-        instruction=opts.instruction,
-    )  # fmt: skip
+    gw, model, req, route = await _itemised_request(request, ExtractRequest)
+    opts = request_params.extract_options(route.resolved, req.params)
+    job = JobRequest("extract", partial(ExtractJob, params=opts), req.items)
     rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms, allow_item_errors=True)
 
 
 async def handle_tokenize(request: web.Request) -> web.Response:
-    """The model's own tokenizer, run by a worker as work items of operation ``tokenize``: the
+    """The model's own tokenizer, run by a worker as job items of operation ``tokenize``: the
     gateway loads no tokenizers, and the worker that serves the model has it in memory already."""
-    gw, model, data, params, options, route = await _itemised_request(request, TokenizeRequest)
-    request_params.tokenize_options(route.resolved, params)
-    job = Job("tokenize", data["items"], options)
+    gw, model, req, route = await _itemised_request(request, TokenizeRequest)
+    opts = request_params.tokenize_options(route.resolved, req.params)
+    job = JobRequest("tokenize", partial(TokenizeJob, params=opts), req.items)
     rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms)

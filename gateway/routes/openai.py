@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from aiohttp import web
 
 from gateway import responses
@@ -13,11 +15,14 @@ from gateway.http_common import (
     read_body,
     success_headers,
 )
-from gateway.jobs import Job
+from gateway.jobs import JobRequest
 from gateway.lanes import Provisioning
 from protocol import openai
+from protocol.api import EncodeParams, Item
 from protocol.codec import unpackb
 from protocol.errors import SIEError
+from protocol.jobs import EncodeJob
+from protocol.params import encode_options
 
 
 async def handle_embeddings(request: web.Request) -> web.Response:
@@ -37,14 +42,9 @@ async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
     model, inputs = req.model, req.inputs
     route = openai.resolve_model(gw.registry.resolve, model)
     options = openai.dimension_options(req.dimensions, openai.dense_dimension(route.resolved, model))
-    runtime = route.resolved.runtime_options
-    instruction = runtime.get("instruction")
-    is_query = bool(runtime.get("is_query", False))
-
-    job = Job(
-        "encode", [{"text": text} for text in inputs], options, output_types=["dense"], output_dtype="float32",
-        instruction=instruction, is_query=is_query,
-    )  # fmt: skip
+    params = EncodeParams(output_types=["dense"], output_dtype="float32", options=options)
+    opts = encode_options(route.resolved, params)  # the profile's instruction and query flag apply
+    job = JobRequest("encode", partial(EncodeJob, params=opts), [Item(text=text) for text in inputs])
     rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
     responses.check_failures(results)
     rows = []

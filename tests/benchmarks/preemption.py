@@ -13,9 +13,9 @@ import asyncio
 import os
 import time
 
-from protocol import ipc
-from protocol.work import WorkItem
+from protocol.work_codec import WorkCodec
 from tests.benchmarks.run import sentences
+from tests.support.jobs import encode_job, encode_messages
 from worker.ipc.server import IpcHandler
 from worker.runtime import Runtime
 from worker.settings import WorkerSettings
@@ -28,28 +28,11 @@ ROUNDS = int(os.environ.get("ROUNDS", "3"))
 
 
 def body(n, start, priority):
-    items = [
-        WorkItem(
-            work_item_id=f"r{start}.{i}",
-            request_id=f"r{start}",
-            item_index=i,
-            total_items=n,
-            operation="encode",
-            model_id=M,
-            profile_id="default",
-            pool_name="default",
-            machine_profile="cpu",
-            router_id="g",
-            reply_subject="_INBOX.r",
-            timestamp=time.time(),
-            item={"text": texts[(start + i) % len(texts)]},
-            output_types=["dense"],
-        )
-        for i in range(n)
-    ]
-    return ipc.RunBatchRequest(
-        model_id=M, items=[it.to_msgpack() for it in items], worker_id="w", priority=priority
-    ).to_map()
+    job = encode_job(f"r{start}", n, model_id=M)
+    msgs = encode_messages(job, [texts[(start + i) % len(texts)] for i in range(n)], per_message=n)
+    routes, (shared, owns) = WorkCodec.routes(msgs[0].headers), WorkCodec.split(msgs[0].payload, n)
+    parts = [(r.work_item_id, shared, own) for r, own in zip(routes, owns, strict=True)]
+    return WorkCodec.run_batch(M, parts, worker_id="w", priority=priority).to_map()
 
 
 async def measure(h, seconds, with_bulk=True):

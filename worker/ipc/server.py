@@ -28,10 +28,12 @@ from typing import Any, Protocol
 from iokit import eventloop, frames
 from protocol import ipc, tracing
 from protocol.errors import ErrorCode, SIEError
+from protocol.jobs import JobItem
 from protocol.logs import setup_logging
 from protocol.priority import INTERACTIVE, PRIORITIES
 from protocol.siblings import process_socket, process_worker_id
-from protocol.work import WorkItem, WorkResult
+from protocol.work import WorkResult
+from protocol.work_codec import WorkCodec
 from worker.ipc.config_calls import ConfigCalls, ConfigRuntime
 from worker.metrics import WorkerMetrics
 from worker.models.registry import EnsureResult
@@ -68,7 +70,7 @@ class WorkerRuntime(ConfigRuntime, Protocol):
     async def ensure_ready(self, spec: str) -> EnsureResult: ...
 
     async def run_work_items(
-        self, items: list[WorkItem], *, priority: str = INTERACTIVE
+        self, items: list[JobItem], *, priority: str = INTERACTIVE
     ) -> list[WorkResult]: ...
 
 
@@ -137,7 +139,6 @@ class IpcHandler:
             failed_models={spec: err for spec, (state, err) in states.items() if state == "failed" and err},
             weights=self.runtime.weights_status(),
             pinned_models=self.runtime.pinned_models(),
-            shared_chunks=True,
         ).to_map()
 
     async def ensure_model_ready(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +182,7 @@ class IpcHandler:
     async def run_batch(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
             req = ipc.RunBatchRequest.from_map(body)
-            items, dead = req.work_items()
+            items, dead = WorkCodec.job_items(req)
         except (TypeError, ValueError) as exc:
             raise IpcMethodError(f"malformed RunBatch: {exc}") from exc
         if dead:
@@ -214,7 +215,7 @@ class IpcHandler:
             outcomes.append(ipc.outcome_from_result(res))
         return ipc.run_batch_response(outcomes)
 
-    def _error_result(self, item: WorkItem, code: str, message: str, retry_after: float | None) -> WorkResult:
+    def _error_result(self, item: JobItem, code: str, message: str, retry_after: float | None) -> WorkResult:
         return WorkResult.failure(item, code, message, retry_after_s=retry_after, worker_id=self.worker_id)
 
     async def drain(self, body: dict[str, Any]) -> dict[str, Any]:

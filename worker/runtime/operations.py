@@ -12,7 +12,17 @@ from protocol import tracing
 from protocol.api import EncodeParams, ExtractParams, Item, ScoreParams, TokenizeParams
 from protocol.catalog import Catalog, Resolved
 from protocol.errors import invalid_input
-from protocol.params import check_items, encode_options, extract_options, score_options, tokenize_options
+from protocol.params import (
+    EncodeOptions,
+    ExtractOptions,
+    ScoreOptions,
+    TokenizeOptions,
+    check_items,
+    encode_options,
+    extract_options,
+    score_options,
+    tokenize_options,
+)
 from protocol.priority import INTERACTIVE
 from worker.adapters.base import Prepared
 from worker.adapters.hf import HFTextAdapter
@@ -52,6 +62,10 @@ class Operations:
         self.chunker = chunker
         self.metrics = metrics
 
+    def resolve(self, spec: str) -> Resolved:
+        """The profile a job's model spec names (its params were resolved at the front door)."""
+        return self.catalog.resolve(spec)
+
     # ---- public operations -----------------------------------------------------------------
     # ``priority``: the request's class (interactive | bulk): its queue in the model's BatchFormer,
     # or on the direct path (queue mode, the sidecar batched already) whether the batch may run
@@ -65,9 +79,23 @@ class Operations:
         direct: bool = False,
         priority: str = INTERACTIVE,
     ) -> Result:
-        t0 = time.monotonic()
         resolved = self.catalog.resolve(spec, params.options if params else None)
-        plan = plan_encode(resolved, encode_options(resolved, params))
+        return await self.run_encode(
+            resolved, encode_options(resolved, params), items, direct=direct, priority=priority
+        )
+
+    async def run_encode(
+        self,
+        resolved: Resolved,
+        opts: EncodeOptions,
+        items: Sequence[Item],
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result:
+        """Encode ``items`` with params checked already (a job's, or :meth:`encode`'s)."""
+        t0 = time.monotonic()
+        plan = plan_encode(resolved, opts)
         self._check_items(resolved, items)
         if plan.chunk is not None:
             timing = Timing()
@@ -113,9 +141,24 @@ class Operations:
         direct: bool = False,
         priority: str = INTERACTIVE,
     ) -> Result:
-        t0 = time.monotonic()
         resolved = self.catalog.resolve(spec, params.options if params else None)
-        plan = plan_score(resolved, score_options(resolved, params))
+        return await self.run_score(
+            resolved, score_options(resolved, params), query, items, direct=direct, priority=priority
+        )
+
+    async def run_score(
+        self,
+        resolved: Resolved,
+        opts: ScoreOptions,
+        query: Item,
+        items: Sequence[Item],
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result:
+        """Score ``items`` against ``query`` with params checked already."""
+        t0 = time.monotonic()
+        plan = plan_score(resolved, opts)
         if not items:
             raise invalid_input("Field 'items' must not be empty", param="items")
         if len(items) > self.settings.max_score_items:
@@ -152,9 +195,23 @@ class Operations:
         direct: bool = False,
         priority: str = INTERACTIVE,
     ) -> Result:
-        t0 = time.monotonic()
         resolved = self.catalog.resolve(spec, params.options if params else None)
-        plan = plan_extract(resolved, extract_options(resolved, params))
+        return await self.run_extract(
+            resolved, extract_options(resolved, params), items, direct=direct, priority=priority
+        )
+
+    async def run_extract(
+        self,
+        resolved: Resolved,
+        opts: ExtractOptions,
+        items: Sequence[Item],
+        *,
+        direct: bool = False,
+        priority: str = INTERACTIVE,
+    ) -> Result:
+        """Extract from ``items`` with params checked already."""
+        t0 = time.monotonic()
+        plan = plan_extract(resolved, opts)
         self._check_items(resolved, items)
         lm = await self.models.ready_model(resolved)
         timing = Timing()
@@ -180,9 +237,12 @@ class Operations:
         """The model's own tokenizer over each item's text: tokens, ids, character offsets, count.
 
         No forward pass, so nothing is batched (``direct`` is accepted for symmetry)."""
-        t0 = time.monotonic()
         resolved = self.catalog.resolve(spec, params.options if params else None)
-        opts = tokenize_options(resolved, params)
+        return await self.run_tokenize(resolved, tokenize_options(resolved, params), items)
+
+    async def run_tokenize(self, resolved: Resolved, opts: TokenizeOptions, items: Sequence[Item]) -> Result:
+        """Tokenize ``items`` with params checked already."""
+        t0 = time.monotonic()
         self._check_items(resolved, items)
         lm = await self.models.ready_model(resolved)
         if not isinstance(lm.adapter, HFTextAdapter) or lm.adapter.tokenizer is None:

@@ -30,9 +30,10 @@ from typing import Any
 
 from protocol.api import EncodeParams, ExtractParams, Item, ScoreParams, TokenizeParams
 from protocol.catalog import Catalog
+from protocol.jobs import JobItem
 from protocol.model_config import ModelConfig
 from protocol.priority import INTERACTIVE
-from protocol.work import WorkItem, WorkResult
+from protocol.work import WorkResult
 from worker.batching.former import BatchStats
 from worker.metrics import WorkerMetrics
 from worker.models.loaded import LoadedModel
@@ -226,7 +227,7 @@ class Runtime:
     ) -> Result:
         return await self.operations.tokenize(spec, items, params, direct=direct)
 
-    async def run_work_items(self, items: list[WorkItem], *, priority: str = INTERACTIVE) -> list[WorkResult]:
+    async def run_work_items(self, items: list[JobItem], *, priority: str = INTERACTIVE) -> list[WorkResult]:
         return await self.work_items.run_work_items(items, priority=priority)
 
     # ---- control-plane config --------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The sidecar path: NATS work items in, one WorkResult per item out."""
+"""The sidecar path: job items in (protocol.jobs, decoded by protocol.work_codec), one WorkResult per
+item out. Their params were checked at the front door; the operations check only the model's limits."""
 
 from __future__ import annotations
 
@@ -8,60 +9,57 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from protocol.api import (
-    EncodeParams,
-    ExtractParams,
-    Item,
-    ScoreParams,
-    TokenizeParams,
-    parse_item,
-    truncation_totals,
-)
+from protocol.api import Item, truncation_totals
+from protocol.catalog import Resolved
 from protocol.codec import packb
-from protocol.errors import ErrorCode, SIEError, invalid_input
+from protocol.errors import ErrorCode, SIEError
+from protocol.jobs import EncodeJob, ExtractJob, JobItem, ScoreInput, ScoreJob, TokenizeJob
+from protocol.params import EncodeOptions, ExtractOptions, ScoreOptions, TokenizeOptions
 from protocol.priority import INTERACTIVE
-from protocol.work import WorkItem, WorkResult
+from protocol.work import WorkResult
 from worker.runtime.results import Result, Timing
 
 log = logging.getLogger("worker.runtime")
 
 
 class SupportsOperations(Protocol):
-    """What runs the work items (:class:`worker.runtime.operations.Operations`)."""
+    """What runs the job items (:class:`worker.runtime.operations.Operations`)."""
 
-    async def encode(
+    def resolve(self, spec: str) -> Resolved: ...
+
+    async def run_encode(
         self,
-        spec: str,
+        resolved: Resolved,
+        opts: EncodeOptions,
         items: Sequence[Item],
-        params: EncodeParams | None = None,
         *,
         direct: bool = False,
         priority: str = INTERACTIVE,
     ) -> Result: ...
 
-    async def score(
+    async def run_score(
         self,
-        spec: str,
+        resolved: Resolved,
+        opts: ScoreOptions,
         query: Item,
         items: Sequence[Item],
-        params: ScoreParams | None = None,
         *,
         direct: bool = False,
         priority: str = INTERACTIVE,
     ) -> Result: ...
 
-    async def extract(
+    async def run_extract(
         self,
-        spec: str,
+        resolved: Resolved,
+        opts: ExtractOptions,
         items: Sequence[Item],
-        params: ExtractParams | None = None,
         *,
         direct: bool = False,
         priority: str = INTERACTIVE,
     ) -> Result: ...
 
-    async def tokenize(
-        self, spec: str, items: Sequence[Item], params: TokenizeParams | None = None, *, direct: bool = False
+    async def run_tokenize(
+        self, resolved: Resolved, opts: TokenizeOptions, items: Sequence[Item]
     ) -> Result: ...
 
 
@@ -69,15 +67,15 @@ class WorkItemRunner:
     def __init__(self, operations: SupportsOperations) -> None:
         self.operations = operations
 
-    async def run_work_items(self, items: list[WorkItem], *, priority: str = INTERACTIVE) -> list[WorkResult]:
-        """Execute NATS work items at once; one WorkResult per item, in order.
+    async def run_work_items(self, items: list[JobItem], *, priority: str = INTERACTIVE) -> list[WorkResult]:
+        """Run job items at once; one WorkResult per item, in order.
 
-        The sidecar hands over one group (equal :attr:`WorkItem.group_key`); a batch mixing groups
-        runs as one call per group. ``priority``: the class the batch came in (an interactive one
-        may run inside a running bulk forward, worker/batching/preemption.py)."""
+        The sidecar hands over one group (equal :attr:`Job.batch_key`); a batch mixing groups runs
+        as one call per group. ``priority``: the class the batch came in (an interactive one may run
+        inside a running bulk forward, worker/batching/preemption.py)."""
         groups: dict[str, list[int]] = {}
-        for i, wi in enumerate(items):
-            groups.setdefault(wi.group_key, []).append(i)
+        for i, it in enumerate(items):
+            groups.setdefault(it.job.batch_key, []).append(i)
         results: list[WorkResult | None] = [None] * len(items)
         await asyncio.gather(
             *(self._run_group([items[i] for i in idx], idx, results, priority) for idx in groups.values())
@@ -85,97 +83,71 @@ class WorkItemRunner:
         return [r for r in results if r is not None]
 
     async def _run_group(
-        self, group: list[WorkItem], idx: list[int], results: list[WorkResult | None], priority: str
+        self, group: list[JobItem], idx: list[int], results: list[WorkResult | None], priority: str
     ) -> None:
-        first = group[0]
-        spec = first.model_spec
-        options = dict(first.options or {})
-        if first.is_query:
-            options["is_query"] = True
+        job = group[0].job
+        ops = self.operations
         started = time.time()
         tokens: list[int | None]
         try:
-            # the work item's fields as the request's typed params, unchecked: protocol.params checks
-            # them in the operation, as it checks a request of sie serve
-            if first.operation == "encode":
-                params = EncodeParams.model_construct(
-                    output_types=first.output_types,
-                    output_dtype=first.output_dtype,
-                    instruction=first.instruction,
-                    options=options,
-                )
-                res = await self.operations.encode(
-                    spec, _items(group), params, direct=True, priority=priority
-                )
-                payloads = [packb(item) for item in res.items]
-                tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
-            elif first.operation == "score":
-                # one work item carries a whole score request; run each on its own
-                for wi, i in zip(group, idx, strict=True):
-                    query = parse_item(wi.query_item or {}, "query")
-                    docs = [parse_item(d, "items", k) for k, d in enumerate(wi.score_items or [])]
-                    score_params = ScoreParams.model_construct(instruction=wi.instruction, options=options)
-                    res = await self.operations.score(
-                        spec, query, docs, score_params, direct=True, priority=priority
+            resolved = ops.resolve(job.model_spec)
+            if isinstance(job, ScoreJob):
+                # one job item carries a whole score request; each runs on its own
+                for it, i in zip(group, idx, strict=True):
+                    pair = it.input
+                    if not isinstance(pair, ScoreInput):
+                        raise TypeError("a score job's input is not a ScoreInput")
+                    res = await ops.run_score(
+                        resolved, job.params, pair.query, pair.items, direct=True, priority=priority
                     )
                     body: dict[str, Any] = {"scores": res.items}
                     if res.query_id is not None:
                         body["query_id"] = res.query_id
                     results[i] = self._work_result(
-                        wi, True, packb(body), res.timing, started, res.input_tokens, res.items
+                        it, packb(body), res.timing, started, res.input_tokens, res.items
                     )
                 return
-            elif first.operation == "extract":
-                extract_params = ExtractParams.model_construct(
-                    labels=first.labels,
-                    output_schema=first.output_schema,
-                    instruction=first.instruction,
-                    options=options,
-                )
-                res = await self.operations.extract(
-                    spec, _items(group, named=True), extract_params, direct=True, priority=priority
-                )
-                payloads = [packb(item) for item in res.items]
+            inputs = [it.item for it in group]
+            if isinstance(job, EncodeJob):
+                res = await ops.run_encode(resolved, job.params, inputs, direct=True, priority=priority)
                 tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
-            elif first.operation == "tokenize":
-                tokenize_params = TokenizeParams.model_construct(options=options)
-                res = await self.operations.tokenize(spec, _items(group), tokenize_params, direct=True)
-                payloads = [packb(item) for item in res.items]
+            elif isinstance(job, ExtractJob):
+                for it, item in zip(group, inputs, strict=True):
+                    if item.id is None:  # the contract's default: its place in its own request
+                        item.id = f"item-{it.index}"
+                res = await ops.run_extract(resolved, job.params, inputs, direct=True, priority=priority)
+                tokens = [*res.item_tokens] if res.item_tokens else [None] * len(group)
+            elif isinstance(job, TokenizeJob):
+                res = await ops.run_tokenize(resolved, job.params, inputs)
                 tokens = [item["count"] for item in res.items]
             else:
-                raise invalid_input(f"unknown operation {first.operation!r}")
+                raise TypeError(f"no runner for {type(job).__name__}")
         except SIEError as exc:
-            for wi, i in zip(group, idx, strict=True):
-                results[i] = self._error_result(wi, exc)
+            for it, i in zip(group, idx, strict=True):
+                results[i] = self._error_result(it, exc)
             return
         except Exception as exc:
-            log.exception("work items for %s failed", spec)
+            log.exception("job items for %s failed", job.model_spec)
             err = SIEError(ErrorCode.INFERENCE_ERROR, f"internal error: {exc}")
-            for wi, i in zip(group, idx, strict=True):
-                results[i] = self._error_result(wi, err)
+            for it, i in zip(group, idx, strict=True):
+                results[i] = self._error_result(it, err)
             return
-        for wi, i, payload, tok, entry in zip(group, idx, payloads, tokens, res.items, strict=True):
-            results[i] = self._work_result(wi, True, payload, res.timing, started, tok, [entry])
+        for it, i, entry, tok in zip(group, idx, res.items, tokens, strict=True):
+            results[i] = self._work_result(it, packb(entry), res.timing, started, tok, [entry])
 
+    @staticmethod
     def _work_result(
-        self,
-        wi: WorkItem,
-        ok: bool,
-        payload: bytes,
-        timing: Timing,
-        started: float,
-        tokens: int | None,
-        entries: list[Any],
+        it: JobItem, payload: bytes, timing: Timing, started: float, tokens: int | None, entries: list[Any]
     ) -> WorkResult:
         truncated_items, dropped_tokens = truncation_totals(entries)
         return WorkResult(
-            work_item_id=wi.work_item_id,
-            request_id=wi.request_id,
-            item_index=wi.item_index,
-            success=ok,
+            work_item_id=it.work_item_id,
+            request_id=it.request_id,
+            item_index=it.index,
+            success=True,
             result_msgpack=payload,
             inference_ms=timing.inference_ms,
-            queue_ms=max(0.0, (started - wi.timestamp) * 1000) + timing.queue_ms,
+            queue_ms=max(0.0, (started - it.job.timestamp) * 1000) + timing.queue_ms,
             tokenization_ms=timing.tokenization_ms,
             postprocessing_ms=timing.postprocessing_ms,
             processing_ms=timing.total_ms,
@@ -185,17 +157,5 @@ class WorkItemRunner:
         )
 
     @staticmethod
-    def _error_result(wi: WorkItem, exc: SIEError) -> WorkResult:
-        return WorkResult.failure(wi, exc.code, exc.message, retry_after_s=exc.retry_after, extra=exc.extra)
-
-
-def _items(group: list[WorkItem], *, named: bool = False) -> list[Item]:
-    """The group's items (one per work item), typed; a malformed one is 400 INVALID_INPUT. With
-    ``named``, an item without an ``id`` gets the contract's default, ``item-<index>`` of its place
-    in its own request (a group can hold items of several requests)."""
-    items = [parse_item(wi.item or {}, "items", k) for k, wi in enumerate(group)]
-    if named:
-        for item, wi in zip(items, group, strict=True):
-            if item.id is None:
-                item.id = f"item-{wi.item_index}"
-    return items
+    def _error_result(it: JobItem, exc: SIEError) -> WorkResult:
+        return WorkResult.failure(it, exc.code, exc.message, retry_after_s=exc.retry_after, extra=exc.extra)

@@ -372,8 +372,8 @@ async def rerank_route(request: web.Request) -> web.Response:
         try:
             result = await runtime.score(
                 call.model,
-                Item.model_validate(call.query_item()),
-                [Item.model_validate(i) for i in call.score_items()],
+                call.query_item(),
+                call.score_items(),
                 ScoreParams(options=call.options),
                 priority=_priority(request),
             )

@@ -16,12 +16,13 @@ import numpy as np
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from iokit.payloads import HEADER as PAYLOAD_HEADER
 from protocol.codec import packb
+from protocol.jobs import ExtractJob, JobItem, ScoreInput, ScoreJob
 from protocol.streams import PAYLOADS_BUCKET as PAYLOAD_BUCKET
 from protocol.streams import lane_consumer_config, stream_config
 from protocol.subjects import HEALTH_SOLICIT, INTERACTIVE, health_subject, lane_durable, pool_stream_name
-from protocol.work import Heartbeat, RoutingHeader, WorkItem, WorkResult, pack_results, work_items_of
+from protocol.work import Heartbeat, WorkResult
+from protocol.work_codec import WorkCodec
 
 DIM = 4
 
@@ -31,33 +32,34 @@ def fake_vector(text: str) -> np.ndarray:
     return np.frombuffer(digest[: DIM * 4], dtype="<u4").astype(np.float32) / 2**32
 
 
-def answer(item: WorkItem, worker_id: str) -> WorkResult:
-    if item.operation == "encode":
-        raw = item.item or {}
-        out: dict = {}
-        if "id" in raw:
-            out["id"] = raw["id"]
-        out["dense"] = {"dims": DIM, "dtype": "float32", "values": fake_vector(str(raw.get("text", "")))}
-        blob = packb(out)
-    elif item.operation == "score":
-        q = str((item.query_item or {}).get("text", ""))
+def answer(item: JobItem, worker_id: str) -> WorkResult:
+    job = item.job
+    if isinstance(job, ScoreJob):
+        pair = item.input
+        assert isinstance(pair, ScoreInput)
+        q = pair.query.text or ""
         entries = []
-        for i, it in enumerate(item.score_items or []):
-            text = str(it.get("text", ""))
-            score = float(len(set(q.split()) & set(text.split())))
-            entries.append({"item_id": it.get("id") or f"item-{i}", "score": score})
+        for i, it in enumerate(pair.items):
+            score = float(len(set(q.split()) & set((it.text or "").split())))
+            entries.append({"item_id": it.id or f"item-{i}", "score": score})
         entries.sort(key=lambda e: -e["score"])
         for rank, e in enumerate(entries):
             e["rank"] = rank
         body = {"scores": entries}
-        if (item.query_item or {}).get("id"):
-            body["query_id"] = item.query_item["id"]
+        if pair.query.id:
+            body["query_id"] = pair.query.id
         blob = packb(body)
+    elif isinstance(job, ExtractJob):
+        text = item.item.text or ""
+        label = (job.params.labels or ("thing",))[0]
+        ents = [{"text": w, "label": label, "score": 0.9, "start": text.find(w), "end": text.find(w) + len(w), "bbox": None} for w in text.split() if w[:1].isupper()]  # fmt: skip
+        blob = packb({"id": item.item.id or f"item-{item.index}", "entities": ents, "relations": [], "classifications": [], "objects": [], "data": {}})  # fmt: skip
     else:
-        raw = item.item or {}
-        text = str(raw.get("text", ""))
-        ents = [{"text": w, "label": (item.labels or ["thing"])[0], "score": 0.9, "start": text.find(w), "end": text.find(w) + len(w), "bbox": None} for w in text.split() if w[:1].isupper()]  # fmt: skip
-        blob = packb({"id": raw.get("id") or f"item-{item.item_index}", "entities": ents, "relations": [], "classifications": [], "objects": [], "data": {}})  # fmt: skip
+        out: dict = {}
+        if item.item.id is not None:
+            out["id"] = item.item.id
+        out["dense"] = {"dims": DIM, "dtype": "float32", "values": fake_vector(item.item.text or "")}
+        blob = packb(out)
     return WorkResult(
         work_item_id=item.work_item_id,
         request_id=item.request_id,
@@ -71,10 +73,10 @@ def answer(item: WorkItem, worker_id: str) -> WorkResult:
     )
 
 
-Handler = Callable[[WorkItem, "FakeWorker"], Awaitable[WorkResult | None]]
+Handler = Callable[[JobItem, "FakeWorker"], Awaitable[WorkResult | None]]
 
 
-async def default_handler(item: WorkItem, worker: FakeWorker) -> WorkResult | None:
+async def default_handler(item: JobItem, worker: FakeWorker) -> WorkResult | None:
     return answer(item, worker.worker_id)
 
 
@@ -111,7 +113,7 @@ class FakeWorker:
         self.max_deliver = max_deliver
         self.heartbeat_s = heartbeat_s
         self.heartbeat_extra = dict(heartbeat_extra or {})  # more Heartbeat fields (hash, model states)
-        self.seen: list[WorkItem] = []
+        self.seen: list[JobItem] = []
         self.seen_headers: list[dict[str, str]] = []  # the routing headers of each, as the sidecar reads them
         self.seen_bodies: list[bytes] = []  # the body of each message taken
         self.nc = None
@@ -181,12 +183,12 @@ class FakeWorker:
                 if self._stopping:
                     return
                 body = msg.data
-                ref = (msg.headers or {}).get(PAYLOAD_HEADER)
+                ref = WorkCodec.payload_ref(msg.headers)
                 if ref is not None:  # too large for a message: in the payload store, as a sidecar reads it
                     body = (await (await self.nc.jetstream().object_store(PAYLOAD_BUCKET)).get(ref)).data
                 results: list[WorkResult] = []
                 self.seen_bodies.append(body)
-                items = work_items_of(body)  # one item, or a chunk's (either form)
+                items = WorkCodec.items_of(body)  # one item, or a chunk's
                 for item in items:
                     self.seen.append(item)
                     self.seen_headers.append(dict(msg.headers or {}))
@@ -196,17 +198,20 @@ class FakeWorker:
                 stuck = len(results) < len(items)  # its message is never acked
                 if not self.together:
                     for result in results:
-                        await self.nc.publish(item.reply_subject, result.to_msgpack())
+                        await self.nc.publish(
+                            item.job.reply_subject, WorkCodec.results_message([result.to_msgpack()])
+                        )
                     if not stuck:
                         await msg.ack()
                     continue
-                subject = RoutingHeader.from_headers(msg.headers).results_subject
+                subject = WorkCodec.routes(msg.headers)[0].results_subject
                 answered.extend(
                     (msg if r is results[-1] and not stuck else None, subject, r) for r in results
                 )
             for subject in {s for _, s, _ in answered if s is not None}:
                 await self.nc.publish(
-                    subject, pack_results([r.to_msgpack() for _, s, r in answered if s == subject])
+                    subject,
+                    WorkCodec.results_message([r.to_msgpack() for _, s, r in answered if s == subject]),
                 )
             for msg, _, _ in answered:
                 if msg is not None:

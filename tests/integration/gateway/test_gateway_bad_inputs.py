@@ -108,7 +108,7 @@ async def test_an_item_over_the_queue_message_limit_travels_through_the_payload_
         status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "ok"}, {"text": big}]})
         assert status == 200, body
         np.testing.assert_array_equal(body["items"][1]["dense"]["values"], fake_vector(big))
-        assert [wi.item["text"] == big for wi in w.seen] == [False, True]
+        assert [wi.item.text == big for wi in w.seen] == [False, True]
         assert [bool(hdr.get("Sie-Payload")) for hdr in w.seen_headers] == [False, True]
         assert "sie_gateway_queue_payload_offloads_total 1.0" in h.gateway.metrics.render().decode()
         store = await h.nc.jetstream().object_store("SIE_PAYLOADS")

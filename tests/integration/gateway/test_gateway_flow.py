@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from protocol.codec import packb, unpackb
-from protocol.work import MSG_ID, RoutingHeader, WorkResult
+from protocol.work import WorkResult
+from protocol.work_codec import MSG_ID, WorkCodec
 from tests.integration.gateway.conftest import DENSE, EXTRACT, RERANK
 from tests.integration.gateway.fake_worker import FakeWorker, answer, fake_vector
 from tests.support.polling import wait_until
@@ -47,17 +48,17 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
         assert headers["X-SIE-Request-ID"]
         assert headers["X-SIE-Units-Input-Tokens"] == "9"
         # the work item carried the routing and request fields
-        item = w.seen[0]
-        assert item.model_id == DENSE and item.pool_name == "default" and item.machine_profile == "cpu"
-        assert item.reply_subject.startswith(f"_INBOX.{h.gateway.router_id}.")
-        assert item.deadline and item.bundle == "default"
-        # the request's group key, stamped once: the same on each of its items
-        assert item.batch_key and {wi.batch_key for wi in w.seen[:3]} == {item.batch_key}
+        job = w.seen[0].job
+        assert job.model_id == DENSE and job.pool_name == "default" and job.machine_profile == "cpu"
+        assert job.reply_subject.startswith(f"_INBOX.{h.gateway.router_id}.")
+        assert job.deadline and job.bundle == "default"
+        # the request's group key, derived once: the same on each of its items
+        assert job.batch_key and {wi.job.batch_key for wi in w.seen[:3]} == {job.batch_key}
         # the three items went in one message, which says how many of the request's items were
         # published, for the sidecar to batch them together
         (chunk,) = {hdr[MSG_ID]: hdr for hdr in w.seen_headers[:3]}.values()
-        assert RoutingHeader.from_headers(chunk).request_items == 3
-        assert [r.item_index for r in RoutingHeader.items_of(chunk)] == [0, 1, 2]
+        assert {r.request_items for r in WorkCodec.routes(chunk)} == {3}
+        assert [r.item_index for r in WorkCodec.routes(chunk)] == [0, 1, 2]
 
         async with h.session.post(
             h.url(f"/v1/encode/{DENSE}"),
@@ -67,8 +68,8 @@ async def test_encode_roundtrip_msgpack_and_json(nats_server, start_gateway):
             assert resp.status == 200
             data = await resp.json()
         assert data["items"][0]["dense"]["values"] == pytest.approx(fake_vector("x").tolist())
-        assert w.seen[-1].is_query is True and w.seen[-1].instruction == "q"
-        assert w.seen[-1].batch_key != item.batch_key  # other parameters, another group
+        assert w.seen[-1].job.params.is_query is True and w.seen[-1].job.params.instruction == "q"
+        assert w.seen[-1].job.batch_key != job.batch_key  # other parameters, another group
     finally:
         await w.stop()
 
@@ -84,22 +85,18 @@ async def test_items_are_counted_for_the_sidecar_only_when_one_pod_pulls_the_lan
         status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": t} for t in "abcd"]})
         assert status == 200, body
         messages = {hdr[MSG_ID]: hdr for w in workers for hdr in w.seen_headers}.values()
-        assert sorted([r.item_index for r in RoutingHeader.items_of(hdr)] for hdr in messages) == [
-            [0, 1],
-            [2, 3],
-        ]
-        assert [RoutingHeader.from_headers(hdr).request_items for hdr in messages] == [2, 2]
+        assert sorted([r.item_index for r in WorkCodec.routes(hdr)] for hdr in messages) == [[0, 1], [2, 3]]
+        assert [WorkCodec.routes(hdr)[0].request_items for hdr in messages] == [2, 2]
     finally:
         for w in workers:
             await w.stop()
 
 
-async def test_chunks_carry_shared_fields_once_only_where_every_pod_reads_them(nats_server, start_gateway):
-    """A lane whose every pod says it reads the shared form gets chunks of it (the fields a
-    request's items share once); a lane with one pod that does not gets every item whole."""
+async def test_a_chunk_carries_its_job_once(nats_server, start_gateway):
+    """A message of several items carries their job (what the request's items share) once, and
+    each item's input on its own."""
     h = await start_gateway()
-    new = await FakeWorker(nats_server.url, "w1", heartbeat_extra={"shared_chunks": True}).start()
-    workers = [new]
+    w = await FakeWorker(nats_server.url, "w1").start()
     try:
         await wait_workers(h)
         items = [{"text": t} for t in ("one", "two", "three")]
@@ -107,23 +104,14 @@ async def test_chunks_carry_shared_fields_once_only_where_every_pod_reads_them(n
         assert status == 200, body
         for it, src in zip(body["items"], items, strict=True):
             np.testing.assert_array_equal(it["dense"]["values"], fake_vector(src["text"]))
-        (chunk,) = new.seen_bodies
-        form = unpackb(chunk)
-        assert isinstance(form, dict) and [unpackb(own) for own in form["items"]] == [
-            {"item_index": i, "item": src} for i, src in enumerate(items)
-        ]
-        assert [wi.work_item_id for wi in new.seen] == [f"{new.seen[0].request_id}.{i}" for i in range(3)]
-        assert {wi.model_id for wi in new.seen} == {DENSE} and new.seen[0].reply_subject.startswith("_INBOX.")
-
-        workers.append(await FakeWorker(nats_server.url, "w2").start())  # an older pod joins the lane
-        await wait_workers(h, 2)
-        status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": t} for t in "abcd"]})
-        assert status == 200, body
-        later = [b for w in workers for b in w.seen_bodies][1:]
-        assert len(later) == 2 and all(isinstance(unpackb(b), list) for b in later)  # whole items
+        (chunk,) = w.seen_bodies
+        job, inputs = unpackb(chunk)
+        assert unpackb(job)["model_id"] == DENSE
+        assert [unpackb(own) for own in inputs] == [{"i": i, "item": src} for i, src in enumerate(items)]
+        assert [wi.work_item_id for wi in w.seen] == [f"{w.seen[0].request_id}.{i}" for i in range(3)]
+        assert len({id(wi.job) for wi in w.seen}) == 1 and w.seen[0].job.reply_subject.startswith("_INBOX.")
     finally:
-        for w in workers:
-            await w.stop()
+        await w.stop()
 
 
 async def test_score_and_extract_pass_through(nats_server, start_gateway):
@@ -235,7 +223,7 @@ async def test_profile_routing_and_capacity_arrival(nats_server, start_gateway):
             await wait_workers(h, 2)
             status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, hdr)
             assert status == 200, body
-            assert l4.seen and l4.seen[-1].machine_profile == "l4" and not cpu.seen
+            assert l4.seen and l4.seen[-1].job.machine_profile == "l4" and not cpu.seen
         finally:
             await l4.stop()
         # the tombstone removes the worker (it would be stale only in an hour)
@@ -484,7 +472,7 @@ async def test_results_that_share_a_message_answer_their_requests(nats_server, s
             for it, text in zip(body["items"], sent, strict=True):
                 np.testing.assert_array_equal(it["dense"]["values"], fake_vector(text))
         # the route named the subject the results came on
-        assert {RoutingHeader.from_headers(hdr).results_subject for hdr in w.seen_headers} == {
+        assert {WorkCodec.routes(hdr)[0].results_subject for hdr in w.seen_headers} == {
             h.gateway.dispatcher.inbox.results_subject
         }
     finally:
@@ -497,9 +485,9 @@ async def test_equal_misses_of_concurrent_requests_are_computed_once(nats_server
     calls: list[str] = []
 
     async def held(item, worker):
-        calls.append(item.item["text"])
+        calls.append(item.item.text)
         await release.wait()
-        if item.item["text"] == "fails first" and calls.count("fails first") == 1:
+        if item.item.text == "fails first" and calls.count("fails first") == 1:
             return WorkResult.failure(item, "INFERENCE_ERROR", "injected", worker_id=worker.worker_id)
         return answer(item, worker.worker_id)
 

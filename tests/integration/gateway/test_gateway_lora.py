@@ -53,7 +53,7 @@ async def test_a_declared_lora_is_selected_by_name(start_gateway, worker):
             h, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}], "params": {"options": options}}
         )
         assert status == 200, body
-    assert [item.lora for item in worker.seen] == ["one", "two"]
+    assert [item.job.lora for item in worker.seen] == ["one", "two"]
 
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=["etc", "home", "dotdot", "proc", "hub", "10kB"])
@@ -91,4 +91,4 @@ async def test_anything_else_is_400_and_nothing_is_published(start_gateway, work
     assert worker.seen == []  # refused at the front door: no work item reached a worker
     status, _, body = await post(h, f"/v1/encode/{DENSE}", {"items": [{"text": "still fine"}]})
     assert status == 200, body
-    assert [item.lora for item in worker.seen] == [None]
+    assert [item.job.lora for item in worker.seen] == [None]

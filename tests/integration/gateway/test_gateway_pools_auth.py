@@ -42,7 +42,7 @@ async def test_pool_lifecycle_shared_by_replicas_and_routing(nats_server, start_
         assert [a["name"] for a in view["status"]["assigned_workers"]] == ["l4-1"]
         status, _, body = await post(g2, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, hdr)
         assert status == 200, body
-        assert w.seen[-1].machine_profile == "l4"
+        assert w.seen[-1].job.machine_profile == "l4"
         # gpu="pool/profile" inside the profile header works too
         status, _, _ = await post(g1, f"/v1/encode/{DENSE}", {"items": [{"text": "a"}]}, {**SDK, "X-SIE-MACHINE-PROFILE": "eval-1/l4"})  # fmt: skip
         assert status == 200

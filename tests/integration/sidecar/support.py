@@ -20,13 +20,17 @@ import nats
 import nats.errors
 import nats.js.errors
 
+from protocol.api import Item
 from protocol.catalog import Catalog
+from protocol.jobs import JobItem
 from protocol.model_config import parse_model_yaml
 from protocol.subjects import HEALTH_PREFIX, direct_subject, reply_subject, results_subject, work_subject
-from protocol.work import H_TAKEN, RoutingHeader, WorkItem, WorkResult, unpack_results
+from protocol.work import WorkResult
+from protocol.work_codec import H_TAKEN, WorkCodec, WorkMessage
 from sidecar.ipc_client import IpcClient
 from sidecar.lane import LaneConsumer
 from sidecar.settings import SidecarSettings
+from tests.support.jobs import encode_job, encode_params
 from tests.support.polling import wait_until
 from worker.ipc.server import serve_ipc
 from worker.runtime import Runtime
@@ -172,45 +176,48 @@ class Gateway:
         self.raw.append(msg.data)
         self.messages += 1
         together = msg.subject == results_subject(self.router_id)
-        for res in unpack_results(msg.data) if together else [WorkResult.from_msgpack(msg.data)]:
+        for res in WorkCodec.results(msg.data):
             self.results.setdefault(res.work_item_id, []).append(res)
             self.together += together
         self._arrived.set()
 
     def item(
         self, request_id: str, index: int, *, model_id: str, text: str, total: int = 1, **extra
-    ) -> WorkItem:
-        return WorkItem(
-            work_item_id=f"{request_id}.{index}",
-            request_id=request_id,
-            item_index=index,
-            total_items=total,
-            operation=extra.pop("operation", "encode"),
+    ) -> JobItem:
+        """Item ``index`` of an encode request; ``extra``: the job's fields, or its params'."""
+        params = {
+            k: extra.pop(k) for k in ("instruction", "is_query", "options", "output_dtype") if k in extra
+        }
+        job = encode_job(
+            request_id,
+            total,
             model_id=model_id,
-            profile_id="default",
-            pool_name="default",
-            machine_profile="cpu",
             router_id=self.router_id,
             reply_subject=extra.pop("reply_subject", reply_subject(self.router_id, request_id)),
-            timestamp=time.time(),
-            item={"text": text},
-            output_types=["dense"],
             bundle="default",
+            params=encode_params(**params),
             **extra,
         )
+        return JobItem(job, index, Item(text=text))
 
-    async def publish(self, item: WorkItem, request_items: int = 1, *, together: bool = False) -> None:
+    @staticmethod
+    def message(item: JobItem, request_items: int = 1, results: str | None = None) -> WorkMessage:
+        """The work message of ``item`` alone, as the gateway makes it."""
+        [msg] = WorkCodec.messages(
+            [item], per_message=1, max_bytes=1 << 20, request_items=request_items, results_subject=results
+        )
+        return msg
+
+    async def publish(self, item: JobItem, request_items: int = 1, *, together: bool = False) -> None:
         """Publish ``item`` as the gateway does; ``together``: with this gateway's results subject,
         so that the sidecar may send its result in one message with others."""
-        subject = work_subject("default", "cpu", "default", item.model_id)
+        subject = work_subject("default", "cpu", "default", item.job.model_id)
         # Right after a server restart JetStream may need a moment: retry like the gateway does
         # (Nats-Msg-Id, among the routing headers, makes a retried publish land once).
         for attempt in range(20):
             try:
-                headers = RoutingHeader.of(
-                    item, request_items, results_subject(self.router_id) if together else None
-                ).headers()
-                await self.js.publish(subject, item.to_msgpack(), headers=headers)
+                msg = self.message(item, request_items, results_subject(self.router_id) if together else None)
+                await self.js.publish(subject, msg.payload, headers=msg.headers)
                 return
             except (
                 nats.errors.TimeoutError,
@@ -221,15 +228,16 @@ class Gateway:
                     raise
                 await asyncio.sleep(0.5)
 
-    async def publish_direct(self, item: WorkItem, request_items: int = 1, taken: str | None = None) -> None:
+    async def publish_direct(self, item: JobItem, request_items: int = 1, taken: str | None = None) -> None:
         """Send ``item`` on the lane's direct path, as the gateway does while the lane's stream or
         durable has no leader: core NATS, no reply subject, ``taken`` the subject a sidecar that takes
         it answers on (``Sie-Taken``)."""
-        subject = direct_subject(work_subject("default", "cpu", "default", item.model_id))
-        headers = RoutingHeader.of(item, request_items, None).headers()
+        subject = direct_subject(work_subject("default", "cpu", "default", item.job.model_id))
+        msg = self.message(item, request_items)
+        headers = dict(msg.headers)
         if taken is not None:
             headers[H_TAKEN] = taken
-        await self.nc.publish(subject, item.to_msgpack(), headers=headers)
+        await self.nc.publish(subject, msg.payload, headers=headers)
 
     async def publish_raw(self, model_id: str, data: bytes, headers: dict[str, str] | None = None) -> None:
         await self.js.publish(work_subject("default", "cpu", "default", model_id), data, headers=headers)

@@ -7,7 +7,7 @@ import json
 
 from protocol.codec import unpackb
 from protocol.subjects import HEALTH_SOLICIT, direct_subject, work_cancel_subject, work_subject
-from protocol.work import Heartbeat, RoutingHeader
+from protocol.work import Heartbeat
 from tests.integration.sidecar.support import (
     Gateway,
     InProcessWorker,
@@ -91,8 +91,11 @@ async def test_malformed_messages_never_disturb_other_work(nats_server):
             await gw.publish_raw(MODEL, b"\x81\xa3foo\xa3bar")  # a map without the required keys
             bad_reply = gw.item("req-bad", 0, model_id=MODEL, text="x", reply_subject="sie.not.an.inbox")
             await gw.publish(bad_reply)
-            unknown_op = gw.item("req-op", 0, model_id=MODEL, text="x", operation="teleport")
-            await gw.publish(unknown_op)
+            unknown_op = gw.item("req-op", 0, model_id=MODEL, text="x")
+            msg = gw.message(unknown_op)
+            route = json.loads(msg.headers["Sie-Route"])
+            route[3] = "teleport"  # its operation
+            await gw.publish_raw(MODEL, msg.payload, {**msg.headers, "Sie-Route": json.dumps(route)})
             good = [gw.item("req-ok", i, model_id=MODEL, text=f"fine {i}", total=5) for i in range(5)]
             for it in good:
                 await gw.publish(it)
@@ -256,7 +259,9 @@ async def test_each_batch_the_worker_runs_is_one_group_cut_by_the_sidecar(nats_s
                 {},
                 {"instruction": "query: "},
                 {"is_query": True},
-                {"options": {"tag": "b"}},  # (a LoRA is an option: see test_group_keys)
+                {
+                    "options": {"tag": "b"}
+                },  # (a LoRA is a param: see test_the_batch_key_follows_what_decides_how_items_run)
                 {"output_dtype": "float16"},
             ]
             items = []
@@ -273,9 +278,9 @@ async def test_each_batch_the_worker_runs_is_one_group_cut_by_the_sidecar(nats_s
             assert sum(len(b) for b in batches) == len(items)
             assert len(batches) < len(items)  # groups still share batches
             for batch in batches:
-                assert len({wi.group_key for wi in batch}) == 1, [wi.group_key for wi in batch]
+                assert len({it.job.batch_key for it in batch}) == 1, [it.job.batch_key for it in batch]
             # the groups are the five kinds, each kept apart
-            assert len({b[0].group_key for b in batches}) == len(kinds)
+            assert len({b[0].job.batch_key for b in batches}) == len(kinds)
         finally:
             await stop_lane(lane, nc, client)
     await gw_nc.close()
@@ -309,9 +314,8 @@ async def test_a_batchs_results_for_one_gateway_share_a_message(nats_server):
                 await gw.publish(it)
             # a results subject outside the inbox namespace: dropped, like a bad reply subject
             forged = gw.item("req-d", 0, model_id=MODEL, text="d")
-            await gw.publish_raw(
-                MODEL, forged.to_msgpack(), RoutingHeader.of(forged, 1, "sie.elsewhere").headers()
-            )
+            msg = gw.message(forged, 1, "sie.elsewhere")
+            await gw.publish_raw(MODEL, msg.payload, msg.headers)
             await gw.wait_for([it.work_item_id for it in alone])
             assert gw.messages - before == 3 and gw.together == 12
             await wait_until(lambda: lane.stats["dropped"] == dropped + 1, 10)

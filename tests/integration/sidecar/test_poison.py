@@ -13,7 +13,6 @@ from protocol.subjects import (
     normalize_id,
     pool_stream_name,
 )
-from protocol.work import RoutingHeader
 from tests.integration.sidecar.support import (
     Gateway,
     InProcessWorker,
@@ -103,7 +102,7 @@ async def test_a_body_the_worker_cannot_decode_is_dead_lettered_and_its_batch_st
             good = [gw.item("req-good", i, model_id=MODEL, text=f"fine {i}", total=2) for i in range(2)]
             poisoned = gw.item("req-poison", 0, model_id=MODEL, text="looks fine")
             await gw.publish(good[0])
-            await gw.publish_raw(MODEL, POISON, headers=RoutingHeader.of(poisoned).headers())
+            await gw.publish_raw(MODEL, POISON, headers=gw.message(poisoned).headers)
             await gw.publish(good[1])
             got = await gw.wait_for([g.work_item_id for g in good])
             assert all(r[0].success for r in got.values())

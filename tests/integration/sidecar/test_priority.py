@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from protocol.subjects import BULK, lane_durable, work_subject
-from protocol.work import RoutingHeader, WorkResult
+from protocol.work_codec import WorkCodec
 from tests.integration.sidecar.support import (
     Gateway,
     InProcessWorker,
@@ -36,11 +36,12 @@ class OrderedGateway(Gateway):
 
     async def _on_result(self, msg) -> None:
         await super()._on_result(msg)
-        self.order.append(WorkResult.from_msgpack(msg.data).request_id)
+        self.order += [res.request_id for res in WorkCodec.results(msg.data)]
 
     async def publish_bulk(self, item) -> None:
-        subject = work_subject("default", "cpu", "default", item.model_id, BULK)
-        await self.js.publish(subject, item.to_msgpack(), headers=RoutingHeader.of(item).headers())
+        subject = work_subject("default", "cpu", "default", item.job.model_id, BULK)
+        msg = self.message(item)
+        await self.js.publish(subject, msg.payload, headers=msg.headers)
 
 
 async def test_an_interactive_item_overtakes_a_bulk_backlog(nats_server):

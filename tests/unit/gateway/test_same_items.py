@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from gateway.same_items import COPY, answer_for, duplicates
+from protocol.api import Item
 from protocol.codec import packb, unpackb
-from protocol.work import WorkItem, WorkResult
+from protocol.jobs import ExtractJob, JobItem, ScoreInput
+from protocol.params import ExtractOptions
+from protocol.work import WorkResult
+from tests.support.jobs import encode_job, route, score_job
+
+ENCODE = encode_job("r", 5)
+EXTRACT = ExtractJob(
+    **route("r", 5),
+    params=ExtractOptions(options={}, labels=(), output_schema=None, instruction=None, lora=None,
+                          max_length=None, truncate=True),
+)  # fmt: skip
 
 
-def item(i: int, operation: str = "encode", **fields) -> WorkItem:
-    base = dict(
-        work_item_id=f"r.{i}", request_id="r", item_index=i, total_items=5, operation=operation, model_id="m",
-        profile_id="default", pool_name="default", machine_profile="cpu", router_id="g", reply_subject="_INBOX.r",
-        timestamp=0.0,
-    )  # fmt: skip
-    return WorkItem(**{**base, **fields})
+def item(i: int, operation: str = "encode", *, item: dict) -> JobItem:
+    return JobItem(EXTRACT if operation == "extract" else ENCODE, i, Item(**item))
 
 
 def test_equal_inputs_point_at_the_first_one_not_yet_answered():
@@ -27,11 +33,8 @@ def test_equal_inputs_point_at_the_first_one_not_yet_answered():
     assert duplicates(items, [None] * 5) == {1: 0, 4: 0}
     cached = WorkResult("r.0", "r", 0, True, b"\x80")
     assert duplicates(items, [cached, None, None, None, None]) == {4: 1}
-    by_reference = [
-        item(0, payload_ref="obj/1", item={"text": "a"}),
-        item(1, payload_ref="obj/1", item={"text": "a"}),
-    ]
-    assert duplicates(by_reference, [None, None]) == {}
+    pair = ScoreInput(Item(text="q"), (Item(text="a"),))
+    assert duplicates([JobItem(score_job(), 0, pair)] * 2, [None, None]) == {}  # a score job: one item
     assert COPY.item_index == -1 and not COPY.success
 
 

@@ -3,14 +3,14 @@ the model config hash part of it."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
+from protocol.api import Item
+from protocol.jobs import EncodeJob, ExtractJob, JobItem
 from protocol.model_config import parse_model_yaml
-from protocol.result_cache import CachedAnswer, model_config_hash, pack_entry, unpack_entry, work_item_key
-from protocol.work import WorkItem
+from protocol.params import EncodeOptions, ExtractOptions
+from protocol.result_cache import CachedAnswer, job_item_key, model_config_hash, pack_entry, unpack_entry
 
 CONFIG = """
 sie_id: acme/m
@@ -20,39 +20,50 @@ profiles:
 """
 
 
-def item(**fields) -> WorkItem:
-    base = WorkItem("r1.0", "r1", 0, 2, "encode", "acme/m", "default", "default", "cpu", "gw-a",
-                    "_INBOX.gw-a.r1", 1.0, item={"text": "hello"}, output_types=["dense"],
-                    options={"a": 1, "b": {"y": 2, "x": 1}})  # fmt: skip
-    return dataclasses.replace(base, **fields)
+def item(
+    *, index: int = 0, item: Item | None = None, params: dict | None = None, job: type = EncodeJob, **fields
+) -> JobItem:
+    route = dict(request_id="r1", model_id="acme/m", profile_id="default", pool_name="default",
+                 machine_profile="cpu", router_id="gw-a", reply_subject="_INBOX.gw-a.r1", timestamp=1.0,
+                 total_items=2)  # fmt: skip
+    route.update(fields)
+    if job is ExtractJob:
+        opts = ExtractOptions(options={}, labels=("person",), output_schema=None, instruction=None, lora=None,
+                              max_length=None, truncate=True)  # fmt: skip
+    else:
+        base = dict(options={"a": 1, "b": {"y": 2, "x": 1}}, output_types=("dense",), output_dtype="float32",
+                    instruction=None, is_query=False, lora=None, max_length=None, truncate=True, normalize=True,
+                    output_dim=None, muvera=None, chunk=None)  # fmt: skip
+        opts = EncodeOptions(**{**base, **(params or {})})
+    return JobItem(job(**route, params=opts), index, item or Item(text="hello"))
 
 
 def test_requests_for_the_same_content_share_a_key():
-    other_request = item(work_item_id="r9.3", request_id="r9", item_index=3, total_items=9, router_id="gw-b",
-                         reply_subject="_INBOX.gw-b.r9", timestamp=99.0, deadline=5.0, pool_name="p",
-                         machine_profile="l4", bundle="gpu", bundle_config_hash="h")  # fmt: skip
-    reordered = item(options={"b": {"x": 1, "y": 2}, "a": 1})
-    assert work_item_key(item(), "h1") == work_item_key(other_request, "h1") == work_item_key(reordered, "h1")
+    other_request = item(index=3, request_id="r9", total_items=9, router_id="gw-b", reply_subject="_INBOX.gw-b.r9",
+                         timestamp=99.0, deadline=5.0, pool_name="p", machine_profile="l4", bundle="gpu",
+                         bundle_config_hash="h")  # fmt: skip
+    reordered = item(params={"options": {"b": {"x": 1, "y": 2}, "a": 1}})
+    assert job_item_key(item(), "h1") == job_item_key(other_request, "h1") == job_item_key(reordered, "h1")
 
 
 @pytest.mark.parametrize(
     "change",
     [
-        {"item": {"text": "hello!"}},
-        {"output_types": ["dense", "sparse"]},
-        {"output_dtype": "int8"},
-        {"instruction": "Represent this"},
-        {"is_query": True},
-        {"options": {"a": 1, "b": {"y": 2, "x": 1}, "lora": "acme/adapter"}},
-        {"options": {"a": 2, "b": {"y": 2, "x": 1}}},
+        {"item": Item(text="hello!")},
+        {"params": {"output_types": ("dense", "sparse")}},
+        {"params": {"output_dtype": "int8"}},
+        {"params": {"instruction": "Represent this"}},
+        {"params": {"is_query": True}},
+        {"params": {"lora": "acme/adapter"}},
+        {"params": {"options": {"a": 2, "b": {"y": 2, "x": 1}}}},
         {"profile_id": "fast"},
         {"model_id": "acme/other"},
-        {"operation": "extract", "labels": ["person"]},
-        {"item": {"text": "hello", "images": [np.zeros(3, dtype=np.uint8)]}},
+        {"job": ExtractJob},
+        {"item": Item(text="hello", images=[np.zeros(3, dtype=np.uint8)])},
     ],
 )
 def test_what_the_result_depends_on_changes_the_key(change):
-    assert work_item_key(item(**change), "h1") != work_item_key(item(), "h1")
+    assert job_item_key(item(**change), "h1") != job_item_key(item(), "h1")
 
 
 def test_a_new_model_config_hash_changes_the_key():
@@ -60,13 +71,7 @@ def test_a_new_model_config_hash_changes_the_key():
     changed = parse_model_yaml(CONFIG.replace("4096", "2048"))
     assert model_config_hash(config) == model_config_hash(parse_model_yaml(CONFIG))
     assert model_config_hash(config) != model_config_hash(changed)
-    assert work_item_key(item(), model_config_hash(config)) != work_item_key(
-        item(), model_config_hash(changed)
-    )
-
-
-def test_items_whose_content_is_elsewhere_are_not_cached():
-    assert work_item_key(item(payload_ref="s3://bucket/x"), "h1") is None
+    assert job_item_key(item(), model_config_hash(config)) != job_item_key(item(), model_config_hash(changed))
 
 
 def test_entries_round_trip_and_foreign_values_are_misses():

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.jobs import TokenizeJob
 from protocol.model_config import model_spec
+from protocol.params import TokenizeOptions
 from protocol.subjects import in_lane, lane_filter, lane_prefix, work_subject
-from protocol.work import WorkItem
 
 
 def test_work_subjects_and_filters_share_the_lane_prefix():
@@ -38,11 +39,12 @@ def test_model_spec_joins_only_a_non_default_profile(profile, expected):
     assert model_spec("org/m", profile) == expected
 
 
-def test_a_work_item_names_its_model_spec():
-    item = WorkItem("r.0", "r", 0, 1, "encode", "org/m", "fast", "default", "l4", "g", "_INBOX.g.r", 0.0)
-    assert item.model_spec == "org/m:fast"
-    item.profile_id = "default"
-    assert item.model_spec == "org/m"
+def test_a_job_names_its_model_spec():
+    fields = dict(request_id="r", model_id="org/m", pool_name="default", machine_profile="l4", router_id="g",
+                  reply_subject="_INBOX.g.r", timestamp=0.0, total_items=1,
+                  params=TokenizeOptions(options={}, add_special_tokens=True))  # fmt: skip
+    assert TokenizeJob(**fields, profile_id="fast").model_spec == "org/m:fast"
+    assert TokenizeJob(**fields, profile_id="default").model_spec == "org/m"
 
 
 def test_work_model_token_names_the_dead_letter_subject():

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from protocol import ipc, logs, tracing
-from protocol.work import WorkItem
+from protocol.jobs import TokenizeJob
+from protocol.params import TokenizeOptions
+from protocol.work_codec import decode_job, encode_job
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -35,13 +37,14 @@ def test_off_by_default_and_free():
     assert res.returncode == 0, res.stderr
 
 
-def test_work_items_and_envelopes_carry_trace_context_only_when_there_is_one():
-    item = WorkItem("r.0", "r", 0, 1, "encode", "m", "default", "default", "cpu", "gw", "_INBOX.x", 1.0)
-    assert b"traceparent" not in item.to_msgpack()
+def test_jobs_and_envelopes_carry_trace_context_only_when_there_is_one():
+    fields = dict(request_id="r", model_id="m", profile_id="default", pool_name="default", machine_profile="cpu",
+                  router_id="gw", reply_subject="_INBOX.x", timestamp=1.0, total_items=1,
+                  params=TokenizeOptions(options={}, add_special_tokens=True))  # fmt: skip
+    assert b"traceparent" not in encode_job(TokenizeJob(**fields))
     assert "traceparent" not in ipc.request_envelope(ipc.RUN_BATCH, "1", {})
     tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
-    item.traceparent = tp
-    assert WorkItem.from_msgpack(item.to_msgpack()).traceparent == tp
+    assert decode_job(encode_job(TokenizeJob(**fields, traceparent=tp))).traceparent == tp
     assert ipc.request_envelope(ipc.RUN_BATCH, "1", {}, traceparent=tp)["traceparent"] == tp
 
 

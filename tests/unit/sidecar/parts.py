@@ -11,9 +11,9 @@ from nats.aio.msg import Msg
 
 from protocol import ipc
 from protocol.subjects import INTERACTIVE
-from protocol.work import RoutingHeader, WorkResult
+from protocol.work import WorkResult
+from protocol.work_codec import RoutingHeader
 from sidecar.deliveries import Delivery, Lease, ModelScheduler
-from sidecar.worker_link import Outcome
 
 MODEL = "test/model"
 _ids = itertools.count()
@@ -51,7 +51,7 @@ def delivery(
     return Delivery(
         lease=Lease(msg, last_progress=now),
         body=msg.data,
-        shared=None,
+        shared=b"job",
         route=route,
         spec=MODEL,
         cost=1,
@@ -77,20 +77,20 @@ class GatedWorker:
         self.generation = 1
         self.batches: list[list[str]] = []
         self.bodies: list[list[bytes]] = []  # what each batch carried to the worker
-        self.shared: list[tuple[list[bytes], list[int]]] = []  # each batch's chunks' shared fields
+        self.jobs: list[tuple[list[bytes], list[int]]] = []  # each batch's jobs, and each item's
         self.priorities: list[str] = []  # the class each batch was sent as
         self.gate = asyncio.Event()
 
     async def run_batch(
         self, request: ipc.RunBatchRequest, timeout_s: float, traceparent: str | None
-    ) -> dict[str, list[Outcome]]:
+    ) -> dict[str, list[ipc.ItemOutcome]]:
         ids = list(request.item_ids or [])
         self.batches.append(ids)
         self.bodies.append(list(request.items))
-        self.shared.append((list(request.shared), list(request.item_shared)))
+        self.jobs.append((list(request.jobs), list(request.item_job)))
         self.priorities.append(request.priority)
         await self.gate.wait()
-        return {i: [{"work_item_id": i, "disposition": ipc.PUBLISH_AND_ACK, "result": b"r"}] for i in ids}
+        return {i: [ipc.ItemOutcome(i, ipc.PUBLISH_AND_ACK, result=b"r")] for i in ids}
 
     @property
     def sizes(self) -> list[int]:
@@ -160,10 +160,10 @@ class RecordingSettler:
         assert isinstance(result, WorkResult)
         self._mark(f"publish {result.error_code}", d)
 
-    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: Outcome) -> None:
-        self._mark(f"settle {outcome.get('disposition')}", d)
+    async def settle(self, sched: ModelScheduler, d: Delivery, outcome: ipc.ItemOutcome) -> None:
+        self._mark(f"settle {outcome.disposition}", d)
 
-    def goes_with_others(self, d: Delivery, outcome: Outcome) -> bool:
+    def goes_with_others(self, d: Delivery, outcome: ipc.ItemOutcome) -> bool:
         return False
 
     async def publish_together(self, results: list[tuple[Delivery, bytes, bool]]) -> None:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from protocol.batching import BatchLimits, BatchQueue, Load
 from protocol.subjects import BULK, INTERACTIVE
-from protocol.work import item_cost, text_cost
 from tests.support.clock import ManualClock
 
 LIMITS = BatchLimits(max_cost=100, max_requests=4, max_wait_s=0.010)
@@ -40,16 +39,6 @@ def add(q: BatchQueue[Entry], e: Entry, at: float, group: str = "", priority: st
 def names(q: BatchQueue[Entry], now: float, load: Load = BUSY) -> list[str] | None:
     batch = q.next_batch(now, load)
     return None if batch is None else [e.name for e in batch.items]
-
-
-def test_text_cost_is_a_chars_over_four_proxy():
-    assert text_cost("") == 2
-    assert text_cost("a" * 40) == 12
-    assert item_cost("encode", {"text": "a" * 400}) == 102
-    assert item_cost("encode", {"images": [b"x", b"y"]}) == 2
-    assert item_cost("encode", {"text": "a" * 40, "image": b"x"}) == 12 + 1  # text and media both count
-    # score: the query counted once per pair
-    assert item_cost("score", None, {"text": "a" * 8}, [{"text": "a" * 4}, {"text": ""}]) == (4 + 3) + (4 + 2)
 
 
 def test_not_due_below_every_threshold_until_the_wait_expires():

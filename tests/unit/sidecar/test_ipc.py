@@ -14,11 +14,16 @@ import pytest
 
 from iokit import frames
 from protocol import ipc
+from protocol.api import Item
 from protocol.catalog import Catalog
 from protocol.codec import packb, unpackb
+from protocol.jobs import Job, JobItem
 from protocol.model_config import parse_model_yaml
-from protocol.work import WorkItem, WorkResult, encode_own, encode_shared
+from protocol.work import WorkResult
+from protocol.work_codec import WorkCodec, encode_input
+from protocol.work_codec import encode_job as job_bytes
 from sidecar.ipc_client import IpcClient, IpcRemoteError, IpcTransportError
+from tests.support.jobs import encode_job
 from worker.adapters.fake import fake_vector
 from worker.ipc.server import serve_ipc
 from worker.runtime import Runtime
@@ -45,23 +50,20 @@ def fake_runtime(**loadtime) -> Runtime:
     return Runtime(WorkerSettings(device="cpu", cpu_workers=1), catalog=Catalog([config]))
 
 
-def work_item(i: int, text: str = "hello world") -> WorkItem:
-    return WorkItem(
-        work_item_id=f"req-1.{i}",
-        request_id="req-1",
-        item_index=i,
-        total_items=1,
-        operation="encode",
-        model_id="test/fake-embed",
-        profile_id="default",
-        pool_name="default",
-        machine_profile="cpu",
-        router_id="router",
-        reply_subject="_INBOX.router.req-1",
-        timestamp=time.time(),
-        item={"text": text},
-        output_types=["dense"],
-    )
+def work_item(
+    i: int, text: str = "hello world", request_id: str = "req-1", job: Job | None = None
+) -> JobItem:
+    return JobItem(job or encode_job(request_id, 3, model_id="test/fake-embed"), i, Item(text=text))
+
+
+def batch(items: list[JobItem]) -> ipc.RunBatchRequest:
+    """The RunBatch of ``items`` as the sidecar sends it: each job's bytes once."""
+    jobs: dict[int, bytes] = {}
+    parts = [
+        (it.work_item_id, jobs.setdefault(id(it.job), job_bytes(it.job)), encode_input(it.index, it.input))
+        for it in items
+    ]
+    return WorkCodec.run_batch("test/fake-embed", parts, worker_id="", priority="interactive")
 
 
 # ----------------------------------------------------------------------------- framing
@@ -242,16 +244,16 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
         assert states[0] in (ipc.STATE_LOADING_STARTED, ipc.STATE_READY)
         assert resp.max_batch_tokens == 2048 and resp.batch_budget > 0
 
-        items = [work_item(i, f"text number {i}") for i in range(3)]
-        # the items travel as the gateway published them; the results come back encoded
-        request = ipc.RunBatchRequest(model_id="test/fake-embed", items=[it.to_msgpack() for it in items])
-        batch = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
+        job = encode_job("req-1", 3, model_id="test/fake-embed")
+        items = [work_item(i, f"text number {i}", job=job) for i in range(3)]
+        # the items travel as the gateway encoded them; the results come back encoded
+        batch_task = asyncio.create_task(client.call(ipc.RUN_BATCH, batch(items).to_map()))
         await asyncio.sleep(0.3)
         # the slow batch does not hold up a Ping on the same connection
         pong = await asyncio.wait_for(client.call(ipc.PING, {}), 1.0)
-        assert not batch.done()
+        assert not batch_task.done()
         assert "test/fake-embed" in pong["loaded_models"]
-        outcomes = (await batch)["outcomes"]
+        outcomes = (await batch_task)["outcomes"]
         assert [o["work_item_id"] for o in outcomes] == ["req-1.0", "req-1.1", "req-1.2"]
         assert all(o["disposition"] == ipc.PUBLISH_AND_ACK for o in outcomes)
         results = [WorkResult.from_msgpack(o["result"]) for o in outcomes]
@@ -260,26 +262,27 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
         assert first["dense"]["dims"] == 8 and first["dense"]["values"].shape == (8,)
         assert results[0].worker_id == "w-2"
 
-        # a batch item that is not an encoded work item is refused, naming why
-        for bad in ({"work_item_id": "x"}, b"\xc1", packb({"work_item_id": "x"})):
+        # a batch that does not name each of its items is refused, naming why
+        for bad in ({"items": [b"x"]}, {"items": "x", "item_ids": ["a"]}, {"item_ids": [1], "items": [b"x"]}):
             with pytest.raises(IpcRemoteError, match="malformed RunBatch") as refused:
-                await client.call(ipc.RUN_BATCH, {"model_id": "test/fake-embed", "items": [bad]})
+                await client.call(ipc.RUN_BATCH, {"model_id": "test/fake-embed", "item_job": [0], **bad})
             assert refused.value.code == ipc.IPC_BAD_REQUEST
 
-        # ... unless the sidecar names it (its routing header's id): then that item alone is
-        # answered dead_letter, and the rest of the batch runs
-        mixed = ipc.RunBatchRequest(
-            model_id="test/fake-embed",
-            items=[b"\xc1 poison", items[0].to_msgpack(), packb({"x": 1})],
-            item_ids=["req-9.0", "req-1.0", "req-9.2"],
-        )
+        # an item that does not decode is answered dead_letter under its id, and the rest of the
+        # batch runs; so are the items of a job that does not decode
+        mixed = batch([items[0]])
+        mixed.items += [b"\xc1 poison", packb({"x": 1}), packb({"i": 0, "item": {"text": "t"}})]
+        mixed.item_ids += ["req-9.0", "req-9.2", "req-8.0"]
+        mixed.jobs.append(b"\xc1")
+        mixed.item_job += [0, 0, 1]
         outcomes = (await client.call(ipc.RUN_BATCH, mixed.to_map()))["outcomes"]
         by_id = {o["work_item_id"]: o for o in outcomes}
-        assert sorted(by_id) == ["req-1.0", "req-9.0", "req-9.2"]
+        assert sorted(by_id) == ["req-1.0", "req-8.0", "req-9.0", "req-9.2"]
         assert by_id["req-1.0"]["disposition"] == ipc.PUBLISH_AND_ACK
-        for dead in ("req-9.0", "req-9.2"):
+        for dead in ("req-9.0", "req-9.2", "req-8.0"):
             assert by_id[dead]["disposition"] == ipc.DEAD_LETTER
             assert by_id[dead]["error"].startswith("undecodable work item:")
+        assert "its job does not decode" in by_id["req-8.0"]["error"]
 
         unknown = ipc.EnsureModelReadyResponse.from_map(
             await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "no/such-model"})
@@ -291,45 +294,25 @@ async def test_ensure_then_run_batch_and_multiplexing(sock_path):
         await runtime.close()
 
 
-async def test_a_batch_of_shared_form_items_runs_each_with_its_chunks_fields(sock_path):
-    """Items of chunks of the shared form come as their own fields, with each chunk's shared fields
-    once; a whole item may sit beside them; a chunk whose shared fields do not decode fails its
-    items alone."""
+async def test_a_batch_of_several_jobs_runs_each_item_with_its_own(sock_path):
+    """Items of several jobs in one batch, each job's bytes once: each item runs with its job."""
     runtime = fake_runtime()
     await runtime.start()
     server = await serve_ipc(runtime, sock_path, worker_id="w")
     client = IpcClient(sock_path)
     try:
-        assert (await client.call(ipc.PING, {}))["shared_chunks"] is True
         while (await client.call(ipc.ENSURE_MODEL_READY, {"model_id": "test/fake-embed"}))[
             "state"
         ] != "ready":
             await asyncio.sleep(0.05)
         texts = ["alpha", "beta", "gamma"]
-        items = [work_item(i, t) for i, t in enumerate(texts)]
-        other = work_item(0, "delta")
-        other.request_id, other.work_item_id = "req-2", "req-2.0"
-        request = ipc.RunBatchRequest(
-            model_id="test/fake-embed",
-            items=[
-                encode_own(items[2]),
-                other.to_msgpack(),
-                encode_own(items[0]),
-                encode_own(items[1]),
-                b"\x80",
-            ],
-            item_ids=["req-1.2", "req-2.0", "req-1.0", "req-1.1", "req-3.0"],
-            shared=[encode_shared(items[0]), b"\xc1"],
-            item_shared=[0, -1, 0, 0, 1],
-        )
+        one = encode_job("req-1", 3, model_id="test/fake-embed")
+        items = [work_item(i, t, job=one) for i, t in enumerate(texts)]
+        other = work_item(0, "delta", "req-2")
+        request = batch([items[2], other, items[0], items[1]])
+        assert len(request.jobs) == 2 and request.item_job == [0, 1, 0, 0]
         outcomes = (await client.call(ipc.RUN_BATCH, request.to_map()))["outcomes"]
-        by_id = {o["work_item_id"]: o for o in outcomes}
-        assert by_id["req-3.0"]["disposition"] == ipc.DEAD_LETTER
-        assert "shared fields do not decode" in by_id["req-3.0"]["error"]
-        results = {
-            i: WorkResult.from_msgpack(by_id[i]["result"])
-            for i in ("req-1.0", "req-1.1", "req-1.2", "req-2.0")
-        }
+        results = {o["work_item_id"]: WorkResult.from_msgpack(o["result"]) for o in outcomes}
         for i, text in enumerate(texts):
             dense = unpackb(results[f"req-1.{i}"].result_msgpack)["dense"]["values"]
             np.testing.assert_array_equal(dense, fake_vector(text, 8))
@@ -338,16 +321,20 @@ async def test_a_batch_of_shared_form_items_runs_each_with_its_chunks_fields(soc
         np.testing.assert_array_equal(whole, fake_vector("delta", 8))
         assert results["req-2.0"].request_id == "req-2"
 
-        # item_shared must name an entry of shared for every item
-        for shared, item_shared in (([encode_shared(items[0])], [0]), ([encode_shared(items[0])], [0, 3])):
-            bad = ipc.RunBatchRequest(
-                "test/fake-embed",
-                [encode_own(items[0]), encode_own(items[1])],
-                shared=shared,
-                item_shared=item_shared,
-            )
-            with pytest.raises(IpcRemoteError, match="malformed RunBatch"):
-                await client.call(ipc.RUN_BATCH, bad.to_map())
+        # item_job must name a job for every item
+        for item_job in ([0], [0, 3]):
+            bad = batch(items[:2])
+            bad.item_job = item_job
+            try:
+                answer = await client.call(ipc.RUN_BATCH, bad.to_map())
+            except IpcRemoteError as exc:
+                assert "malformed RunBatch" in str(exc)
+            else:
+                assert {o["disposition"] for o in answer["outcomes"]} <= {
+                    ipc.DEAD_LETTER,
+                    ipc.PUBLISH_AND_ACK,
+                }
+                assert any(o["disposition"] == ipc.DEAD_LETTER for o in answer["outcomes"])
     finally:
         await client.close()
         await server.close()
@@ -362,7 +349,7 @@ async def test_drain_refuses_new_batches(sock_path):
     try:
         ack = await client.call(ipc.DRAIN, {"deadline_ms": 1000})
         assert ack["acknowledged"] is True
-        request = ipc.RunBatchRequest("test/fake-embed", [work_item(0).to_msgpack()])
+        request = batch([work_item(0)])
         with pytest.raises(IpcRemoteError, match=ipc.DRAINING_ERROR) as refused:
             await client.call(ipc.RUN_BATCH, request.to_map())
         assert refused.value.code == ipc.IPC_DRAINING
@@ -393,7 +380,7 @@ async def test_a_batch_runs_in_the_class_the_sidecar_names(sock_path):
     server = await serve_ipc(runtime, sock_path)
     client = IpcClient(sock_path)
     try:
-        body = ipc.RunBatchRequest("test/fake-embed", [work_item(0).to_msgpack()]).to_map()
+        body = batch([work_item(0)]).to_map()
         for priority in ("bulk", "interactive", "urgent!", None):
             sent = (
                 dict(body, priority=priority)
@@ -419,7 +406,7 @@ async def test_client_fails_pending_calls_when_the_worker_goes_away(sock_path):
             if body["state"] == ipc.STATE_READY:
                 break
             await asyncio.sleep(0.05)
-        request = ipc.RunBatchRequest("test/fake-embed", [work_item(0).to_msgpack()])
+        request = batch([work_item(0)])
         pending = asyncio.create_task(client.call(ipc.RUN_BATCH, request.to_map()))
         await asyncio.sleep(0.3)
         await server.close()

@@ -234,9 +234,6 @@ async def test_a_heartbeat_says_what_the_parts_know():
     assert beat.bundle_config_hash == "verified" and beat.unsupported_models == ["m-x"]
     assert (beat.queue_depth, beat.pending_cost, beat.inflight_batches, beat.saturated) == (5, 50, 2, True)
     assert beat.loaded_models == ["m"]
-    assert beat.shared_chunks is False  # its worker did not say it reads chunks of the shared form
-    r.health.ping.shared_chunks = True
-    assert live.heartbeat().shared_chunks is True
     last = live.heartbeat(terminated=True)
     assert last.terminated and not last.ready
     live.config = None  # no config deltas applied: the worker's own hash
@@ -322,8 +319,9 @@ class _Taking:
 async def test_a_chunk_becomes_one_delivery_per_item_and_pulls_ask_for_fewer_messages():
     from nats.aio.msg import Msg
 
+    from protocol.codec import unpackb
     from protocol.subjects import work_subject
-    from protocol.work import RoutingHeader, WorkItem, pack_items
+    from tests.support.jobs import encode_job, encode_messages
 
     settings = SidecarSettings(worker_id="w", max_held_messages=256)
     held, taking = Held(), _Taking()
@@ -343,34 +341,16 @@ async def test_a_chunk_becomes_one_delivery_per_item_and_pulls_ask_for_fewer_mes
     assert intake.messages_for(64) == 64  # nothing seen yet: one item per message
     for k in range(30):
         subject = work_subject("default", "cpu", "default", MODEL, BULK if k % 3 == 0 else INTERACTIVE)
-        items = [
-            WorkItem(
-                work_item_id=f"r{k}.{i}",
-                request_id=f"r{k}",
-                item_index=i,
-                total_items=32,
-                operation="encode",
-                model_id=MODEL,
-                profile_id="",
-                pool_name="default",
-                machine_profile="cpu",
-                router_id="g",
-                reply_subject=f"_INBOX.g.r{k}",
-                timestamp=0.0,
-                item={"text": "hello"},
-            )  # fmt: skip
-            for i in range(32)
-        ]
-        if k % 3:  # interactive: single items; bulk: chunks of 32
-            items = items[:1]
-        body = pack_items([it.to_msgpack() for it in items])
-        await intake.intake(
-            Msg(NATS(), subject=subject, data=body, headers=RoutingHeader.chunk_headers(items))
-        )
+        job = encode_job(f"r{k}", 32, model_id=MODEL, timestamp=0.0)
+        # interactive: single items; bulk: chunks of 32
+        [msg, *_] = encode_messages(job, ["hello"] * 32, per_message=32 if k % 3 == 0 else 1)
+        await intake.intake(Msg(NATS(), subject=subject, data=msg.payload, headers=msg.headers))
     assert [len(ds) for ds in taking.taken] == [32 if k % 3 == 0 else 1 for k in range(30)]
     first = taking.taken[0]
     assert [d.route.item_index for d in first] == list(range(32)) and len({d.lease for d in first}) == 1
-    assert [WorkItem.from_msgpack(d.body).work_item_id for d in first] == [f"r0.{i}" for i in range(32)]
+    assert [unpackb(d.body)["i"] for d in first] == list(range(32)) and len(
+        {id(d.shared) for d in first}
+    ) == 1
     assert len(held) == 10 * 32 + 20
     # after ten bulk chunks of 32 a bulk pull for 64 items asks for a few messages, not 64; the
     # interactive single items between them do not count (one average of both, about 11 items a

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from protocol import ipc
+from protocol.codec import packb
 from protocol.subjects import BULK, INTERACTIVE
 from sidecar.barrier import ExecutionBarrier
+from sidecar.deliveries import Delivery
 from sidecar.metrics import SidecarMetrics
 from sidecar.scheduling import Scheduler
 from sidecar.settings import SidecarSettings
@@ -58,7 +60,9 @@ async def rig(*, depth: int = 1, forwards: int = 1, **settings: object) -> Async
     values.update(settings)
     clock = ManualClock()
     worker, readiness, settler = GatedWorker(), ReadyModel(depth=depth, forwards=forwards), RecordingSettler()
-    payloads = StoredPayloads({"big.1": b"the body from the store"})
+    payloads = StoredPayloads(
+        {"big.1": packb([b"the job from the store", [b"the input from the store"]]), "junk": b"\xc1"}
+    )
     tombstones = Tombstones()
     stats: dict[str, int] = {"batches": 0}
     stopping = asyncio.Event()
@@ -270,35 +274,37 @@ async def test_bulk_batches_are_small_while_interactive_work_arrives():
 
 
 async def test_a_body_in_the_payload_store_goes_to_the_worker_and_a_lost_one_fails_its_item():
+    def stored_as(name: str) -> Delivery:
+        msg = Msg(None, subject="sie.work.x", data=b"", headers={"Sie-Payload": name})
+        return delivery(r.clock.now(), msg=msg)
+
     async with rig(depth=4) as r:
-        stored = delivery(
-            r.clock.now(), msg=Msg(None, subject="sie.work.x", data=b"", headers={"Sie-Payload": "big.1"})
-        )
-        lost = delivery(
-            r.clock.now(), msg=Msg(None, subject="sie.work.x", data=b"", headers={"Sie-Payload": "gone"})
-        )
+        stored, lost, junk = stored_as("big.1"), stored_as("gone"), stored_as("junk")
         plain = delivery(r.clock.now())
-        for d in (stored, lost, plain):
+        for d in (stored, lost, junk, plain):
             assert r.scheduler.submit([d])
         r.clock.advance(1.0)
         await wait_until(lambda: r.worker.batches, what="a batch")
         assert r.worker.batches == [[stored.route.work_item_id, plain.route.work_item_id]]
-        assert r.worker.bodies == [[b"the body from the store", b"body"]]
-        assert r.settler.actions("publish INTERNAL_ERROR") == [lost.route.work_item_id]
+        assert r.worker.bodies == [[b"the input from the store", b"body"]]
+        assert r.worker.jobs == [([b"the job from the store", b"job"], [0, 1])]
+        assert sorted(r.settler.actions("publish INTERNAL_ERROR")) == sorted(
+            [lost.route.work_item_id, junk.route.work_item_id]
+        )
         r.worker.gate.set()
 
 
-async def test_a_batch_carries_each_chunks_shared_fields_once():
-    """Items of a chunk of the shared form carry their own fields; the batch carries their chunk's
-    shared fields once, and says which each item takes (-1: a whole item)."""
+async def test_a_batch_carries_each_job_once():
+    """The items of one message share their job's bytes (one object): the batch carries each job
+    once, and says which each item takes."""
     async with rig(depth=4) as r:
-        one, two = b"shared fields of one", b"shared fields of two"
+        one, two = b"job one", b"job two"
         batch = [delivery(r.clock.now()) for _ in range(5)]
-        for d, shared in zip(batch, (one, one, None, two, one), strict=True):
+        for d, shared in zip(batch, (one, one, two, two, one), strict=True):
             d.shared = shared
         assert r.scheduler.submit(batch)
         r.clock.advance(1.0)
         await wait_until(lambda: r.worker.batches, what="a batch")
         assert r.worker.batches == [[d.route.work_item_id for d in batch]]
-        assert r.worker.shared == [([one, two], [0, 0, -1, 1, 0])]
+        assert r.worker.jobs == [([one, two], [0, 0, 1, 1, 0])]
         r.worker.gate.set()

@@ -5,6 +5,7 @@ consumer's ack state, the DLQ stream)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,13 +18,16 @@ from nats.js.api import ConsumerConfig, StreamConfig
 
 from iokit.payloads import PayloadStore
 from protocol import ipc
+from protocol.codec import unpackb
 from protocol.errors import ErrorCode
 from protocol.streams import dlq_stream_config, stream_config
 from protocol.subjects import DLQ_REASON_HEADER, DLQ_STREAM, results_subject, work_subject
-from protocol.work import RoutingHeader, WorkItem, WorkResult, pack_items, unpack_items, unpack_results
+from protocol.work import WorkResult
+from protocol.work_codec import WorkCodec
 from sidecar.deliveries import Delivery, Held, Lease, ModelScheduler, leases_of
 from sidecar.settlement import Settlement
 from tests.support.clock import ManualClock
+from tests.support.jobs import encode_job, encode_messages
 from tests.support.polling import wait_until
 from tests.unit.sidecar.parts import MODEL
 from tests.unit.sidecar.parts import delivery as make_delivery
@@ -43,34 +47,31 @@ class Rig:
     replies: list[Msg]
     sub: JetStreamContext.PullSubscription
 
-    async def delivery(self, *, results: bool = False, request_id: str = "r") -> Delivery:
+    async def delivery(self, *, results: bool = False, request_id: str | None = None) -> Delivery:
         """Publish one work message and pull it: a held delivery with JetStream metadata."""
-        d = make_delivery(
-            0.0,
-            request_id=request_id,
-            reply_subject=f"{INBOX}.{request_id}",
-            results_subject=results_subject("router") if results else None,
-        )
-        await self.js.publish(SUBJECT, b"body", headers=d.route.headers())
-        (msg,) = await self.sub.fetch(1, timeout=10)
-        d.lease = Lease(msg)
-        d.route = RoutingHeader.from_headers(msg.headers)
+        request_id = request_id or f"r{next(_requests)}"  # a message id of its own
+        d = make_delivery(0.0, request_id=request_id)
+        [msg] = messages(request_id, 1, results_subject("router") if results else None)
+        await self.js.publish(SUBJECT, msg.payload, headers=msg.headers)
+        (got,) = await self.sub.fetch(1, timeout=10)
+        d.lease = Lease(got)
+        [d.route] = WorkCodec.routes(got.headers)
         self.held.add(d)
         return d
 
     async def chunk(self, n: int, request_id: str = "c") -> list[Delivery]:
         """Publish one message carrying ``n`` items of a request and pull it: its held deliveries,
         one per item, under one lease (as intake makes them)."""
-        items = [work_item(request_id, i) for i in range(n)]
-        headers = RoutingHeader.chunk_headers(items)
-        await self.js.publish(SUBJECT, pack_items([it.to_msgpack() for it in items]), headers=headers)
-        (msg,) = await self.sub.fetch(1, timeout=10)
-        routes = RoutingHeader.items_of(msg.headers)
-        lease = Lease(msg, open=len(routes))
+        [msg] = messages(request_id, n)
+        await self.js.publish(SUBJECT, msg.payload, headers=msg.headers)
+        (got,) = await self.sub.fetch(1, timeout=10)
+        routes = WorkCodec.routes(got.headers)
+        lease = Lease(got, open=len(routes))
+        shared, owns = WorkCodec.split(got.data, len(routes))
         ds = []
-        for route, body in zip(routes, unpack_items(msg.data, len(routes))[1], strict=True):
+        for route, body in zip(routes, owns, strict=True):
             d = make_delivery(0.0)
-            d.lease, d.body, d.route = lease, body, route
+            d.lease, d.body, d.shared, d.route = lease, body, shared, route
             self.held.add(d)
             ds.append(d)
         return ds
@@ -94,12 +95,17 @@ class Rig:
         return before
 
 
-def work_item(request_id: str, index: int) -> WorkItem:
-    return WorkItem(
-        work_item_id=f"{request_id}.{index}", request_id=request_id, item_index=index, total_items=8,
-        operation="encode", model_id=MODEL, profile_id="", pool_name="default", machine_profile="cpu",
-        router_id="router", reply_subject=f"{INBOX}.{request_id}", timestamp=0.0, item={"text": "t" * index},
-    )  # fmt: skip
+_requests = itertools.count()
+
+
+def messages(request_id: str, n: int, results: str | None = None) -> list:
+    """The work message of ``n`` items of a request, as the gateway publishes it."""
+    job = encode_job(request_id, n, model_id=MODEL, reply_subject=f"{INBOX}.{request_id}", timestamp=0.0)
+    return encode_messages(job, ["t" * i for i in range(n)], results_subject=results)
+
+
+def results_of(msg: Msg) -> list[WorkResult]:
+    return WorkCodec.results(msg.data)
 
 
 @asynccontextmanager
@@ -154,10 +160,12 @@ def ok(d: Delivery) -> bytes:
 async def test_a_result_is_published_to_the_reply_inbox_then_acked(nats_server):
     async with rig(nats_server) as r:
         d = await r.delivery()
-        await r.settlement.settle(sched(), d, {"disposition": ipc.PUBLISH_AND_ACK, "result": ok(d)})
+        await r.settlement.settle(
+            sched(), d, ipc.ItemOutcome(d.route.work_item_id, ipc.PUBLISH_AND_ACK, result=ok(d))
+        )
         assert d.settled and d not in r.held
         (reply,) = await r.replies_so_far()
-        assert reply.subject == d.route.reply_subject and reply.data == ok(d)
+        assert reply.subject == d.route.reply_subject and reply.data == WorkCodec.results_message([ok(d)])
         await r.settled()
         assert r.stats["published"] == 1 and r.stats["acked"] == 1
 
@@ -165,8 +173,8 @@ async def test_a_result_is_published_to_the_reply_inbox_then_acked(nats_server):
 async def test_an_outcome_without_result_and_a_retry_later_are_naked_and_come_back(nats_server):
     async with rig(nats_server) as r:
         for outcome in (
-            {"disposition": ipc.PUBLISH_AND_ACK},
-            {"disposition": "retry_later", "nak_delay_ms": 0},
+            ipc.ItemOutcome("r.0", ipc.PUBLISH_AND_ACK),
+            ipc.ItemOutcome("r.0", ipc.NAK_RETRY, nak_delay_ms=0),
         ):
             d = await r.delivery()
             await r.settlement.settle(sched(), d, outcome)
@@ -181,7 +189,7 @@ async def test_model_not_loaded_naks_and_asks_for_ensure_again(nats_server):
     async with rig(nats_server) as r:
         d, s = await r.delivery(), sched()
         await r.settlement.settle(
-            s, d, {"disposition": "retry_later", "error_code": ErrorCode.MODEL_NOT_LOADED}
+            s, d, ipc.ItemOutcome("r.0", ipc.NAK_RETRY, error_code=ErrorCode.MODEL_NOT_LOADED)
         )
         assert not s.ready and r.stats["naked"] == 1
 
@@ -189,7 +197,7 @@ async def test_model_not_loaded_naks_and_asks_for_ensure_again(nats_server):
 async def test_resource_exhausted_publishes_nothing(nats_server):
     async with rig(nats_server) as r:
         d = await r.delivery()
-        outcome = {"disposition": "retry_later", "error_code": ErrorCode.RESOURCE_EXHAUSTED}
+        outcome = ipc.ItemOutcome("r.0", ipc.NAK_RETRY, error_code=ErrorCode.RESOURCE_EXHAUSTED)
         await r.settlement.settle(sched(), d, outcome)
         assert await r.replies_so_far() == []
         assert r.stats["naked"] == 1 and r.stats["published"] == 0
@@ -198,12 +206,13 @@ async def test_resource_exhausted_publishes_nothing(nats_server):
 async def test_an_undecodable_body_is_answered_copied_to_the_dlq_and_terminated(nats_server):
     async with rig(nats_server) as r:
         d = await r.delivery()
-        await r.settlement.settle(sched(), d, {"disposition": ipc.DEAD_LETTER, "error": "bad body"})
+        await r.settlement.settle(sched(), d, ipc.ItemOutcome("r.0", ipc.DEAD_LETTER, error="bad body"))
         (reply,) = await r.replies_so_far()
-        answer = WorkResult.from_msgpack(reply.data)
+        (answer,) = results_of(reply)
         assert not answer.success and answer.error_code == ErrorCode.INTERNAL_ERROR
         dead = await r.js.get_last_msg(DLQ_STREAM, "sie.dlq.>")
-        assert dead.data == b"body" and dead.headers[DLQ_REASON_HEADER] == "bad body"
+        assert len(WorkCodec.split(dead.data, 1)[1]) == 1  # the message as it came
+        assert dead.headers[DLQ_REASON_HEADER] == "bad body"
 
         async def gone() -> bool:  # TERM takes it out of the work stream
             return (await r.js.stream_info(STREAM)).state.messages == 0
@@ -218,7 +227,7 @@ async def test_a_result_over_the_max_payload_is_replaced_by_a_compact_error(nats
         huge = b"x" * (r.nc.max_payload + 1)
         await r.settlement.publish_and_ack(d, huge, success=True)
         (reply,) = await r.replies_so_far()
-        answer = WorkResult.from_msgpack(reply.data)
+        (answer,) = results_of(reply)
         assert answer.error_code == ErrorCode.INTERNAL_ERROR and "max payload" in (answer.error or "")
         await r.settled()
 
@@ -231,7 +240,7 @@ async def test_a_result_over_the_max_payload_goes_through_the_payload_store(nats
         ).to_msgpack()
         await r.settlement.publish_and_ack(d, huge, success=True)
         (reply,) = await r.replies_so_far()
-        stub = WorkResult.from_msgpack(reply.data)
+        (stub,) = results_of(reply)
         assert stub.result_ref == f"result.{d.route.work_item_id}" and stub.result_msgpack is None
         assert await PayloadStore(r.js).get(stub.result_ref) == huge  # the gateway reads it there
         await r.settled()
@@ -243,7 +252,7 @@ async def test_results_for_one_gateway_share_a_message(nats_server):
         await r.settlement.publish_together([(d, ok(d), False) for d in ds])
         (reply,) = await r.replies_so_far()
         assert reply.subject == results_subject("router")
-        assert [res.work_item_id for res in unpack_results(reply.data)] == [d.route.work_item_id for d in ds]
+        assert [res.work_item_id for res in results_of(reply)] == [d.route.work_item_id for d in ds]
         await r.settled()
         assert r.stats["published"] == 3 and r.stats["acked"] == 3 and not r.held
 
@@ -270,7 +279,7 @@ async def test_a_chunk_is_acked_once_when_its_last_item_is_settled(nats_server):
     async with rig(nats_server) as r:
         ds = await r.chunk(3)
         assert [d.route.item_index for d in ds] == [0, 1, 2]
-        assert [WorkItem.from_msgpack(d.body).item_index for d in ds] == [0, 1, 2]
+        assert [unpackb(d.body)["i"] for d in ds] == [0, 1, 2]
         assert [d.route.work_item_id for d in ds] == ["c.0", "c.1", "c.2"]
         await r.settlement.publish_and_ack(ds[0], ok(ds[0]))
         await r.settlement.ack(ds[1], drop=True)
@@ -292,7 +301,7 @@ async def test_a_chunk_with_an_item_naked_comes_back_whole_after_the_others(nats
         assert r.stats["naked"] == 1 and r.stats["acked"] == 0
         (again,) = await r.sub.fetch(1, timeout=10)  # after the longest delay asked, every item again
         assert again.metadata.num_delivered == 2
-        assert [rt.item_index for rt in RoutingHeader.items_of(again.headers)] == [0, 1, 2]
+        assert [rt.item_index for rt in WorkCodec.routes(again.headers)] == [0, 1, 2]
         await again.ack()
 
 
@@ -312,12 +321,12 @@ async def test_a_chunk_is_progress_acked_once_and_not_after_it_is_settled(nats_s
 async def test_a_chunk_with_an_undecodable_item_is_dead_lettered_after_the_others(nats_server):
     async with rig(nats_server) as r:
         ds = await r.chunk(2)
-        await r.settlement.settle(sched(), ds[0], {"disposition": ipc.DEAD_LETTER, "error": "bad body"})
+        await r.settlement.settle(sched(), ds[0], ipc.ItemOutcome("c.0", ipc.DEAD_LETTER, error="bad body"))
         assert r.stats["dead_lettered"] == 0
         await r.settlement.publish_and_ack(ds[1], ok(ds[1]))
         assert r.stats["dead_lettered"] == 1 and r.stats["acked"] == 0
         dead = await r.js.get_last_msg(DLQ_STREAM, "sie.dlq.>")
         assert dead.headers[DLQ_REASON_HEADER] == "bad body"
-        assert len(unpack_items(dead.data, 2)[1]) == 2  # the whole message
+        assert len(WorkCodec.split(dead.data, 2)[1]) == 2  # the whole message
         replies = await r.replies_so_far()
-        assert sorted(WorkResult.from_msgpack(m.data).item_index for m in replies) == [0, 1]
+        assert sorted(res.item_index for m in replies for res in results_of(m)) == [0, 1]
