@@ -233,33 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_classes or args.only_batch:
         from tests.benchmarks.classes import bench_classes
 
-        print(
-            "\n".join(
-                bench_classes(
-                    args.seconds,
-                    args.threads,
-                    args.bulk_items,
-                    args.batch_lines,
-                    only_batch=args.only_batch,
-                    worker_cpus=args.worker_cpus,
-                )
-            )
-        )
+        rows = bench_classes(
+            args.seconds, args.threads, args.bulk_items, args.batch_lines,
+            only_batch=args.only_batch, worker_cpus=args.worker_cpus,
+        )  # fmt: skip
+        print("\n".join(rows))
         return 0
     texts = sentences(512, 32, seed=1)
     if args.only_cluster:
-        print(
-            "\n".join(
-                bench_cluster(
-                    texts,
-                    args.cluster_seconds,
-                    args.repeats,
-                    args.threads,
-                    max(1, args.segments),
-                    args.infinity,
-                )
-            )
+        rows = bench_cluster(
+            texts, args.cluster_seconds, args.repeats, args.threads, max(1, args.segments), args.infinity
         )
+        print("\n".join(rows))
         return 0
     env = {
         "SIE_TORCH_THREADS": str(args.threads),
