@@ -163,3 +163,23 @@ class Session:
             if warning:
                 self.warned_skew = True
                 W.log.warning(warning)
+
+
+class SessionFacts:
+    """What both clients tell about their session, read-only."""
+
+    _session: Session
+
+    @property
+    def base_url(self) -> str:
+        return self._session.base_url
+
+    @property
+    def last_retry_count(self) -> int:
+        """How many retries the most recent inference call of this client made."""
+        return self._session.last_retry_count
+
+    @property
+    def last_model_revision(self) -> str | None:
+        """``X-SIE-Model-Revision`` of the latest answer that carried one."""
+        return self._session.last_model_revision

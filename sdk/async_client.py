@@ -14,7 +14,18 @@ import aiohttp
 from sdk import _calls as C
 from sdk import _wire as W
 from sdk import status as S
-from sdk._core import Call, Failure, Renewal, Reply, Request, Response, Session, Sleep, method_signature
+from sdk._core import (
+    Call,
+    Failure,
+    Renewal,
+    Reply,
+    Request,
+    Response,
+    Session,
+    SessionFacts,
+    Sleep,
+    method_signature,
+)
 from sdk._retry import Transport
 from sdk.types import Options
 
@@ -84,7 +95,7 @@ class _Renewer:
                 raise
 
 
-class SIEAsyncClient:
+class SIEAsyncClient(SessionFacts):
     """Async twin of :class:`sdk.SIEClient`; use ``async with`` or ``await client.close()``."""
 
     lease_renewal_interval_s: float = W.DEFAULT_LEASE_RENEWAL_INTERVAL_S
@@ -128,18 +139,6 @@ class SIEAsyncClient:
         self._owns_http = session is None
         self._renewers: dict[str, _Renewer] = {}
         self._closed = False
-
-    @property
-    def base_url(self) -> str:
-        return self._session.base_url
-
-    @property
-    def last_retry_count(self) -> int:
-        return self._session.last_retry_count
-
-    @property
-    def last_model_revision(self) -> str | None:
-        return self._session.last_model_revision
 
     # ------------------------------------------------------------ the I/O of the core's steps
 

@@ -15,7 +15,18 @@ import httpx
 from sdk import _calls as C
 from sdk import _wire as W
 from sdk import status as S
-from sdk._core import Call, Failure, Renewal, Reply, Request, Response, Session, Sleep, method_signature
+from sdk._core import (
+    Call,
+    Failure,
+    Renewal,
+    Reply,
+    Request,
+    Response,
+    Session,
+    SessionFacts,
+    Sleep,
+    method_signature,
+)
 from sdk._retry import Transport
 from sdk.types import Options
 
@@ -87,7 +98,7 @@ class _Renewer:
             self._thread.join(timeout)
 
 
-class SIEClient:
+class SIEClient(SessionFacts):
     """Client for an sie-cluster gateway or a standalone ``sie serve`` worker.
 
     Call-compatible with ``sie_sdk.SIEClient``: ``encode``, ``score``, ``extract``,
@@ -146,19 +157,6 @@ class SIEClient:
         self._renewers: dict[str, _Renewer] = {}
         self._lock = threading.Lock()
         self._closed = False
-
-    @property
-    def base_url(self) -> str:
-        return self._session.base_url
-
-    @property
-    def last_retry_count(self) -> int:
-        """How many retries the most recent inference call of this client made."""
-        return self._session.last_retry_count
-
-    @property
-    def last_model_revision(self) -> str | None:
-        return self._session.last_model_revision
 
     # ------------------------------------------------------------ the I/O of the core's steps
 
