@@ -1,7 +1,7 @@
 """Typed request models of the native inference routes (``POST /v1/encode|score|extract|tokenize``).
 
 What a front door parses is what the worker runs: ``sie serve`` hands the parsed items and params to
-its runtime, and the worker turns each work item of the cluster path into the same types. Responses
+its runtime; the gateway puts the items, with the params checked, in a job (protocol.jobs). Responses
 are built as dicts by ``gateway/responses.py`` and ``worker/serve/app.py``."""
 
 from __future__ import annotations
@@ -240,15 +240,6 @@ def parse_request(model: type[M], data: Any) -> M:
     return parsed
 
 
-def parse_item(data: Any, *loc: str | int) -> Item:
-    """One item map (a work item's ``item``, ``query_item``, one of its ``score_items``) as an Item;
-    a schema problem is 400 INVALID_INPUT naming the field under ``loc`` (``items.3.text``)."""
-    try:
-        return Item.model_validate(data)
-    except ValidationError as exc:
-        raise _field_error(exc, loc) from None
-
-
 __all__ = [
     "OVERFLOW_POLICIES",
     "EncodeParams",
@@ -266,7 +257,6 @@ __all__ = [
     "ScoreRequest",
     "TokenizeParams",
     "TokenizeRequest",
-    "parse_item",
     "parse_request",
     "truncation_totals",
     "usage",

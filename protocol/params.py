@@ -1,10 +1,11 @@
-"""Validation of request parameters, shared by the worker and the gateway.
+"""Validation of request parameters, shared by the front doors: the gateway and ``sie serve``.
 
 Each operation's parameters are checked and resolved against the model's profile by one function
 (:func:`encode_options`, :func:`score_options`, :func:`extract_options`, :func:`tokenize_options`)
-into a typed, frozen result. The gateway calls it before publishing a request and the worker
-before running one (``sie serve``'s requests, and the work items it is handed), so a request gets
-the same 400 INVALID_INPUT from either, and the worker plans its forward pass from the result.
+into a typed, frozen result, once, where a request comes in: the gateway puts it in the request's
+job (protocol.jobs), which the worker runs as it is; ``sie serve`` checks its own requests. A
+request gets the same 400 INVALID_INPUT from either, and the worker plans its forward pass from
+the result.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ here returns after one check of a module variable, and the OpenTelemetry package
 (they are the optional ``observe`` extra).
 
 Trace context travels as a W3C ``traceparent`` (and ``tracestate``) string: in the HTTP request
-headers from clients, in the work item (the fields the reference's WorkItem has), and in the IPC
+headers from clients, in the job (protocol.jobs), and in the IPC
 request envelope.
 """
 

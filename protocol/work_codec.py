@@ -441,32 +441,31 @@ def decode_input(job: Job, raw: Any) -> JobItem:
     return JobItem(job, data["i"], value)
 
 
-_ITEM_FIELDS = tuple(f for f in Item.model_fields)
+_ITEM_FIELDS = tuple(Item.model_fields)
 _ITEM_NAMES = frozenset(_ITEM_FIELDS)
-_ITEM_KINDS: dict[str, tuple[type, ...]] = {
-    "id": (str,),
-    "text": (str,),
-    "images": (list,),
-    "metadata": (dict,),
-}
+_ITEM_UNSET = dict.fromkeys(_ITEM_FIELDS)
+_set = object.__setattr__
 
 
 def _item(data: Any) -> Item:
-    """An Item from its map, its fields' types checked, without pydantic's validation (the front
-    door validated it; this checks that the bytes still say what it sent)."""
+    """An Item from its map, its fields' types checked, without running pydantic's validation (the
+    front door validated it; this checks that the bytes still say what it sent)."""
     if type(data) is not dict:
         raise ValueError("an item must be a map")
-    values = {name: data.get(name) for name in _ITEM_FIELDS}
-    for name, kinds in _ITEM_KINDS.items():
-        value = values[name]
-        if value is not None and type(value) not in kinds:
+    for name, kind in (("id", str), ("text", str), ("images", list), ("metadata", dict)):
+        value = data.get(name)
+        if value is not None and type(value) is not kind:
             raise ValueError(f"item field {name} is a {type(value).__name__}")
-    extra = {k: v for k, v in data.items() if k not in _ITEM_NAMES and type(k) is str}
+    if _ITEM_NAMES.issuperset(data):  # no key a client added: most items
+        values, extra = {**_ITEM_UNSET, **data}, {}
+    else:
+        values = {name: data.get(name) for name in _ITEM_FIELDS}
+        extra = {k: v for k, v in data.items() if k not in _ITEM_NAMES and type(k) is str}
     item = Item.__new__(Item)
-    object.__setattr__(item, "__dict__", values)
-    object.__setattr__(item, "__pydantic_extra__", extra)
-    object.__setattr__(item, "__pydantic_fields_set__", {k for k in data if k in _ITEM_NAMES})
-    object.__setattr__(item, "__pydantic_private__", None)
+    _set(item, "__dict__", values)
+    _set(item, "__pydantic_extra__", extra)
+    _set(item, "__pydantic_fields_set__", {k for k in data if k in _ITEM_NAMES})
+    _set(item, "__pydantic_private__", None)
     return item
 
 
