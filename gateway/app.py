@@ -1,8 +1,9 @@
 """The gateway's HTTP application: same public API as ``sie serve``, served through NATS JetStream.
 
 ``create_app(settings, nc, registry)`` builds an aiohttp app around a :class:`gateway.core.Gateway`, which
-holds the per-process state (dispatcher, worker registry, pools, demand, metrics) and its NATS tasks.
-Handlers live in ``gateway/routes/`` (one module per concern), the middleware in ``gateway/middleware.py``.
+composes the parts of the gateway and runs their lifecycle. Handlers live in ``gateway/routes/`` (one
+module per concern), the middleware in ``gateway/middleware.py``; each reads the part it needs by its
+app key (:mod:`gateway.parts`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,18 @@ from nats.aio.client import Client as NATS
 
 from gateway.core import GATEWAY_KEY, Gateway
 from gateway.middleware import error_middleware
+from gateway.parts import (
+    ADMISSION_KEY,
+    EXECUTOR_KEY,
+    METRICS_KEY,
+    METRICS_PAGE_KEY,
+    READINESS_KEY,
+    REGISTRY_KEY,
+    ROUTER_ID_KEY,
+    SETTINGS_KEY,
+    STORES_KEY,
+    WORKERS_KEY,
+)
 from gateway.registry import ModelRegistry
 from gateway.routes import docs as api_docs
 from gateway.routes.batches import (
@@ -73,6 +86,16 @@ def create_app(
     gateway = Gateway(settings, nc, registry, router_id=router_id)
     app = web.Application(client_max_size=settings.gateway_max_body_bytes + 1, middlewares=[error_middleware])
     app[GATEWAY_KEY] = gateway
+    app[SETTINGS_KEY] = settings
+    app[REGISTRY_KEY] = registry
+    app[WORKERS_KEY] = gateway.workers
+    app[EXECUTOR_KEY] = gateway.executor
+    app[METRICS_KEY] = gateway.metrics
+    app[METRICS_PAGE_KEY] = gateway.metrics_page
+    app[ADMISSION_KEY] = gateway.admission
+    app[READINESS_KEY] = gateway.readiness
+    app[STORES_KEY] = gateway.stores
+    app[ROUTER_ID_KEY] = gateway.router_id
     app[STATUS_SOCKETS] = set()
     r = app.router
     r.add_post("/v1/encode/{model:.+}", handle_encode)

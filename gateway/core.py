@@ -22,6 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
 from gateway import same_items
+from gateway.admission import Admission
 from gateway.batches import BatchRunner, BatchStore
 from gateway.dispatch import Dispatcher
 from gateway.dlq import DLQForwarder
@@ -31,9 +32,11 @@ from gateway.jobs import JobBuilder
 from gateway.lanes import LaneChooser
 from gateway.metrics import DemandTracker, GatewayMetrics
 from gateway.pools import PoolStore
+from gateway.readiness import MetricsPage, Readiness
 from gateway.registry import ModelRegistry
 from gateway.result_cache import ResultCache
 from gateway.settings import GatewaySettings
+from gateway.stores import Stores
 from gateway.workers import WorkerRegistry
 from protocol.streams import dlq_stream_config
 from protocol.subjects import pin_subject
@@ -75,11 +78,9 @@ class Gateway:
             bulk_share=settings.gateway_bulk_share,
             router_id=router_id,
         )
-        self.pools: PoolStore | None = None
-        self.cache: ResultCache | None = None
-        self.batches: BatchStore | None = None  # the OpenAI Batch API's files and batches
+        self.stores = Stores()
         self.batch_runner: BatchRunner | None = None
-        self.lanes = LaneChooser(settings, self.workers, self.demand, lambda: self.pools)
+        self.lanes = LaneChooser(settings, self.workers, self.demand, lambda: self.stores.pools)
         self.jobs = JobBuilder(
             router_id=self.router_id,
             results_subject=self.dispatcher.inbox.results_subject,
@@ -95,7 +96,7 @@ class Gateway:
             jobs=self.jobs,
             streams=self.dispatcher.streams,
             dispatcher=self.dispatcher,
-            cache=lambda: self.cache,
+            cache=lambda: self.stores.cache,
             computing=same_items.InFlight(self.metrics.cache_followed.inc),
             demand=self.demand,
             connected=lambda: nc.is_connected,
@@ -106,23 +107,26 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._stopping = False  # background loops end on this too: library code may swallow a cancel
-        self.started_at = time.time()
-        self.draining = False  # set by drain(): new API requests are answered 503, /readyz fails
-        self.in_flight = 0  # API requests (/v1/...) being handled, counted by the middleware
+        self.admission = Admission()
+        self.readiness = Readiness(
+            self.admission,
+            self.workers,
+            connected=lambda: nc.is_connected,
+            config_ready=registry.ready,
+            listening_since=lambda: self.heartbeats.listening_since,
+            warmup_s=settings.gateway_worker_warmup_s,
+        )
+        self.metrics_page = MetricsPage(
+            self.metrics,
+            self.demand,
+            self.workers,
+            lane_served=self.lanes.lane_served,
+            connected=lambda: nc.is_connected,
+        )
 
     @property
     def router_id(self) -> str:
         return self.dispatcher.router_id
-
-    async def drain(self, timeout_s: float) -> int:
-        """Stop taking API requests (each new one is answered ``503 QUEUE_UNAVAILABLE`` with a
-        ``Retry-After``, which clients retry, and ``/readyz`` fails) and wait, at most ``timeout_s``,
-        for those in flight to be answered. Returns how many were still in flight."""
-        self.draining = True
-        deadline = time.monotonic() + timeout_s
-        while self.in_flight > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return self.in_flight
 
     async def start(self) -> None:
         js = self.nc.jetstream()
@@ -140,7 +144,7 @@ class Gateway:
             log.info("DEAD_LETTERS stream not (re)created: %s", exc)
         await self.dlq.start()
         s = self.settings
-        self.pools = await PoolStore.open(
+        self.stores.pools = await PoolStore.open(
             js,
             s.pool_bucket,
             self.workers,
@@ -155,7 +159,7 @@ class Gateway:
             on_event=lambda e: self.metrics.pool_events.labels(e).inc(),
         )
         if s.result_cache_enabled:
-            self.cache = await ResultCache.open(
+            self.stores.cache = await ResultCache.open(
                 js,
                 s.result_cache_bucket,
                 self.metrics,
@@ -167,9 +171,11 @@ class Gateway:
                 timeout_s=s.result_cache_timeout_s,
             )
         if s.batch_enabled:
-            self.batches = await BatchStore.open(js, storage=s.stream_storage, replicas=s.stream_replicas)
+            self.stores.batches = await BatchStore.open(
+                js, storage=s.stream_storage, replicas=s.stream_replicas
+            )
             self.batch_runner = BatchRunner(
-                self.batches,
+                self.stores.batches,
                 self.router_id,
                 lines_in_flight=s.batch_lines_in_flight,
                 chunk_lines=s.batch_chunk_lines,
@@ -213,9 +219,10 @@ class Gateway:
         """Tell every healthy worker's sidecar which models its pools pin (an empty list: none), so
         that they are loaded there and never evicted; repeated each interval, so a restarted
         sidecar or a newly assigned worker learns them. Returns how many workers were told."""
-        if self.pools is None:
+        pools = self.stores.pools
+        if pools is None:
             return 0
-        pins = await self.pools.pins()
+        pins = await pools.pins()
         told = 0
         for worker in self.workers.healthy():
             models = pins.get(worker.worker_id, [])
@@ -231,9 +238,10 @@ class Gateway:
                 self.workers.prune()
                 self.demand.refresh(self.lanes.lane_served)
                 now = time.monotonic()
-                if self.pools is not None and now - last_sweep >= self.settings.pool_sweep_interval_s:
+                pools = self.stores.pools
+                if pools is not None and now - last_sweep >= self.settings.pool_sweep_interval_s:
                     last_sweep = now
-                    await self.pools.sweep()
+                    await pools.sweep()
                 if now - last_pins >= self.settings.pool_pin_interval_s:
                     last_pins = now
                     await self.publish_pins()

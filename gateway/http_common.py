@@ -9,10 +9,9 @@ from typing import Any
 from aiohttp import web
 
 from gateway import responses
-from gateway.core import GATEWAY_KEY, Gateway
 from gateway.lanes import Provisioning
+from gateway.parts import METRICS_KEY, SETTINGS_KEY
 from gateway.result_cache import CACHE_WORKER_ID
-from gateway.settings import GatewaySettings
 from iokit import http
 from protocol import SERVER_VERSION
 from protocol.codec import CodecError, wants_msgpack_response
@@ -38,18 +37,20 @@ def error_response(err: SIEError, *, openai: bool = False) -> web.Response:
     return http.openai_error_response(err) if openai else http.error_response(err)
 
 
-async def read_body(request: web.Request, settings: GatewaySettings) -> Any:
+async def read_body(request: web.Request) -> Any:
     """The decoded body (msgpack or JSON per Content-Type): 413 beyond the size limit, 408 when it does not
     arrive within the body timeout, 400 when it does not decode."""
+    settings = request.app[SETTINGS_KEY]
     raw = await http.read_body(
         request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s
     )
     return http.decode_body(raw, request.headers.get("Content-Type"))
 
 
-async def read_json_body(request: web.Request, settings: GatewaySettings, what: str) -> Any:
+async def read_json_body(request: web.Request, what: str) -> Any:
     """A JSON body (None when empty), within the body's size and time limits; 400 naming ``what``
     when it is not JSON."""
+    settings = request.app[SETTINGS_KEY]
     raw = await http.read_body(
         request, settings.gateway_max_body_bytes, timeout_s=settings.gateway_body_timeout_s
     )
@@ -92,10 +93,8 @@ def respond(request: web.Request, msgpack_body: Any, json_body: Any, headers: di
     return web.json_response(json_body(), headers=headers)
 
 
-def provisioning_response(
-    gw: Gateway, request: web.Request, p: Provisioning, *, force_503: bool = False
-) -> web.Response:
-    gw.metrics.provisioning.labels(p.machine_profile or "any").inc()
+def provisioning_response(request: web.Request, p: Provisioning, *, force_503: bool = False) -> web.Response:
+    request.app[METRICS_KEY].provisioning.labels(p.machine_profile or "any").inc()
     if force_503 or sdk_understands_503(request):
         return error_response(p, openai=force_503)
     body = {
@@ -109,7 +108,3 @@ def provisioning_response(
     return web.json_response(
         body, status=202, headers={"Retry-After": format_retry_after(p.retry_after or 0)}
     )
-
-
-def gateway_of(request: web.Request) -> Gateway:
-    return request.app[GATEWAY_KEY]

@@ -15,6 +15,7 @@ from aiohttp import web
 from gateway.app import GATEWAY_KEY, create_app
 from gateway.config_sync import ConfigServiceRegistry
 from gateway.k8s_scaler import K8sScalerSettings, build_scaler
+from gateway.parts import ADMISSION_KEY
 from gateway.registry import CatalogRegistry, ModelRegistry
 from gateway.settings import GatewaySettings
 from iokit import eventloop
@@ -110,9 +111,9 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event | None = None) ->
         stop = eventloop.stop_event()
     try:
         await stop.wait()
-        gw = app[GATEWAY_KEY]
-        log.info("gateway draining: new requests answered 503, waiting for %d in flight", gw.in_flight)
-        left = await gw.drain(settings.gateway_drain_timeout_s)
+        admission = app[ADMISSION_KEY]
+        log.info("gateway draining: new requests answered 503, waiting for %d in flight", admission.in_flight)
+        left = await admission.drain(settings.gateway_drain_timeout_s)
         if left:
             log.warning("gateway drain timed out with %d request(s) still in flight", left)
     finally:

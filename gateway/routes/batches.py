@@ -11,7 +11,8 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from gateway.batches import BatchStore, new_batch, public
-from gateway.http_common import error_response, gateway_of, read_json_body
+from gateway.http_common import error_response, read_json_body
+from gateway.parts import SETTINGS_KEY, STORES_KEY
 from protocol.api import BatchBody, parse_request
 from protocol.errors import ErrorCode, SIEError, invalid_input
 
@@ -34,7 +35,7 @@ def openai_errors(handler: Handler) -> Handler:
 
 
 def _store(request: web.Request) -> BatchStore:
-    store = gateway_of(request).batches
+    store = request.app[STORES_KEY].batches
     if store is None:
         raise SIEError(ErrorCode.QUEUE_UNAVAILABLE, "The batch store is not ready", retry_after=2)
     return store
@@ -43,7 +44,7 @@ def _store(request: web.Request) -> BatchStore:
 @openai_errors
 async def handle_file_upload(request: web.Request) -> web.Response:
     """``POST /v1/files`` (multipart: ``purpose`` and ``file``), streamed up to the size limit."""
-    limit = gateway_of(request).settings.batch_max_file_bytes
+    limit = request.app[SETTINGS_KEY].batch_max_file_bytes
     if not (request.content_type or "").startswith("multipart/"):
         raise invalid_input("Upload the file as multipart/form-data with fields 'purpose' and 'file'")
     try:
@@ -139,7 +140,7 @@ async def handle_file_delete(request: web.Request) -> web.Response:
 
 @openai_errors
 async def handle_batch_create(request: web.Request) -> web.Response:
-    body = await read_json_body(request, gateway_of(request).settings, "The body")
+    body = await read_json_body(request, "The body")
     store = _store(request)
     parsed = parse_request(BatchBody, body)
     batch = new_batch(parsed, await store.file(parsed.input_file_id))

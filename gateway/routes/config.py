@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.http_common import (
-    gateway_of,
-)
+from gateway.parts import REGISTRY_KEY
 from iokit import http
 
 
 async def handle_config_models(request: web.Request) -> web.Response:
-    return web.json_response(gateway_of(request).registry.config_models())
+    return web.json_response(request.app[REGISTRY_KEY].config_models())
 
 
 async def handle_config_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
-    text = gateway_of(request).registry.config_model_yaml(model_id)
+    text = request.app[REGISTRY_KEY].config_model_yaml(model_id)
     if text is None:
         return http.config_error_response(
             404, "model_not_found", f"model {model_id!r} is not configured", model_id=model_id
@@ -25,14 +23,14 @@ async def handle_config_model(request: web.Request) -> web.Response:
 
 
 async def handle_config_bundles(request: web.Request) -> web.Response:
-    return web.json_response(gateway_of(request).registry.config_bundles())
+    return web.json_response(request.app[REGISTRY_KEY].config_bundles())
 
 
 async def handle_config_bundle(request: web.Request) -> web.Response:
     import yaml
 
     bundle_id = request.match_info["bundle_id"]
-    doc = gateway_of(request).registry.config_bundle(bundle_id)
+    doc = request.app[REGISTRY_KEY].config_bundle(bundle_id)
     if doc is None:
         return http.config_error_response(
             404, "bundle_not_found", f"bundle {bundle_id!r} is not known", bundle_id=bundle_id
@@ -43,7 +41,7 @@ async def handle_config_bundle(request: web.Request) -> web.Response:
 
 
 async def handle_config_epoch(request: web.Request) -> web.Response:
-    return web.json_response(gateway_of(request).registry.config_epoch())
+    return web.json_response(request.app[REGISTRY_KEY].config_epoch())
 
 
 async def handle_config_write(request: web.Request) -> web.Response:

@@ -8,14 +8,9 @@ from typing import Any
 from aiohttp import web
 
 from gateway import responses
-from gateway.core import Gateway
-from gateway.http_common import (
-    gateway_of,
-    read_body,
-    respond,
-    success_headers,
-)
+from gateway.http_common import read_body, respond, success_headers
 from gateway.jobs import JobRequest
+from gateway.parts import EXECUTOR_KEY, REGISTRY_KEY, SETTINGS_KEY
 from gateway.registry import Route
 from protocol import params as request_params
 from protocol.api import (
@@ -34,16 +29,16 @@ from protocol.work import WorkResult
 
 async def _itemised_request(
     request: web.Request, model_cls: type[EncodeRequest] | type[ExtractRequest] | type[TokenizeRequest]
-) -> tuple[Gateway, str, Any, Route]:
+) -> tuple[str, Any, Route]:
     """The common start of encode, extract and tokenize: body within limits, item count, route."""
-    gw = gateway_of(request)
     model = request.match_info["model"]
-    data = await read_body(request, gw.settings)
+    data = await read_body(request)
     req: EncodeRequest | ExtractRequest | TokenizeRequest = parse_request(model_cls, data)
-    if len(req.items) > gw.settings.gateway_max_items:
-        raise invalid_input(f"At most {gw.settings.gateway_max_items} items per request", param="items")
+    max_items = request.app[SETTINGS_KEY].gateway_max_items
+    if len(req.items) > max_items:
+        raise invalid_input(f"At most {max_items} items per request", param="items")
     options = request_params.request_options(req.params.options if req.params else None)
-    return gw, model, req, gw.registry.resolve(model, options)
+    return model, req, request.app[REGISTRY_KEY].resolve(model, options)
 
 
 def _items_answer(
@@ -68,15 +63,14 @@ def _items_answer(
 
 
 async def handle_encode(request: web.Request) -> web.Response:
-    gw, model, req, route = await _itemised_request(request, EncodeRequest)
+    model, req, route = await _itemised_request(request, EncodeRequest)
     opts = request_params.encode_options(route.resolved, req.params)
     job = JobRequest("encode", partial(EncodeJob, params=opts), req.items)
-    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
+    rid, results, wait_ms, _ = await request.app[EXECUTOR_KEY].execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms)
 
 
 async def run_score(
-    gw: Gateway,
     request: web.Request,
     model: str,
     query: Item,
@@ -85,24 +79,22 @@ async def run_score(
 ) -> tuple[str, list[WorkResult], float]:
     """One score call through the queue (the native route and the rerank routes): the item limit,
     the route, one job item; returns (request id, results, queue wait ms), failures raised."""
-    if len(items) > gw.settings.gateway_max_score_items:
-        raise invalid_input(
-            f"At most {gw.settings.gateway_max_score_items} items per score request", param="items"
-        )
-    route = gw.registry.resolve(model, request_params.request_options(params.options))
+    max_items = request.app[SETTINGS_KEY].gateway_max_score_items
+    if len(items) > max_items:
+        raise invalid_input(f"At most {max_items} items per score request", param="items")
+    route = request.app[REGISTRY_KEY].resolve(model, request_params.request_options(params.options))
     opts = request_params.score_options(route.resolved, params)
     job = JobRequest("score", partial(ScoreJob, params=opts), [ScoreInput(query, tuple(items))])
-    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
+    rid, results, wait_ms, _ = await request.app[EXECUTOR_KEY].execute(request, route, job)
     responses.check_failures(results)
     return rid, results, wait_ms
 
 
 async def handle_score(request: web.Request) -> web.Response:
-    gw = gateway_of(request)
     model = request.match_info["model"]
-    data = await read_body(request, gw.settings)
+    data = await read_body(request)
     req = parse_request(ScoreRequest, data)
-    rid, results, wait_ms = await run_score(gw, request, model, req.query, req.items, req.params)
+    rid, results, wait_ms = await run_score(request, model, req.query, req.items, req.params)
     t = responses.timing(results, wait_ms)
     return respond(
         request,
@@ -113,18 +105,18 @@ async def handle_score(request: web.Request) -> web.Response:
 
 
 async def handle_extract(request: web.Request) -> web.Response:
-    gw, model, req, route = await _itemised_request(request, ExtractRequest)
+    model, req, route = await _itemised_request(request, ExtractRequest)
     opts = request_params.extract_options(route.resolved, req.params)
     job = JobRequest("extract", partial(ExtractJob, params=opts), req.items)
-    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
+    rid, results, wait_ms, _ = await request.app[EXECUTOR_KEY].execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms, allow_item_errors=True)
 
 
 async def handle_tokenize(request: web.Request) -> web.Response:
     """The model's own tokenizer, run by a worker as job items of operation ``tokenize``: the
     gateway loads no tokenizers, and the worker that serves the model has it in memory already."""
-    gw, model, req, route = await _itemised_request(request, TokenizeRequest)
+    model, req, route = await _itemised_request(request, TokenizeRequest)
     opts = request_params.tokenize_options(route.resolved, req.params)
     job = JobRequest("tokenize", partial(TokenizeJob, params=opts), req.items)
-    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
+    rid, results, wait_ms, _ = await request.app[EXECUTOR_KEY].execute(request, route, job)
     return _items_answer(request, model, rid, results, wait_ms)

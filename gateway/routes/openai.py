@@ -7,16 +7,15 @@ from functools import partial
 from aiohttp import web
 
 from gateway import responses
-from gateway.core import Gateway
 from gateway.http_common import (
     error_response,
-    gateway_of,
     provisioning_response,
     read_body,
     success_headers,
 )
 from gateway.jobs import JobRequest
 from gateway.lanes import Provisioning
+from gateway.parts import EXECUTOR_KEY, REGISTRY_KEY, SETTINGS_KEY
 from protocol import openai
 from protocol.api import EncodeParams, Item
 from protocol.codec import unpackb
@@ -27,25 +26,24 @@ from protocol.params import encode_options
 
 async def handle_embeddings(request: web.Request) -> web.Response:
     """OpenAI-compatible ``POST /v1/embeddings``: JSON in, JSON out, OpenAI errors."""
-    gw = gateway_of(request)
     try:
-        return await _embeddings(gw, request)
+        return await _embeddings(request)
     except Provisioning as p:
-        return provisioning_response(gw, request, p, force_503=True)
+        return provisioning_response(request, p, force_503=True)
     except SIEError as err:
         return error_response(err, openai=True)
 
 
-async def _embeddings(gw: Gateway, request: web.Request) -> web.Response:
-    data = await read_body(request, gw.settings)
-    req = openai.parse_embeddings_request(data, max_inputs=gw.settings.gateway_max_items)
+async def _embeddings(request: web.Request) -> web.Response:
+    data = await read_body(request)
+    req = openai.parse_embeddings_request(data, max_inputs=request.app[SETTINGS_KEY].gateway_max_items)
     model, inputs = req.model, req.inputs
-    route = openai.resolve_model(gw.registry.resolve, model)
+    route = openai.resolve_model(request.app[REGISTRY_KEY].resolve, model)
     options = openai.dimension_options(req.dimensions, openai.dense_dimension(route.resolved, model))
     params = EncodeParams(output_types=["dense"], output_dtype="float32", options=options)
     opts = encode_options(route.resolved, params)  # the profile's instruction and query flag apply
     job = JobRequest("encode", partial(EncodeJob, params=opts), [Item(text=text) for text in inputs])
-    rid, results, wait_ms, _ = await gw.executor.execute(request, route, job)
+    rid, results, wait_ms, _ = await request.app[EXECUTOR_KEY].execute(request, route, job)
     responses.check_failures(results)
     rows = []
     for r in results:

@@ -6,20 +6,21 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.http_common import gateway_of, read_json_body
+from gateway.http_common import read_json_body
+from gateway.parts import STORES_KEY
 from gateway.pools import PoolStore
 from protocol.errors import ErrorCode, SIEError
 
 
 def _pools(request: web.Request) -> PoolStore:
-    pools = gateway_of(request).pools
+    pools = request.app[STORES_KEY].pools
     if pools is None:
         raise SIEError(ErrorCode.QUEUE_UNAVAILABLE, "Pool store is not ready", retry_after=2)
     return pools
 
 
 async def _json_body(request: web.Request) -> Any:
-    return await read_json_body(request, gateway_of(request).settings, "Pool body")
+    return await read_json_body(request, "Pool body")
 
 
 async def handle_pool_create(request: web.Request) -> web.Response:

@@ -7,12 +7,12 @@ from aiohttp import web
 
 from gateway import responses
 from gateway.http_common import (
-    gateway_of,
     provisioning_response,
     read_body,
     success_headers,
 )
 from gateway.lanes import Provisioning
+from gateway.parts import SETTINGS_KEY
 from gateway.routes.inference import run_score
 from iokit import http
 from protocol import rerank
@@ -24,13 +24,12 @@ from protocol.errors import SIEError
 async def handle_rerank(request: web.Request) -> web.Response:
     """One handler for the three rerank routes: JSON in, JSON out, errors in the OpenAI envelope
     (Cohere's routes) or TEI's shape (TEI's)."""
-    gw = gateway_of(request)
     try:
-        data = await read_body(request, gw.settings)
-        call = rerank.parse(request.path, data, default_model=gw.settings.gateway_rerank_default_model)
+        data = await read_body(request)
+        default_model = request.app[SETTINGS_KEY].gateway_rerank_default_model
+        call = rerank.parse(request.path, data, default_model=default_model)
         try:
             rid, results, wait_ms = await run_score(
-                gw,
                 request,
                 call.model,
                 call.query_item(),
@@ -40,7 +39,7 @@ async def handle_rerank(request: web.Request) -> web.Response:
         except SIEError as err:
             raise rerank.in_request_terms(err, call.kind) from None
     except Provisioning as p:
-        return provisioning_response(gw, request, p, force_503=True)
+        return provisioning_response(request, p, force_503=True)
     except SIEError as err:
         return http.rerank_error_response(err, request.path)
     blob = results[0].result_msgpack

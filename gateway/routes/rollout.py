@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.core import Gateway
-from gateway.http_common import gateway_of
-from gateway.workers import WorkerRecord
+from gateway.parts import REGISTRY_KEY, WORKERS_KEY
+from gateway.registry import ModelRegistry
+from gateway.workers import WorkerRecord, WorkerRegistry
 from iokit import http
 
 
@@ -25,21 +25,21 @@ def _in_state(w: WorkerRecord, model_id: str, state: str) -> bool:
     )
 
 
-def model_rollout(gw: Gateway, model_id: str) -> dict[str, Any] | None:
+def model_rollout(registry: ModelRegistry, fleet: WorkerRegistry, model_id: str) -> dict[str, Any] | None:
     """Per bundle and per (bundle, pool): healthy workers, how many advertise the expected hash,
     how many have the model loaded, loading or failed, and the last load error. None: unknown model."""
-    config = gw.registry.model_config(model_id)
+    config = registry.model_config(model_id)
     if config is None:
         return None
-    bundles = gw.registry.model_bundles(config)
+    bundles = registry.model_bundles(config)
     by_lower = {b.lower(): b for b in bundles}  # heartbeats name bundles lower-cased
     groups: dict[tuple[str, str], list[WorkerRecord]] = {}
-    for w in gw.workers.healthy():
+    for w in fleet.healthy():
         if w.bundle in by_lower:
             groups.setdefault((by_lower[w.bundle], w.pool), []).append(w)
     pools: list[dict[str, Any]] = []
     for (bundle, pool), workers in sorted(groups.items()):
-        expected = gw.registry.expected_hash(bundle, pool)
+        expected = registry.expected_hash(bundle, pool)
         acked = [w for w in workers if w.heartbeat.bundle_config_hash == expected]
         errors = [f"{spec}: {msg}" for w in workers for spec, msg in sorted(w.load_errors(model_id).items())]
         failed = [w for w in workers if w.load_errors(model_id)]
@@ -65,7 +65,7 @@ def model_rollout(gw: Gateway, model_id: str) -> dict[str, Any] | None:
         per_bundle.append(
             {
                 "bundle_id": bundle,
-                "expected_bundle_config_hash": gw.registry.bundle_hash(bundle),
+                "expected_bundle_config_hash": registry.bundle_hash(bundle),
                 "total_eligible_workers": total,
                 "acked_workers": n_acked,
                 "pending_workers": total - n_acked,
@@ -75,7 +75,7 @@ def model_rollout(gw: Gateway, model_id: str) -> dict[str, Any] | None:
     last_errors = [str(p["last_error"]) for p in pools if p["last_error"]]
     return {
         "model_id": model_id,
-        "config_epoch": gw.registry.config_epoch().get("epoch", 0),
+        "config_epoch": registry.config_epoch().get("epoch", 0),
         "all_bundles_acked": all(b["acked"] for b in per_bundle),
         "no_bundles": not bundles,
         "bundles": per_bundle,
@@ -88,7 +88,7 @@ def model_rollout(gw: Gateway, model_id: str) -> dict[str, Any] | None:
 
 async def handle_config_model_status(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
-    body = model_rollout(gateway_of(request), model_id)
+    body = model_rollout(request.app[REGISTRY_KEY], request.app[WORKERS_KEY], model_id)
     if body is None:
         return http.config_error_response(
             404, "model_not_found", f"model {model_id!r} is not configured", model_id=model_id

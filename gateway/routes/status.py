@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.core import Gateway
-from gateway.http_common import (
-    gateway_of,
+from gateway.parts import (
+    METRICS_PAGE_KEY,
+    READINESS_KEY,
+    REGISTRY_KEY,
+    ROUTER_ID_KEY,
+    SETTINGS_KEY,
+    WORKERS_KEY,
 )
+from gateway.workers import WorkerRegistry
 from iokit.http import READY_PID_HEADER, index_body, stream_status
 from protocol import SERVER_VERSION, openai
 from protocol.weights import best as best_weights
@@ -37,7 +41,7 @@ INDEX_ROUTES = [
 ]
 
 
-def model_view(gw: Gateway, spec: str) -> dict[str, Any]:
+def model_view(workers: WorkerRegistry, spec: str) -> dict[str, Any]:
     """``loaded``/``state``/``last_error``/``worker_count``/``weights`` of one routable name over the
     healthy workers.
 
@@ -49,7 +53,7 @@ def model_view(gw: Gateway, spec: str) -> dict[str, Any]:
     states: list[str] = []
     errors: list[str] = []
     weights: list[str] = []
-    for w in gw.workers.healthy():
+    for w in workers.healthy():
         if found := w.heartbeat.weights.get(model_id):
             weights.append(found)
         per_profile = w.profile_states()
@@ -75,38 +79,40 @@ def model_view(gw: Gateway, spec: str) -> dict[str, Any]:
 
 
 async def handle_models(request: web.Request) -> web.Response:
-    gw = gateway_of(request)
-    entries = [{**e, **model_view(gw, e["name"]), "aliases": []} for e in gw.registry.model_entries()]
+    workers = request.app[WORKERS_KEY]
+    entries = [
+        {**e, **model_view(workers, e["name"]), "aliases": []}
+        for e in request.app[REGISTRY_KEY].model_entries()
+    ]
     return web.json_response(openai.models_response(entries))
 
 
 async def handle_model(request: web.Request) -> web.Response:
-    gw = gateway_of(request)
-    e = gw.registry.model_entry(request.match_info["model"])
-    return web.json_response({**e, **model_view(gw, e["name"]), "aliases": [], "id": e["name"], "object": "model", "owned_by": "sie"})  # fmt: skip
+    e = request.app[REGISTRY_KEY].model_entry(request.match_info["model"])
+    return web.json_response({**e, **model_view(request.app[WORKERS_KEY], e["name"]), "aliases": [], "id": e["name"], "object": "model", "owned_by": "sie"})  # fmt: skip
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    return web.json_response(
-        health_body(gateway_of(request)), headers={"X-SIE-Server-Version": SERVER_VERSION}
-    )
+    return web.json_response(health_body(request.app), headers={"X-SIE-Server-Version": SERVER_VERSION})
 
 
 async def handle_ws_cluster_status(request: web.Request) -> web.WebSocketResponse:
     """``watch()``: the /health body as a JSON frame every second."""
-    gw = gateway_of(request)
-    return await stream_status(request, lambda: health_body(gw), 1.0, request.app[STATUS_SOCKETS])
+    app = request.app
+    return await stream_status(request, lambda: health_body(app), 1.0, app[STATUS_SOCKETS])
 
 
 async def handle_index(request: web.Request) -> web.Response:
     return web.json_response(index_body("gateway", INDEX_ROUTES))
 
 
-def health_body(gw: Gateway) -> dict[str, Any]:
+def health_body(app: web.Application) -> dict[str, Any]:
     """What the cluster looks like from this gateway: workers, lanes' models, capacity."""
-    healthy = gw.workers.healthy()
+    registry = app[WORKERS_KEY]
+    connected = app[READINESS_KEY].nats_connected()
+    healthy = registry.healthy()
     workers = []
-    for w in gw.workers.all():
+    for w in registry.all():
         hb = w.heartbeat
         workers.append(
             {
@@ -115,7 +121,7 @@ def health_body(gw: Gateway) -> dict[str, Any]:
                 "gpu": w.profile,
                 "gpu_count": hb.gpu_count,
                 "ready_gpu_slots": hb.ready_gpu_slots,
-                "healthy": gw.workers.is_healthy(w),
+                "healthy": registry.is_healthy(w),
                 "queue_depth": hb.queue_depth,
                 "pending_cost": hb.pending_cost,
                 "inflight_batches": hb.inflight_batches,
@@ -139,24 +145,24 @@ def health_body(gw: Gateway) -> dict[str, Any]:
             if w.profile not in entry["gpu_types"]:
                 entry["gpu_types"].append(w.profile)
     status = "healthy" if healthy else "no_workers"
-    if healthy and len(healthy) < len(gw.workers.all()):
+    if healthy and len(healthy) < len(registry.all()):
         status = "degraded"
-    if not gw.nc.is_connected:
+    if not connected:
         status = "degraded"
     body = {
         "type": "gateway",
         "status": status,
         "version": SERVER_VERSION,
-        "router_id": gw.router_id,
-        "nats_connected": gw.nc.is_connected,
+        "router_id": app[ROUTER_ID_KEY],
+        "nats_connected": connected,
         "cluster": {
             "worker_count": len(healthy),
             "gpu_count": sum(w.heartbeat.gpu_count for w in healthy),
             "models_loaded": len(models),
             "total_qps": 0.0,
         },
-        "configured_gpu_types": gw.settings.configured_gpus(),
-        "live_gpu_types": gw.workers.live_profiles(),
+        "configured_gpu_types": app[SETTINGS_KEY].configured_gpus(),
+        "live_gpu_types": registry.live_profiles(),
         "workers": workers,
         "models": list(models.values()),
     }
@@ -168,33 +174,17 @@ async def handle_healthz(request: web.Request) -> web.Response:
 
 
 async def handle_readyz(request: web.Request) -> web.Response:
-    gw = gateway_of(request)
-    if gw.draining:
-        return web.json_response({"status": "not ready", "reason": "draining"}, status=503)
-    if not gw.registry.ready():
-        return web.json_response({"status": "not ready", "reason": "config bootstrap pending"}, status=503)
-    if not gw.nc.is_connected:
-        return web.json_response({"status": "not ready", "reason": "NATS disconnected"}, status=503)
-    # a new replica has heard no heartbeat yet and would answer PROVISIONING for live lanes
-    since = gw.heartbeats.listening_since
-    if since is None or time.monotonic() - since < gw.settings.gateway_worker_warmup_s:
-        return web.json_response({"status": "not ready", "reason": "worker registry warming up"}, status=503)
+    readiness = request.app[READINESS_KEY]
+    reason = readiness.not_ready()
+    if reason is not None:
+        return web.json_response({"status": "not ready", "reason": reason}, status=503)
     # the answering process: replicas sharing a port (sie up --gateways N) are told apart by it
     return web.json_response(
-        {"status": "ready", "healthy_workers": len(gw.workers.healthy())},
+        {"status": "ready", "healthy_workers": readiness.healthy_workers()},
         headers={READY_PID_HEADER: str(os.getpid())},
     )
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    gw = gateway_of(request)
-    m = gw.metrics
-    gw.demand.refresh(gw.lanes.lane_served)
-    m.nats_connected.set(1 if gw.nc.is_connected else 0)
-    healthy = gw.workers.healthy()
-    m.workers.labels("healthy").set(len(healthy))
-    m.workers.labels("unhealthy").set(len(gw.workers.all()) - len(healthy))
-    m.worker_queue_depth.clear()
-    for w in healthy:
-        m.worker_queue_depth.labels(w.worker_id, w.profile, w.bundle).set(w.heartbeat.queue_depth)
-    return web.Response(body=m.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    body = request.app[METRICS_PAGE_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

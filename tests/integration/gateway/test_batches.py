@@ -87,7 +87,7 @@ async def test_a_batch_of_embeddings_runs_to_its_output_file(nats_server, start_
         assert err["response"]["body"]["error"]["code"] == "model_not_found"
         # the output file is its four chunks' objects, in order, not a copy of them; the error file
         # is the one chunk that had an error line, and the empty error chunks are gone
-        store = h.gateway.batches
+        store = h.gateway.stores.batches
         content = (await oa.files.content(done.output_file_id)).content
         meta, parts = await store.file_parts(done.output_file_id)
         assert parts == [f"{batch.id}/out/{i:06d}" for i in range(4)]
@@ -119,7 +119,7 @@ async def test_a_file_whose_part_is_gone_is_a_404_or_a_broken_transfer(nats_serv
     import aiohttp
 
     h = await start_gateway()
-    store = h.gateway.batches
+    store = h.gateway.stores.batches
     await store.files.put("p/0", b"first part\n")
     await store.files.put("p/1", b"second part\n")
     meta = await store.put_parts_file(
