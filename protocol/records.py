@@ -38,16 +38,20 @@ def plain(value: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Field:
-    name: str
-    convert: Convert
-    default: Any  # _MISSING: required
-    factory: Any
+class _Schema:
+    """How to build one dataclass: for each field the types it takes as they are (None: any) and
+    its converter (which checks); a template of its values in field order (the defaults; _MISSING
+    where a field is required, _FACTORY where its default is made fresh)."""
+
+    fields: dict[str, tuple[frozenset[type] | None, Convert]]
+    template: dict[str, Any]
+    required: tuple[tuple[str, Convert], ...]
+    factories: tuple[tuple[str, Callable[[], Any]], ...]
 
 
-_SCHEMAS: dict[type, tuple[_Field, ...]] = {}
+_SCHEMAS: dict[type, _Schema] = {}
 _KEEP_NONE: dict[type, frozenset[str]] = {}
-_ABSENT = object()
+_FACTORY = object()
 
 
 def record(cls: type[T], data: Any) -> T:
@@ -56,32 +60,80 @@ def record(cls: type[T], data: Any) -> T:
     if type(data) is not dict:
         raise ValueError(f"{cls.__name__} must be a map")
     schema = _SCHEMAS.get(cls) or _schema(cls)
-    values: dict[str, Any] = {}
-    for f in schema:
-        value = data.get(f.name, _ABSENT)
-        if value is _ABSENT:
-            if f.default is not _MISSING:
-                value = f.default
-            elif f.factory is not _MISSING:
-                value = f.factory()
-            else:
-                value = f.convert(None)  # None where the type allows it, else ValueError
-        else:
-            value = f.convert(value)
-        values[f.name] = value
+    fields = schema.fields
+    converted: dict[str, Any] | None = None
+    known = True
+    for name, value in data.items():
+        spec = fields.get(name)
+        if spec is None:
+            known = False
+        elif spec[0] is not None and type(value) not in spec[0]:
+            if converted is None:
+                converted = {}
+            converted[name] = spec[1](value)
+    if known:
+        values = {**schema.template, **data}
+    else:
+        values = dict(schema.template)
+        values.update((k, v) for k, v in data.items() if k in fields)
+    if converted:
+        values.update(converted)
+    for name, convert in schema.required:
+        if values[name] is _MISSING:
+            values[name] = convert(None)  # None where the type allows it, else ValueError
+    for name, factory in schema.factories:
+        if values[name] is _FACTORY:
+            values[name] = factory()
     obj = object.__new__(cls)
     object.__setattr__(obj, "__dict__", values)
     return obj
 
 
-def _schema(cls: type) -> tuple[_Field, ...]:
+def _schema(cls: type) -> _Schema:
     hints = typing.get_type_hints(cls)
-    schema = tuple(
-        _Field(f.name, _converter(hints[f.name], f"{cls.__name__}.{f.name}"), f.default, f.default_factory)
-        for f in dataclasses.fields(cls)
-    )
-    _SCHEMAS[cls] = schema
+    fields: dict[str, tuple[frozenset[type] | None, Convert]] = {}
+    template: dict[str, Any] = {}
+    required: list[tuple[str, Convert]] = []
+    factories: list[tuple[str, Callable[[], Any]]] = []
+    for f in dataclasses.fields(cls):
+        convert = _converter(hints[f.name], f"{cls.__name__}.{f.name}")
+        fields[f.name] = (_as_is(hints[f.name]), convert)
+        if f.default is not _MISSING:
+            template[f.name] = f.default
+        elif f.default_factory is not _MISSING:
+            template[f.name] = _FACTORY
+            factories.append((f.name, f.default_factory))
+        else:
+            template[f.name] = _MISSING
+            required.append((f.name, convert))
+    schema = _SCHEMAS[cls] = _Schema(fields, template, tuple(required), tuple(factories))
     return schema
+
+
+_PLAIN = (str, int, bool, bytes, float, dict)
+
+
+def _as_is(tp: Any) -> frozenset[type] | None:
+    """The types a value of ``tp`` comes in that need no conversion (None: any value)."""
+    if tp is Any:
+        return None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        kinds: set[type] = set()
+        for a in args:
+            if a is type(None):
+                kinds.add(type(None))
+                continue
+            inner = _as_is(a)
+            if inner is None:
+                return None
+            kinds |= inner
+        return frozenset(kinds)
+    if tp in _PLAIN:
+        return frozenset({tp})
+    if origin is dict:
+        return frozenset({dict})
+    return frozenset()  # converted: tuples, lists, nested records
 
 
 def _fail(where: str, value: Any) -> ValueError:

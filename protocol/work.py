@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-from protocol.codec import packb, unpackb
+from protocol.codec import packb, unpackb, unpackb_plain
 from protocol.jobs import ItemIds
 from protocol.records import record
 
@@ -66,7 +66,7 @@ class WorkResult:
     @classmethod
     def from_msgpack(cls, data: bytes) -> WorkResult:
         """A result from its bytes, its fields' types checked (ValueError: not a result)."""
-        return record(cls, unpackb(data))
+        return record(cls, unpackb_plain(data))
 
     @classmethod
     def failure(

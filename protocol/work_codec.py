@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from protocol.api import Item
-from protocol.codec import CodecError, packb, unpackb
+from protocol.codec import CodecError, packb, unpackb, unpackb_plain
 from protocol.ipc import DEAD_LETTER, ItemOutcome, RunBatchRequest
 from protocol.jobs import JOB_TYPES, Input, Job, JobItem, ScoreInput, work_item_id
 from protocol.records import plain, record
@@ -206,7 +206,7 @@ class WorkCodec:
         """The job and the ``count`` inputs of a work message's body, as bytes (the sidecar hands
         them on undecoded); ValueError when it is not one."""
         try:
-            decoded = unpackb(body)
+            decoded = unpackb_plain(body)
         except CodecError as exc:
             raise ValueError(f"the body is not msgpack: {exc}") from None
         if type(decoded) is not list or len(decoded) != 2:
@@ -269,7 +269,7 @@ class WorkCodec:
         """The items of a work message's body, read back whole (a dead-lettered message's);
         ValueError when it is not one."""
         try:
-            decoded = unpackb(body)
+            decoded = unpackb_plain(body)
         except CodecError as exc:
             raise ValueError(f"the body is not msgpack: {exc}") from None
         if type(decoded) is not list or len(decoded) != 2 or type(decoded[1]) is not list:
@@ -325,7 +325,7 @@ class WorkCodec:
     def results(data: bytes) -> list[WorkResult]:
         """The results of a result message; ValueError when it is not one."""
         try:
-            decoded = unpackb(data)
+            decoded = unpackb_plain(data)
         except CodecError as exc:
             raise ValueError(f"a results message is not msgpack: {exc}") from None
         if type(decoded) is not list or not all(type(r) is bytes for r in decoded):
@@ -389,7 +389,7 @@ def decode_job(raw: Any) -> Job:
     if type(raw) is not bytes:
         raise ValueError("a job must be encoded")
     try:
-        data = unpackb(raw)
+        data = unpackb_plain(raw)
     except CodecError as exc:
         raise ValueError(f"not msgpack: {exc}") from None
     if type(data) is not dict:
@@ -452,19 +452,24 @@ def _item(data: Any) -> Item:
     front door validated it; this checks that the bytes still say what it sent)."""
     if type(data) is not dict:
         raise ValueError("an item must be a map")
-    for name, kind in (("id", str), ("text", str), ("images", list), ("metadata", dict)):
-        value = data.get(name)
-        if value is not None and type(value) is not kind:
-            raise ValueError(f"item field {name} is a {type(value).__name__}")
+    get = data.get
+    if not (
+        (get("text") is None or type(data["text"]) is str)
+        and (get("id") is None or type(data["id"]) is str)
+        and (get("images") is None or type(data["images"]) is list)
+        and (get("metadata") is None or type(data["metadata"]) is dict)
+    ):
+        raise ValueError("an item's text and id must be strings, images a list, metadata a map")
     if _ITEM_NAMES.issuperset(data):  # no key a client added: most items
-        values, extra = {**_ITEM_UNSET, **data}, {}
+        values, extra, given = {**_ITEM_UNSET, **data}, {}, set(data)
     else:
-        values = {name: data.get(name) for name in _ITEM_FIELDS}
+        values = {name: get(name) for name in _ITEM_FIELDS}
         extra = {k: v for k, v in data.items() if k not in _ITEM_NAMES and type(k) is str}
+        given = {k for k in data if k in _ITEM_NAMES}
     item = Item.__new__(Item)
     _set(item, "__dict__", values)
     _set(item, "__pydantic_extra__", extra)
-    _set(item, "__pydantic_fields_set__", {k for k in data if k in _ITEM_NAMES})
+    _set(item, "__pydantic_fields_set__", given)
     _set(item, "__pydantic_private__", None)
     return item
 
