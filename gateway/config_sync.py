@@ -32,24 +32,22 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 import yaml
 
-from gateway.registry import CatalogRegistry, Route
-from iokit.replicas import ReplicaUrls
+from gateway.config_client import ConfigClient
+from gateway.registry import CatalogRegistry, ConfigEpoch, ConfigModels, Route
 from protocol.catalog import Catalog
 from protocol.config_delta import (
+    ConfigDelta,
     ConfigDeltaError,
     EpochInfo,
     EpochOrder,
     decode_config_delta,
     epoch_bump_is_news,
     epoch_order,
-    parse_epoch_info,
-    parse_export,
 )
 from protocol.errors import ErrorCode, SIEError
-from protocol.model_config import Bundle, ModelConfig, bundles_hash, load_yaml, parse_model_yaml
+from protocol.model_config import bundles_hash, parse_model_yaml
 from protocol.subjects import CONFIG_ALL
 
 log = logging.getLogger("gateway.config_sync")
@@ -58,8 +56,11 @@ DEGRADED_AFTER_ATTEMPTS = 10
 DEGRADED_AFTER_S = 300.0
 
 
-class BootstrapError(Exception):
-    """The config service answered badly (HTTP status, unparsable body, invalid config)."""
+class SyncedConfigEpoch(ConfigEpoch):
+    """``GET /v1/configs/epoch`` of a gateway that mirrors the config service."""
+
+    bootstrapped: bool
+    last_sync_at: float | None  # unix seconds of the last export or delta applied
 
 
 class ConfigServiceRegistry(CatalogRegistry):
@@ -76,10 +77,8 @@ class ConfigServiceRegistry(CatalogRegistry):
         backoff_max_s: float = 60.0,
     ) -> None:
         super().__init__(Catalog())
-        self.replicas = ReplicaUrls(url)
-        self.token = token or None
+        self.client = ConfigClient(url, token=token, http_timeout_s=http_timeout_s)
         self.poll_interval_s = poll_interval_s
-        self.http_timeout_s = http_timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.epoch = 0
@@ -95,7 +94,6 @@ class ConfigServiceRegistry(CatalogRegistry):
         self._resync = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._sub: Any = None
-        self._session: aiohttp.ClientSession | None = None
         self._metrics: Any = None
 
     # ---- ModelRegistry --------------------------------------------------------------------
@@ -123,7 +121,7 @@ class ConfigServiceRegistry(CatalogRegistry):
         return scoped if scoped is not None else self.bundle_hash(bundle)
 
     # ---- read-side config API (the gateway's mirror) --------------------------------------
-    def config_models(self) -> dict[str, Any]:
+    def config_models(self) -> ConfigModels:
         return {
             "models": [
                 {
@@ -143,7 +141,7 @@ class ConfigServiceRegistry(CatalogRegistry):
             config.model_dump(mode="json", exclude_none=True), sort_keys=False
         )
 
-    def config_epoch(self) -> dict[str, Any]:
+    def config_epoch(self) -> SyncedConfigEpoch:
         return {
             "epoch": self.epoch,
             "bundles_hash": bundles_hash(self.catalog.bundles()),
@@ -156,10 +154,7 @@ class ConfigServiceRegistry(CatalogRegistry):
     async def start(self, nc: Any, metrics: Any = None) -> None:
         """Subscribe to deltas and start the bootstrap/poll task; returns at once."""
         self._metrics = metrics
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.http_timeout_s),
-            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
-        )
+        self.client.open()
         if nc is not None:
             self._sub = await nc.subscribe(CONFIG_ALL, cb=self._on_delta)
         self._tasks.append(asyncio.create_task(self._run(), name="config-sync"))
@@ -175,9 +170,7 @@ class ConfigServiceRegistry(CatalogRegistry):
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.client.close()
 
     async def _run(self) -> None:
         await self._bootstrap_until_done()
@@ -217,7 +210,7 @@ class ConfigServiceRegistry(CatalogRegistry):
     # ---- poll and export -------------------------------------------------------------------
     async def poll_once(self) -> bool:
         """One epoch poll; re-exports on drift. True when an export ran."""
-        info = parse_epoch_info(await self._get_json("/v1/configs/epoch"))
+        info = await self.client.epoch_info()
         previous, self._last_poll = self._last_poll, info
         drift = info.epoch != self.epoch
         if info.bundles_hash and info.bundles_hash != bundles_hash(self.catalog.bundles()):
@@ -238,71 +231,28 @@ class ConfigServiceRegistry(CatalogRegistry):
 
     async def sync(self) -> None:
         """Epoch → bundles → export, parsed fully, then installed in one step."""
-        info = parse_epoch_info(await self._get_json("/v1/configs/epoch"))
-        listing = await self._get_json("/v1/configs/bundles")
-        bundles: list[Bundle] = []
-        for entry in (listing or {}).get("bundles", []):
-            bundle_id = entry.get("bundle_id") or entry.get("name")
-            doc = await self._get_doc(f"/v1/configs/bundles/{bundle_id}?format=json")
-            if not isinstance(doc, dict):
-                raise BootstrapError(f"bundle {bundle_id!r}: not a mapping")
-            bundles.append(
-                Bundle(
-                    name=doc.get("name") or bundle_id,
-                    priority=int(doc.get("priority", entry.get("priority", 100))),
-                    adapters=list(doc.get("adapters") or []),
-                    engine=doc.get("engine") or "pytorch",
-                )
-            )
-        export = parse_export(await self._get_json("/v1/configs/export"))
-        models: list[ModelConfig] = []
-        raw: dict[str, str] = {}
-        sources: dict[str, str] = {}
-        for m in export.models:
-            try:
-                config = (
-                    parse_model_yaml(m.raw_yaml)
-                    if m.raw_yaml.strip()
-                    else ModelConfig.model_validate(m.config)
-                )
-            except Exception as exc:
-                raise BootstrapError(f"export model {m.model_id!r}: {exc}") from exc
-            models.append(config)
-            raw[config.sie_id] = m.raw_yaml
-            sources[config.sie_id] = m.source
+        snap = await self.client.snapshot()
+        export = snap.export
         async with self._lock:
-            self.catalog.replace(models, bundles)
-            self._raw_yaml = raw
-            self._sources = sources
+            self.catalog.replace(snap.models, snap.bundles)
+            self._raw_yaml = snap.raw_yaml
+            self._sources = snap.sources
             self._remote_hashes = dict(export.bundle_config_hashes)
             self._remote_pool_hashes = {b: dict(h) for b, h in export.bundle_pool_config_hashes.items()}
             self._hashes.clear()
             if export.epoch < self.epoch:
                 log.warning("config service epoch went back from %d to %d; reset", self.epoch, export.epoch)
             self._set_epoch(export.epoch)
-            self._last_poll = info if info.epoch == export.epoch else None
+            self._last_poll = snap.info if snap.info.epoch == export.epoch else None
             self.bootstrapped = True
             self.exports += 1
             self.last_sync_at = time.time()
         log.info(
             "config export installed: epoch %d, %d models, %d bundles",
             export.epoch,
-            len(models),
-            len(bundles),
+            len(snap.models),
+            len(snap.bundles),
         )
-
-    async def _get_doc(self, path: str) -> Any:
-        assert self._session is not None, "start() first"
-        status, text = await self.replicas.get(self._session, path, headers={"Accept": "application/json"})
-        if status != 200:
-            raise BootstrapError(f"GET {path}: HTTP {status}: {text[:200]}")
-        try:
-            return load_yaml(text)  # JSON is YAML; the reference answers bundles as YAML
-        except yaml.YAMLError as exc:
-            raise BootstrapError(f"GET {path}: unparsable body: {exc}") from exc
-
-    async def _get_json(self, path: str) -> Any:
-        return await self._get_doc(path)
 
     # ---- deltas ----------------------------------------------------------------------------
     async def _on_delta(self, msg: Any) -> None:
@@ -359,14 +309,14 @@ class ConfigServiceRegistry(CatalogRegistry):
             self.last_sync_at = time.time()
             return self._count(kind, "applied_gap" if gap else "applied")
 
-    def _note_hashes(self, delta: Any) -> None:
+    def _note_hashes(self, delta: ConfigDelta) -> None:
         """The expected hashes a delta carries: its bundle's, and the pool-scoped ones of its bundles."""
         if delta.bundle_id and delta.bundle_config_hash:
             self._remote_hashes[delta.bundle_id] = delta.bundle_config_hash
         for bundle, pools in delta.bundle_pool_config_hashes.items():
             self._remote_pool_hashes[bundle] = dict(pools)
 
-    def _apply_tombstone(self, delta: Any, order: EpochOrder) -> str:
+    def _apply_tombstone(self, delta: ConfigDelta, order: EpochOrder) -> str:
         """The model is gone (held under the lock): out of the catalog and the config mirror."""
         self.catalog.remove(delta.model_id)
         self._raw_yaml.pop(delta.model_id, None)

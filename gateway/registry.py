@@ -11,7 +11,7 @@ Everything else in the gateway only talks to :class:`ModelRegistry`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import yaml
 
@@ -30,6 +30,50 @@ class Route:
     @property
     def model_id(self) -> str:
         return self.resolved.model_id
+
+
+class ConfigModel(TypedDict):
+    model_id: str
+    profiles: list[str]
+    source: str  # filesystem, or where the config service got it
+
+
+class ConfigModels(TypedDict):
+    """``GET /v1/configs/models``."""
+
+    models: list[ConfigModel]
+
+
+class ConfigBundleRow(TypedDict):
+    bundle_id: str
+    engine: str
+    priority: int
+    adapter_count: int
+    source: str
+
+
+class ConfigBundles(TypedDict):
+    """``GET /v1/configs/bundles``."""
+
+    bundles: list[ConfigBundleRow]
+
+
+class ConfigBundle(TypedDict):
+    """``GET /v1/configs/bundles/{id}``."""
+
+    name: str
+    engine: str
+    priority: int
+    source: str
+    adapters: list[str]
+
+
+class ConfigEpoch(TypedDict):
+    """``GET /v1/configs/epoch``."""
+
+    epoch: int
+    bundles_hash: str
+    source: str
 
 
 class ModelRegistry(Protocol):
@@ -59,15 +103,15 @@ class ModelRegistry(Protocol):
     async def stop(self) -> None: ...
 
     # read-side config API (``GET /v1/configs/...`` on the gateway)
-    def config_models(self) -> dict[str, Any]: ...
+    def config_models(self) -> ConfigModels: ...
 
     def config_model_yaml(self, model_id: str) -> str | None: ...
 
-    def config_bundles(self) -> dict[str, Any]: ...
+    def config_bundles(self) -> ConfigBundles: ...
 
-    def config_bundle(self, bundle_id: str) -> dict[str, Any] | None: ...
+    def config_bundle(self, bundle_id: str) -> ConfigBundle | None: ...
 
-    def config_epoch(self) -> dict[str, Any]: ...
+    def config_epoch(self) -> ConfigEpoch: ...
 
 
 class CatalogRegistry:
@@ -154,7 +198,7 @@ class CatalogRegistry:
         return None
 
     # ---- read-side config API --------------------------------------------------------------
-    def config_models(self) -> dict[str, Any]:
+    def config_models(self) -> ConfigModels:
         return {
             "models": [
                 {"model_id": m.sie_id, "profiles": sorted(m.profiles), "source": "filesystem"}
@@ -168,7 +212,7 @@ class CatalogRegistry:
             return None
         return yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
-    def config_bundles(self) -> dict[str, Any]:
+    def config_bundles(self) -> ConfigBundles:
         return {
             "bundles": [
                 {
@@ -182,7 +226,7 @@ class CatalogRegistry:
             ]
         }
 
-    def config_bundle(self, bundle_id: str) -> dict[str, Any] | None:
+    def config_bundle(self, bundle_id: str) -> ConfigBundle | None:
         b = self.catalog.get_bundle(bundle_id)
         if b is None:
             return None
@@ -194,5 +238,5 @@ class CatalogRegistry:
             "adapters": list(b.adapters),
         }
 
-    def config_epoch(self) -> dict[str, Any]:
+    def config_epoch(self) -> ConfigEpoch:
         return {"epoch": 0, "bundles_hash": bundles_hash(self.catalog.bundles()), "source": "filesystem"}

@@ -75,7 +75,7 @@ def model_rollout(registry: ModelRegistry, fleet: WorkerRegistry, model_id: str)
     last_errors = [str(p["last_error"]) for p in pools if p["last_error"]]
     return {
         "model_id": model_id,
-        "config_epoch": registry.config_epoch().get("epoch", 0),
+        "config_epoch": registry.config_epoch()["epoch"],
         "all_bundles_acked": all(b["acked"] for b in per_bundle),
         "no_bundles": not bundles,
         "bundles": per_bundle,

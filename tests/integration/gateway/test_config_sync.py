@@ -277,9 +277,9 @@ async def test_a_replica_that_cannot_be_reached_is_passed_over(
 
     await wait_until(ready, what="readyz 200 from the second replica")
     assert await gw.model_names() == ["baseline/minilm"]
-    assert gw.registry.replicas.url == live  # reads stay on the replica that answered
+    assert gw.registry.client.replicas.url == live  # reads stay on the replica that answered
     await gw.registry.poll_once()  # the epoch poll reads there too, without a failed try first
-    assert gw.registry.replicas.url == live
+    assert gw.registry.client.replicas.url == live
 
 
 async def test_post_to_config_service_reaches_gateway_by_delta(start_gateway, config_service):
