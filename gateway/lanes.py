@@ -10,7 +10,8 @@ from aiohttp import web
 
 from gateway import routing
 from gateway.metrics import DemandTracker
-from gateway.pools import DEFAULT_POOL, PoolStore, normalize_pool_name
+from gateway.pool_spec import DEFAULT_POOL, normalize_pool_name
+from gateway.pools import PoolStore
 from gateway.registry import Route
 from gateway.routing import Lane
 from gateway.settings import GatewaySettings
@@ -96,11 +97,11 @@ class LaneChooser:
                 else:
                     raise SIEError(ErrorCode.NOT_FOUND, f"Pool '{pool_name}' not found", param="X-SIE-Pool")
             else:
-                queue_pool = spec.get("queue_pool") or DEFAULT_POOL
-                pool_priority = spec.get("priority")
-                if spec.get("bundle") and spec["bundle"] not in [b.lower() for b in route.bundles]:
+                queue_pool = spec.queue_pool or DEFAULT_POOL
+                pool_priority = spec.priority
+                if spec.bundle and spec.bundle not in [b.lower() for b in route.bundles]:
                     raise invalid_input(
-                        f"Pool '{pool_name}' serves bundle '{spec['bundle']}', which cannot run '{route.model_id}'"
+                        f"Pool '{pool_name}' serves bundle '{spec.bundle}', which cannot run '{route.model_id}'"
                     )
                 assigned = pools.assigned(spec)
                 pool_state = pools.state(spec, assigned)

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from gateway.pools import DEFAULT_POOL
+from gateway.pool_spec import DEFAULT_POOL
 from gateway.routing import Lane
 
 

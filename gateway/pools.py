@@ -10,7 +10,6 @@ import builtins  # PoolStore.list shadows list inside the class
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,28 +18,15 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
-from pydantic import ValidationError
 
 from gateway.kv import bucket_keys
+from gateway.pool_spec import DEFAULT_POOL, PoolRecord, PoolSpec, SpecRules, normalize_pool_name
 from gateway.workers import WorkerRecord, WorkerRegistry
-from protocol.api import PoolBody
 from protocol.errors import ErrorCode, SIEError, invalid_input
-from protocol.subjects import PRIORITIES
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POOL = "default"
-POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-MAX_MINIMUM_WORKERS = 64
-
-
-def normalize_pool_name(name: Any) -> str:
-    if not isinstance(name, str) or not POOL_NAME_RE.match(name.strip().lower()):
-        raise invalid_input(
-            "Pool name must be 1-63 characters of letters, digits, '-' or '_' (starting with a letter or digit)",
-            param="name",
-        )
-    return name.strip().lower()
+PoolView = dict[str, object]  # a pool as the API shows it
 
 
 class PoolStore:
@@ -61,11 +47,15 @@ class PoolStore:
         self.kv = kv
         self.workers = workers
         self.default_ttl_s = default_ttl_s
-        self.max_ttl_s = max_ttl_s
         self.max_pools = max_pools
         self.known_profiles = known_profiles
-        self.known_bundles = known_bundles
-        self.check_model = check_model
+        self.rules = SpecRules(
+            default_ttl_s=default_ttl_s,
+            max_ttl_s=max_ttl_s,
+            known_profiles=known_profiles,
+            known_bundles=known_bundles,
+            check_model=check_model,
+        )
         self.clock = clock
         self.on_event = on_event
 
@@ -93,7 +83,7 @@ class PoolStore:
         return cls(kv, workers, **kwargs)
 
     # ---- records ---------------------------------------------------------------------------
-    async def _load(self, name: str) -> dict[str, Any] | None:
+    async def _load(self, name: str) -> PoolRecord | None:
         try:
             entry = await self.kv.get(name)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
@@ -101,18 +91,19 @@ class PoolStore:
         if entry.value is None:
             return None
         try:
-            record: dict[str, Any] = json.loads(entry.value)
+            data = json.loads(entry.value)
         except ValueError:
             return None
+        record = PoolRecord.from_json(data)
         if self._expired(record):
             await self._delete(name)
             self.on_event("expired")
             return None
         return record
 
-    def _expired(self, record: dict[str, Any]) -> bool:
-        ttl = float(record.get("ttl_seconds") or self.default_ttl_s)
-        return self.clock() - float(record.get("last_renewed", 0)) > ttl
+    def _expired(self, record: PoolRecord) -> bool:
+        ttl = record.ttl_seconds or self.default_ttl_s
+        return self.clock() - record.last_renewed > ttl
 
     async def _delete(self, name: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
@@ -121,101 +112,20 @@ class PoolStore:
     async def _names(self) -> list[str]:
         return await bucket_keys(self.kv)
 
-    # ---- validation ------------------------------------------------------------------------
-    def _validate_spec(self, body: Any) -> dict[str, Any]:
-        if not isinstance(body, dict):
-            raise invalid_input("Pool body must be a JSON object")
-        try:
-            PoolBody.model_validate(body)  # the types (what /openapi.json shows); names below
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise invalid_input(f"Field '{loc}': {err['msg']}", param=str(err["loc"][0])) from None
-        name = normalize_pool_name(body.get("name"))
-        if name == DEFAULT_POOL:
-            raise SIEError(ErrorCode.FORBIDDEN, "The 'default' pool is built in and cannot be changed")
-        profiles = {p.lower() for p in self.known_profiles()}
-
-        def profile_map(key: str) -> dict[str, int]:
-            raw = body.get(key) or {}
-            if not isinstance(raw, dict):
-                raise invalid_input(f"'{key}' must be a map of machine profile to count", param=key)
-            out: dict[str, int] = {}
-            for prof, count in raw.items():
-                p = str(prof).strip().lower()
-                if p not in profiles:
-                    raise invalid_input(
-                        f"Unknown machine profile '{prof}'. Valid profiles: {sorted(profiles)}", param=key
-                    )
-                if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-                    raise invalid_input(f"'{key}.{prof}' must be a non-negative integer", param=key)
-                out[p] = count
-            return out
-
-        gpus = profile_map("gpus")
-        caps = profile_map("gpu_caps")
-        bundle = body.get("bundle")
-        if bundle is not None:
-            if not isinstance(bundle, str) or bundle.lower() not in {b.lower() for b in self.known_bundles()}:
-                raise invalid_input(
-                    f"Unknown bundle '{bundle}'. Valid bundles: {self.known_bundles()}", param="bundle"
-                )
-            bundle = bundle.lower()
-        queue_pool = body.get("queue_pool") or DEFAULT_POOL
-        queue_pool = normalize_pool_name(queue_pool)
-        mwc = body.get("minimum_worker_count", 0)
-        if not isinstance(mwc, int) or isinstance(mwc, bool) or not 0 <= mwc <= MAX_MINIMUM_WORKERS:
-            raise invalid_input(
-                f"'minimum_worker_count' must be an integer in 0..{MAX_MINIMUM_WORKERS}",
-                param="minimum_worker_count",
-            )
-        pinned = body.get("pinned_models") or []
-        if not isinstance(pinned, list) or not all(isinstance(m, str) for m in pinned):
-            raise invalid_input("'pinned_models' must be a list of model ids", param="pinned_models")
-        for model in pinned:
-            try:
-                self.check_model(model)
-            except SIEError as exc:
-                raise invalid_input(f"Unknown pinned model '{model}'", param="pinned_models") from exc
-        priority = body.get("priority")
-        if priority is not None and priority not in PRIORITIES:
-            raise invalid_input(f"'priority' must be one of {list(PRIORITIES)}", param="priority")
-        ttl = body.get("ttl_seconds", self.default_ttl_s)
-        if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not 0 < ttl <= self.max_ttl_s:
-            raise invalid_input(f"'ttl_seconds' must be in (0, {self.max_ttl_s}]", param="ttl_seconds")
-        spec: dict[str, Any] = {
-            "name": name,
-            "queue_pool": queue_pool,
-            "gpus": gpus,
-            "gpu_caps": caps,
-            "bundle": bundle,
-            "minimum_worker_count": mwc,
-            "pinned_models": pinned,
-            "ttl_seconds": float(ttl),
-        }
-        if priority is not None:
-            spec["priority"] = priority  # the default priority class of the pool's requests
-        return spec
-
     # ---- API -------------------------------------------------------------------------------
-    async def create(self, body: Any) -> dict[str, Any]:
-        spec = self._validate_spec(body)
-        name = spec["name"]
+    async def create(self, body: Any) -> PoolView:
+        spec = self.rules.spec(body)
+        name = spec.name
         now = self.clock()
         existing = await self._load(name)
         if existing is None and len(await self._names()) >= self.max_pools:
             raise invalid_input(f"At most {self.max_pools} pools may exist")
-        record = {
-            "spec": spec,
-            "ttl_seconds": spec["ttl_seconds"],
-            "created_at": existing["created_at"] if existing else now,
-            "last_renewed": now,
-        }
-        await self.kv.put(name, json.dumps(record).encode())
+        record = PoolRecord(spec, spec.ttl_seconds, existing.created_at if existing else now, now)
+        await self.kv.put(name, record.to_bytes())
         self.on_event("renewed" if existing else "created")
         return self.view(name, record)
 
-    async def get(self, name: str) -> dict[str, Any] | None:
+    async def get(self, name: str) -> PoolView | None:
         name = normalize_pool_name(name)
         if name == DEFAULT_POOL:
             return self.default_view()
@@ -229,8 +139,8 @@ class PoolStore:
         record = await self._load(name)
         if record is None:
             return False
-        record["last_renewed"] = self.clock()
-        await self.kv.put(name, json.dumps(record).encode())
+        record.last_renewed = self.clock()
+        await self.kv.put(name, record.to_bytes())
         self.on_event("renewed")
         return True
 
@@ -245,7 +155,7 @@ class PoolStore:
         self.on_event("deleted")
         return True
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list(self) -> list[PoolView]:
         out = [self.default_view()]
         for name in sorted(await self._names()):
             record = await self._load(name)
@@ -261,8 +171,8 @@ class PoolStore:
             record = await self._load(name)
             if record is None:
                 continue
-            spec = record["spec"]
-            models = spec.get("pinned_models") or []
+            spec = record.spec
+            models = spec.pinned_models
             if not models:
                 continue
             for worker in self.assigned(spec):
@@ -275,7 +185,7 @@ class PoolStore:
         for name in await self._names():
             try:
                 entry = await self.kv.get(name)
-                record = json.loads(entry.value or b"")
+                record = PoolRecord.from_json(json.loads(entry.value or b""))
             except Exception:
                 continue
             if self._expired(record):
@@ -285,11 +195,11 @@ class PoolStore:
         return removed
 
     # ---- assignment ------------------------------------------------------------------------
-    def assigned(self, spec: dict[str, Any]) -> builtins.list[WorkerRecord]:
-        queue_pool = spec.get("queue_pool") or DEFAULT_POOL
-        bundle = spec.get("bundle")
-        gpus: dict[str, int] = spec.get("gpus") or {}
-        caps: dict[str, int] = spec.get("gpu_caps") or {}
+    def assigned(self, spec: PoolSpec) -> builtins.list[WorkerRecord]:
+        queue_pool = spec.queue_pool or DEFAULT_POOL
+        bundle = spec.bundle
+        gpus = spec.gpus
+        caps = spec.gpu_caps
         taken: dict[str, int] = {}
         out = []
         for w in sorted(self.workers.healthy(), key=lambda w: w.worker_id):
@@ -306,33 +216,33 @@ class PoolStore:
             out.append(w)
         return out
 
-    def state(self, spec: dict[str, Any], assigned: builtins.list[WorkerRecord]) -> str:
-        if not assigned or len(assigned) < spec.get("minimum_worker_count", 0):
+    def state(self, spec: PoolSpec, assigned: builtins.list[WorkerRecord]) -> str:
+        if not assigned or len(assigned) < spec.minimum_worker_count:
             return "pending"
-        for prof, count in (spec.get("gpus") or {}).items():
+        for prof, count in spec.gpus.items():
             if sum(1 for w in assigned if w.profile == prof) < count:
                 return "pending"
         return "active"
 
-    def view(self, name: str, record: dict[str, Any]) -> dict[str, Any]:
-        spec = record["spec"]
+    def view(self, name: str, record: PoolRecord) -> PoolView:
+        spec = record.spec
         assigned = self.assigned(spec)
         return {
             "name": name,
-            "spec": {k: v for k, v in spec.items() if k != "ttl_seconds"}
-            | {"ttl_seconds": record["ttl_seconds"]},
+            "spec": {k: v for k, v in spec.to_json().items() if k != "ttl_seconds"}
+            | {"ttl_seconds": record.ttl_seconds},
             "status": {
                 "state": self.state(spec, assigned),
                 "assigned_workers": [
                     {"name": w.heartbeat.name or w.worker_id, "url": "", "gpu": w.profile, "bundle": w.bundle}
                     for w in assigned
                 ],
-                "created_at": record["created_at"],
-                "last_renewed": record["last_renewed"],
+                "created_at": record.created_at,
+                "last_renewed": record.last_renewed,
             },
         }
 
-    def default_view(self) -> dict[str, Any]:
+    def default_view(self) -> PoolView:
         workers = [w for w in self.workers.healthy() if w.pool == DEFAULT_POOL]
         profiles = sorted({p.lower() for p in self.known_profiles()})
         return {
@@ -358,7 +268,7 @@ class PoolStore:
             },
         }
 
-    async def lookup(self, name: str) -> dict[str, Any] | None:
+    async def lookup(self, name: str) -> PoolSpec | None:
         """The spec and assignment of a pool for routing, or None if it does not exist."""
         name = normalize_pool_name(name)
         if name == DEFAULT_POOL:
@@ -366,5 +276,4 @@ class PoolStore:
         record = await self._load(name)
         if record is None:
             return None
-        spec: dict[str, Any] = record["spec"]
-        return spec
+        return record.spec
