@@ -31,7 +31,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import nats.errors
@@ -56,6 +56,38 @@ LEASES_BUCKET = "SIE_BATCH_LEASES"
 ENDPOINTS = ("/v1/embeddings", "/v1/encode")  # a native encode line's url is /v1/encode/<model>
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 ENDED = ("completed", "failed", "expired", "cancelled")
+
+
+class FileObject(TypedDict):
+    """A file as ``/v1/files`` shows it (OpenAI's file object)."""
+
+    id: str
+    object: str
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str
+    status_details: str | None
+    expires_at: int | None
+
+
+class LineError(TypedDict):
+    """One problem of an input file (an entry of OpenAI's ``errors.data``)."""
+
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+
+class BatchErrors(TypedDict):
+    """A batch's ``errors``."""
+
+    object: str
+    data: list[LineError]
+
+
 # a line answered 429, 503 or PROVISIONING is sent again (after its Retry-After) until the batch
 # expires; other server errors at most this many times before the line counts as failed
 SERVER_ERROR_TRIES = 3
@@ -120,21 +152,21 @@ class BatchStore:
     # files
     async def put_file(
         self, data: bytes, *, filename: str, purpose: str, file_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> FileObject:
         file_id = file_id or new_id("file-")
         await self.files.put(file_id, data)
         return await self._put_file_record(file_id, len(data), filename=filename, purpose=purpose)
 
     async def put_parts_file(
         self, parts: list[str], size: int, *, filename: str, purpose: str, file_id: str
-    ) -> dict[str, Any]:
+    ) -> FileObject:
         """A file whose content is the objects ``parts`` (``size`` bytes together), in order."""
         return await self._put_file_record(file_id, size, filename=filename, purpose=purpose, parts=parts)
 
     async def _put_file_record(
         self, file_id: str, size: int, *, filename: str, purpose: str, parts: list[str] | None = None
-    ) -> dict[str, Any]:
-        meta = {
+    ) -> FileObject:
+        meta: FileObject = {
             "id": file_id,
             "object": "file",
             "bytes": size,
@@ -145,7 +177,7 @@ class BatchStore:
             "status_details": None,
             "expires_at": None,
         }
-        record = meta if parts is None else {**meta, "_parts": parts}
+        record: dict[str, object] = {**meta} if parts is None else {**meta, "_parts": parts}
         await self.records.put(f"file.{file_id}", json.dumps(record).encode())
         return meta
 
@@ -280,10 +312,10 @@ class Line:
     body: dict[str, Any]
 
 
-def parse_input(data: bytes, endpoint: str, max_lines: int) -> tuple[list[Line], list[dict[str, Any]]]:
+def parse_input(data: bytes, endpoint: str, max_lines: int) -> tuple[list[Line], list[LineError]]:
     """The request lines of an input file and the problems found (OpenAI's ``errors.data``)."""
     lines: list[Line] = []
-    errors: list[dict[str, Any]] = []
+    errors: list[LineError] = []
     seen: set[str] = set()
 
     def problem(number: int | None, message: str, param: str | None = None) -> None:
@@ -552,7 +584,7 @@ class BatchRunner:
         async with self._session.post(f"{self.base_url}{url}", json=body, headers=headers) as resp:
             return resp.status, dict(resp.headers), one_line_json(await resp.read())
 
-    async def _end(self, batch_id: str, status: str, *, errors: dict[str, Any] | None = None) -> None:
+    async def _end(self, batch_id: str, status: str, *, errors: BatchErrors | None = None) -> None:
         """Record the output and error files (the counted chunks' objects as their parts) and the
         batch's end. Run again by a gateway that takes the batch over, it writes the same records."""
         record, _ = await self.store.batch(batch_id)

@@ -6,7 +6,7 @@ decoding them; JSON answers decode them and expand arrays into lists.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import msgpack
 
@@ -97,7 +97,24 @@ def usage(results: list[WorkResult]) -> dict[str, int]:
     )
 
 
-def _error_item(result: WorkResult) -> dict[str, Any]:
+class ItemError(TypedDict):
+    code: str
+    message: str
+
+
+class FailedItem(TypedDict):
+    """A failed item's place in an answer (extract's shape, with its error)."""
+
+    id: str
+    entities: list[object]
+    relations: list[object]
+    classifications: list[object]
+    objects: list[object]
+    data: dict[str, object]
+    error: ItemError
+
+
+def _error_item(result: WorkResult) -> FailedItem:
     return {
         "id": f"item-{result.item_index}",
         "entities": [],

@@ -8,7 +8,7 @@ error per model). The config service neither reads heartbeats nor keeps worker s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from aiohttp import web
 
@@ -25,7 +25,43 @@ def _in_state(w: WorkerRecord, model_id: str, state: str) -> bool:
     )
 
 
-def model_rollout(registry: ModelRegistry, fleet: WorkerRegistry, model_id: str) -> dict[str, Any] | None:
+class PoolRollout(TypedDict):
+    pool: str
+    bundle_id: str
+    expected_bundle_config_hash: str
+    workers: int
+    acked_workers: int
+    pending_workers: int
+    loaded_workers: int
+    loading_workers: int
+    failed_workers: int
+    last_error: str | None
+
+
+class BundleRollout(TypedDict):
+    bundle_id: str
+    expected_bundle_config_hash: str
+    total_eligible_workers: int
+    acked_workers: int
+    pending_workers: int
+    acked: bool
+
+
+class ModelRollout(TypedDict):
+    """The answer of ``GET /v1/configs/models/{id}/status``."""
+
+    model_id: str
+    config_epoch: int
+    all_bundles_acked: bool
+    no_bundles: bool
+    bundles: list[BundleRollout]
+    pools: list[PoolRollout]
+    loaded: bool
+    last_error: str | None
+    source: str
+
+
+def model_rollout(registry: ModelRegistry, fleet: WorkerRegistry, model_id: str) -> ModelRollout | None:
     """Per bundle and per (bundle, pool): healthy workers, how many advertise the expected hash,
     how many have the model loaded, loading or failed, and the last load error. None: unknown model."""
     config = registry.model_config(model_id)
@@ -37,7 +73,7 @@ def model_rollout(registry: ModelRegistry, fleet: WorkerRegistry, model_id: str)
     for w in fleet.healthy():
         if w.bundle in by_lower:
             groups.setdefault((by_lower[w.bundle], w.pool), []).append(w)
-    pools: list[dict[str, Any]] = []
+    pools: list[PoolRollout] = []
     for (bundle, pool), workers in sorted(groups.items()):
         expected = registry.expected_hash(bundle, pool)
         acked = [w for w in workers if w.heartbeat.bundle_config_hash == expected]
@@ -57,11 +93,11 @@ def model_rollout(registry: ModelRegistry, fleet: WorkerRegistry, model_id: str)
                 "last_error": errors[-1] if errors else None,
             }
         )
-    per_bundle = []
+    per_bundle: list[BundleRollout] = []
     for bundle in bundles:
         mine = [p for p in pools if p["bundle_id"] == bundle]
-        total = sum(int(p["workers"]) for p in mine)
-        n_acked = sum(int(p["acked_workers"]) for p in mine)
+        total = sum(p["workers"] for p in mine)
+        n_acked = sum(p["acked_workers"] for p in mine)
         per_bundle.append(
             {
                 "bundle_id": bundle,
@@ -72,7 +108,7 @@ def model_rollout(registry: ModelRegistry, fleet: WorkerRegistry, model_id: str)
                 "acked": n_acked == total,
             }
         )
-    last_errors = [str(p["last_error"]) for p in pools if p["last_error"]]
+    last_errors = [p["last_error"] for p in pools if p["last_error"]]
     return {
         "model_id": model_id,
         "config_epoch": registry.config_epoch()["epoch"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypedDict
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -41,7 +41,22 @@ INDEX_ROUTES = [
 ]
 
 
-def model_view(workers: WorkerRegistry, spec: str) -> dict[str, Any]:
+class LoadError(TypedDict):
+    code: str
+    message: str
+
+
+class ModelView(TypedDict):
+    """What ``/v1/models`` adds to a model's entry: its state over the healthy workers."""
+
+    loaded: bool
+    state: str
+    last_error: LoadError | None
+    worker_count: int
+    weights: str
+
+
+def model_view(workers: WorkerRegistry, spec: str) -> ModelView:
     """``loaded``/``state``/``last_error``/``worker_count``/``weights`` of one routable name over the
     healthy workers.
 
@@ -66,7 +81,7 @@ def model_view(workers: WorkerRegistry, spec: str) -> dict[str, Any]:
             states.append("loaded")
     n = states.count("loaded")
     state = next((s for s in ("loaded", "loading", "failed") if s in states), "available")
-    last_error = (
+    last_error: LoadError | None = (
         {"code": "MODEL_LOAD_FAILED", "message": errors[-1]} if state == "failed" and errors else None
     )
     return {
