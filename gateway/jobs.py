@@ -25,7 +25,7 @@ from protocol import tracing
 from protocol.errors import ErrorCode, SIEError
 from protocol.jobs import Input, Job, JobItem, job_items
 from protocol.model_config import ModelConfig
-from protocol.result_cache import job_item_key, model_config_hash
+from protocol.result_cache import job_item_keys, model_config_hash
 from protocol.work_codec import WorkCodec, WorkMessage
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,7 @@ class MessagePlan:
 
 def cache_keys(items: list[JobItem], config: ModelConfig) -> list[str | None]:
     """The result-cache key of each of ``items`` (of a model of ``config``)."""
-    config_hash = model_config_hash(config)
-    return [job_item_key(item, config_hash) for item in items]
+    return list(job_item_keys(items, model_config_hash(config)))
 
 
 def dead_items(data: bytes, router_id: str) -> list[tuple[str, int]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +47,8 @@ def _canonical(value: Any) -> Any:
 def result_key(content: dict[str, Any], config_hash: str) -> str:
     """The cache key of one item: hex SHA-256 over the key version, the model config hash and the
     canonical msgpack of ``content`` (``None`` fields count as absent). ``content`` must name
-    everything the result depends on: a job item's (see :func:`job_item_key`), or for ``sie serve``
-    the operation, model, profile, item and params."""
+    everything the result depends on: for ``sie serve`` the operation, model, profile, item and
+    params (the gateway's job items: :func:`job_item_keys`)."""
     present = {k: v for k, v in content.items() if v is not None}
     digest = hashlib.sha256()
     digest.update(f"sie-result/{KEY_VERSION}/{config_hash}/".encode())
@@ -55,17 +56,23 @@ def result_key(content: dict[str, Any], config_hash: str) -> str:
     return digest.hexdigest()
 
 
-def job_item_key(item: JobItem, config_hash: str) -> str:
-    """The cache key of a job item: its operation, model, profile, checked params and input."""
-    job = item.job
-    content = {
-        "operation": job.operation,
-        "model_id": job.model_id,
-        "profile_id": job.profile_id,
-        "params": plain(job.content()),
-        **input_map(item.input),
-    }
-    return result_key(content, config_hash)
+def job_item_keys(items: Sequence[JobItem], config_hash: str) -> list[str]:
+    """The cache key of each job item: a digest of what its job decides (operation, model, profile,
+    checked params; taken once per job) and of its input."""
+    keys: list[str] = []
+    jobs: dict[int, Any] = {}  # id of a job → the digest of its part
+    for item in items:
+        job = item.job
+        base = jobs.get(id(job))
+        if base is None:
+            part = {"operation": job.operation, "model_id": job.model_id, "profile_id": job.profile_id,
+                    "params": plain(job.content())}  # fmt: skip
+            base = jobs[id(job)] = hashlib.sha256(f"sie-result/{KEY_VERSION}/{config_hash}/".encode())
+            base.update(packb(_canonical(part)))
+        digest = base.copy()
+        digest.update(packb(_canonical(input_map(item.input))))
+        keys.append(digest.hexdigest())
+    return keys
 
 
 @dataclass(frozen=True)

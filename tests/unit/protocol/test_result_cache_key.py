@@ -10,7 +10,7 @@ from protocol.api import Item
 from protocol.jobs import EncodeJob, ExtractJob, JobItem
 from protocol.model_config import parse_model_yaml
 from protocol.params import EncodeOptions, ExtractOptions
-from protocol.result_cache import CachedAnswer, job_item_key, model_config_hash, pack_entry, unpack_entry
+from protocol.result_cache import CachedAnswer, job_item_keys, model_config_hash, pack_entry, unpack_entry
 
 CONFIG = """
 sie_id: acme/m
@@ -18,6 +18,10 @@ tasks: {encode: {dense: {dim: 8}}}
 profiles:
   default: {adapter_path: "worker.adapters.fake:FakeAdapter", max_batch_tokens: 4096}
 """
+
+
+def key(item: JobItem, config_hash: str) -> str:
+    return job_item_keys([item], config_hash)[0]
 
 
 def item(
@@ -43,7 +47,7 @@ def test_requests_for_the_same_content_share_a_key():
                          timestamp=99.0, deadline=5.0, pool_name="p", machine_profile="l4", bundle="gpu",
                          bundle_config_hash="h")  # fmt: skip
     reordered = item(params={"options": {"b": {"x": 1, "y": 2}, "a": 1}})
-    assert job_item_key(item(), "h1") == job_item_key(other_request, "h1") == job_item_key(reordered, "h1")
+    assert key(item(), "h1") == key(other_request, "h1") == key(reordered, "h1")
 
 
 @pytest.mark.parametrize(
@@ -63,7 +67,14 @@ def test_requests_for_the_same_content_share_a_key():
     ],
 )
 def test_what_the_result_depends_on_changes_the_key(change):
-    assert job_item_key(item(**change), "h1") != job_item_key(item(), "h1")
+    assert key(item(**change), "h1") != key(item(), "h1")
+
+
+def test_the_items_of_one_job_are_keyed_at_once_as_each_alone():
+    first, second = item(), item(index=1, item=Item(text="other"))
+    second = JobItem(first.job, 1, second.input)
+    assert job_item_keys([first, second], "h1") == [key(first, "h1"), key(second, "h1")]
+    assert len(set(job_item_keys([first, second], "h1"))) == 2
 
 
 def test_a_new_model_config_hash_changes_the_key():
@@ -71,7 +82,7 @@ def test_a_new_model_config_hash_changes_the_key():
     changed = parse_model_yaml(CONFIG.replace("4096", "2048"))
     assert model_config_hash(config) == model_config_hash(parse_model_yaml(CONFIG))
     assert model_config_hash(config) != model_config_hash(changed)
-    assert job_item_key(item(), model_config_hash(config)) != job_item_key(item(), model_config_hash(changed))
+    assert key(item(), model_config_hash(config)) != key(item(), model_config_hash(changed))
 
 
 def test_entries_round_trip_and_foreign_values_are_misses():
