@@ -13,7 +13,7 @@ from protocol.api import Item, truncation_totals
 from protocol.catalog import Resolved
 from protocol.codec import packb
 from protocol.errors import ErrorCode, SIEError
-from protocol.jobs import EncodeJob, ExtractJob, JobItem, ScoreInput, ScoreJob, TokenizeJob
+from protocol.jobs import EncodeJob, ExtractJob, Job, JobItem, ScoreInput, ScoreJob, TokenizeJob
 from protocol.params import EncodeOptions, ExtractOptions, ScoreOptions, TokenizeOptions
 from protocol.priority import INTERACTIVE
 from protocol.work import WorkResult
@@ -74,8 +74,21 @@ class WorkItemRunner:
         as one call per group. ``priority``: the class the batch came in (an interactive one may run
         inside a running bulk forward, worker/batching/preemption.py)."""
         groups: dict[str, list[int]] = {}
+        firsts: dict[str, Job] = {}  # the job whose params each group runs with
+        keys: dict[int, str] = {}  # each job's group, found once per job (one per message)
         for i, it in enumerate(items):
-            groups.setdefault(it.job.batch_key, []).append(i)
+            job = it.job
+            key = keys.get(id(job))
+            if key is None:
+                key = job.batch_key
+                first = firsts.setdefault(key, job)
+                if first is not job and (
+                    first.content() != job.content() or first.model_spec != job.model_spec
+                ):
+                    key = f"{key}/{id(job)}"  # a key that does not say what it runs: a group of its own
+                    firsts[key] = job
+                keys[id(job)] = key
+            groups.setdefault(key, []).append(i)
         results: list[WorkResult | None] = [None] * len(items)
         await asyncio.gather(
             *(self._run_group([items[i] for i in idx], idx, results, priority) for idx in groups.values())

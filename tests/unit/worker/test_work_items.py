@@ -70,6 +70,16 @@ async def test_what_the_model_refuses_fails_every_item_of_its_group_only(runner)
     assert results[0].error_code == ErrorCode.INVALID_INPUT and "images" in results[0].error
 
 
+async def test_a_job_that_claims_anothers_batch_key_runs_with_its_own_params(runner):
+    plain = encode_job("r", timestamp=0.0)
+    sparse = encode_job(
+        "s", timestamp=0.0, params=encode_params(output_types=("sparse",)), batch_key=plain.batch_key
+    )
+    results = await runner.run_work_items([work_item(0, job=plain), work_item(0, job=sparse)])
+    dense_out, sparse_out = (unpackb(r.result_msgpack) for r in results)
+    assert "dense" in dense_out and "sparse" in sparse_out and "dense" not in sparse_out
+
+
 class Broken:
     """Operations with a bug: every call raises."""
 
